@@ -1,0 +1,48 @@
+"""Typed errors. Every error taskstream raises on purpose derives from `TaskstreamError`.
+
+Driver errors (SQLAlchemy, redis-py) are translated at the adapter edge into these, so callers
+never catch a driver type.
+"""
+
+from __future__ import annotations
+
+
+class TaskstreamError(Exception):
+    """Root of every error raised on purpose by taskstream."""
+
+
+class ConfigError(TaskstreamError):
+    """Settings or task definitions are invalid. `problems` holds one line per problem."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = list(problems)
+        super().__init__("\n".join(self.problems))
+
+
+class InvalidTransition(TaskstreamError):
+    """A status change that the state table does not allow."""
+
+
+class StoreError(TaskstreamError):
+    """The store failed in a way that is not a lost race."""
+
+
+class StoreUnavailable(StoreError):
+    """The database cannot be reached. Nothing was written."""
+
+
+class QueueUnavailable(TaskstreamError):
+    """Redis cannot be reached. Nothing was published or acknowledged."""
+
+
+class ProtocolError(TaskstreamError):
+    """A stream entry that does not decode. `reason` is a short machine-readable cause."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        self.reason = reason
+        self.detail = detail
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+
+
+class ClusterNotFound(TaskstreamError):
+    """No URLs were given and no running cluster was found in the working directory."""

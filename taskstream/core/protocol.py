@@ -1,0 +1,169 @@
+"""The wire: every Redis key, the consumer group, and the stream entry format.
+
+Keys (all share one hash tag so a namespace lives in one Redis Cluster slot)::
+
+    {prefix}:{{{namespace}}}:stream:high|default|low   work streams, one per priority
+    {prefix}:{{{namespace}}}:dead                      dead-letter stream
+    {prefix}:{{{namespace}}}:leader                    scheduler leader lease
+    {prefix}:{{{namespace}}}:alive:{consumer}          executor liveness (short TTL)
+    {prefix}:{{{namespace}}}:limit:{upstream}          sliding-window limiter (sorted set)
+    {prefix}:{{{namespace}}}:breaker:{upstream}        circuit breaker state (hash)
+
+Consumer group on every work stream: `executors`.
+
+Work entry fields (flat strings, protocol version `v` = "1"):
+
+    v                 protocol version
+    instance_id       primary key of the instance row
+    task_id           task definition id
+    agent             agent name
+    attempt           attempt the entry was emitted for (the claim makes attempt + 1)
+    scheduled_for_ms  fire time, UTC epoch milliseconds
+    emitted_at_ms     publish time, UTC epoch milliseconds
+    trace_id          opaque correlation id
+
+The payload never travels in the stream; it stays in the store. Dead-letter entries carry
+`reason`, `detail`, `source_stream`, `source_id` and the original fields prefixed `orig.`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Final
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from taskstream.core.errors import ProtocolError
+
+PROTOCOL_VERSION: Final = "1"
+GROUP: Final = "executors"
+MAX_ENTRY_BYTES: Final = 4096
+"""An entry larger than this is not ours: entries are ids and numbers only."""
+
+
+class Priority(StrEnum):
+    """Work stream priority; executors read higher first."""
+
+    HIGH = "high"
+    DEFAULT = "default"
+    LOW = "low"
+
+
+PRIORITY_ORDER: Final = (Priority.HIGH, Priority.DEFAULT, Priority.LOW)
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    """Builds every Redis key of one namespace. The only place key strings are made."""
+
+    prefix: str = "ts"
+    namespace: str = "default"
+
+    @property
+    def base(self) -> str:
+        """Common prefix with the hash tag, e.g. `ts:{default}`."""
+        return f"{self.prefix}:{{{self.namespace}}}"
+
+    def stream(self, priority: Priority) -> str:
+        return f"{self.base}:stream:{priority.value}"
+
+    def streams(self) -> list[str]:
+        """Work streams, highest priority first."""
+        return [self.stream(p) for p in PRIORITY_ORDER]
+
+    @property
+    def dead(self) -> str:
+        return f"{self.base}:dead"
+
+    @property
+    def leader(self) -> str:
+        return f"{self.base}:leader"
+
+    def alive(self, consumer: str) -> str:
+        return f"{self.base}:alive:{consumer}"
+
+    def limiter(self, upstream: str) -> str:
+        return f"{self.base}:limit:{upstream}"
+
+    def breaker(self, upstream: str) -> str:
+        return f"{self.base}:breaker:{upstream}"
+
+
+class WorkEntry(BaseModel):
+    """One unit of work on a stream. Small and flat; validated on both ends."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    v: str = PROTOCOL_VERSION
+    instance_id: str = Field(min_length=1, max_length=128)
+    task_id: str = Field(min_length=1, max_length=200)
+    agent: str = Field(min_length=1, max_length=200)
+    attempt: int = Field(ge=0)
+    scheduled_for_ms: int = Field(ge=0)
+    emitted_at_ms: int = Field(ge=0)
+    trace_id: str = Field(default="", max_length=128)
+
+
+_INT_FIELDS: Final = ("attempt", "scheduled_for_ms", "emitted_at_ms")
+
+
+def encode(entry: WorkEntry) -> dict[str, str]:
+    """Entry -> flat string fields for XADD."""
+    return {name: str(value) for name, value in entry.model_dump().items()}
+
+
+RawFields = Mapping[Any, Any]
+"""Fields as read from Redis (bytes) or built in tests (str); `decode` checks every one."""
+
+
+def _text(raw: RawFields) -> dict[str, str]:
+    out: dict[str, str] = {}
+    size = 0
+    for k, v in raw.items():
+        try:
+            key = k.decode() if isinstance(k, bytes) else k
+            val = v.decode() if isinstance(v, bytes) else v
+        except UnicodeDecodeError as exc:
+            raise ProtocolError("bad_encoding", str(exc)) from exc
+        size += len(key) + len(val)
+        out[key] = val
+    if size > MAX_ENTRY_BYTES:
+        raise ProtocolError("oversize", f"{size} bytes > {MAX_ENTRY_BYTES}")
+    return out
+
+
+def decode(raw: RawFields) -> WorkEntry:
+    """Stream fields -> entry. Raises `ProtocolError` with a reason; never anything else."""
+    fields = _text(raw)
+    version = fields.get("v")
+    if version is None:
+        raise ProtocolError("missing_version")
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError("unknown_version", version)
+    values: dict[str, object] = dict(fields)
+    for name in _INT_FIELDS:
+        text = fields.get(name)
+        if text is not None:
+            if not text.isdigit():
+                raise ProtocolError("bad_field", f"{name}={text[:40]!r}")
+            values[name] = int(text)
+    try:
+        return WorkEntry.model_validate(values)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ProtocolError("bad_field", f"{where}: {first['msg']}") from exc
+
+
+def dead_fields(
+    raw: RawFields, *, reason: str, detail: str, stream: str, entry_id: str
+) -> dict[str, str]:
+    """Fields of a dead-letter entry: why, where from, and the original fields (lossless)."""
+    out = {"reason": reason, "detail": detail[:500], "source_stream": stream, "source_id": entry_id}
+    for k, v in list(raw.items())[:64]:
+        key = k.decode(errors="replace") if isinstance(k, bytes) else k
+        val = v.decode(errors="replace") if isinstance(v, bytes) else v
+        out[f"orig.{key}"[:200]] = val[:MAX_ENTRY_BYTES]
+    return out

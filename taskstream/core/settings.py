@@ -1,0 +1,35 @@
+"""Process settings, read once at the edge from `TASKSTREAM_*` environment variables.
+
+Settings are frozen and passed down; no module reads the environment on its own.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Everything a taskstream process needs to find its cluster and tune its loops.
+
+    `redis_url` and `database_url` may be None: the CLI then looks for a running embedded
+    cluster under `home` (or starts one, for `taskstream up`).
+    """
+
+    model_config = SettingsConfigDict(env_prefix="TASKSTREAM_", frozen=True, extra="ignore")
+
+    redis_url: str | None = None
+    database_url: str | None = None
+    namespace: str = Field(default="default", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    key_prefix: str = Field(default="ts", pattern=r"^[A-Za-z0-9_.-]{1,32}$")
+    home: Path = Path(".taskstream")
+    log_level: str = "info"
+    executor_concurrency: int = Field(default=4, ge=1, le=1024)
+    read_block_ms: int = Field(default=1000, ge=10, le=60_000)
+    max_payload_bytes: int = Field(default=256 * 1024, ge=1024)
+    max_deliveries: int = Field(default=5, ge=1, le=1000)
+    lease_margin_s: float = Field(default=30.0, ge=1.0)
+    scheduler_max_sleep_s: float = Field(default=1.0, gt=0.0, le=60.0)
+    shutdown_grace_s: float = Field(default=8.0, ge=0.0)

@@ -1,0 +1,68 @@
+"""The instance state machine of DESIGN.md §3: one table, one checked transition function.
+
+Every store write goes through `check_transition`; terminal states have no exits.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from taskstream.core.errors import InvalidTransition
+
+
+class Status(StrEnum):
+    """Lifecycle status of a task instance."""
+
+    PENDING = "PENDING"
+    DISPATCHED = "DISPATCHED"
+    RUNNING = "RUNNING"
+    RETRYING = "RETRYING"
+    TIMEOUT = "TIMEOUT"
+    SUCCESS = "SUCCESS"
+    FAILED = "FAILED"
+    SKIPPED = "SKIPPED"
+
+
+class FailClass(StrEnum):
+    """Why a FAILED instance failed."""
+
+    FATAL = "fatal"
+    EXHAUSTED = "exhausted"
+    MANUAL_REVIEW = "manual_review"
+    POISON = "poison"
+    LOW_QUALITY = "low_quality"
+
+
+TRANSITIONS: dict[Status, frozenset[Status]] = {
+    Status.PENDING: frozenset({Status.DISPATCHED, Status.SKIPPED}),
+    Status.DISPATCHED: frozenset({Status.RUNNING, Status.TIMEOUT, Status.FAILED}),
+    Status.RUNNING: frozenset({Status.SUCCESS, Status.FAILED, Status.RETRYING, Status.TIMEOUT}),
+    Status.RETRYING: frozenset({Status.DISPATCHED, Status.FAILED}),
+    Status.TIMEOUT: frozenset({Status.RETRYING, Status.FAILED}),
+    # Only a manual requeue, recorded with who and why, leaves FAILED.
+    Status.FAILED: frozenset({Status.PENDING}),
+    Status.SUCCESS: frozenset(),
+    Status.SKIPPED: frozenset(),
+}
+
+TERMINAL: frozenset[Status] = frozenset(s for s, nxt in TRANSITIONS.items() if not nxt)
+"""States with no exit. FAILED is not terminal: a manual requeue may leave it."""
+
+SETTLED: frozenset[Status] = TERMINAL | {Status.FAILED}
+"""States in which no automatic work remains; a redelivered entry for them is only acked."""
+
+
+def can_transition(src: Status, dst: Status) -> bool:
+    """True when the state table allows `src -> dst`."""
+    return dst in TRANSITIONS[src]
+
+
+def check_transition(src: Status, dst: Status, *, fail_class: FailClass | None = None) -> None:
+    """Raise `InvalidTransition` unless `src -> dst` is allowed.
+
+    A move to FAILED must name its `fail_class`; no other move may carry one.
+    """
+    if not can_transition(src, dst):
+        raise InvalidTransition(f"{src} -> {dst} is not allowed")
+    if (dst is Status.FAILED) != (fail_class is not None):
+        raise InvalidTransition(f"{src} -> {dst}: fail_class is required exactly for FAILED")

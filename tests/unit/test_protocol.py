@@ -1,0 +1,87 @@
+"""Stream entry encoding: round trips, and every malformed entry is a ProtocolError."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from taskstream.core.errors import ProtocolError
+from taskstream.core.protocol import (
+    MAX_ENTRY_BYTES,
+    Keys,
+    Priority,
+    WorkEntry,
+    dead_fields,
+    decode,
+    encode,
+)
+
+ENTRY = WorkEntry(
+    instance_id="i_abc",
+    task_id="daily",
+    agent="echo",
+    attempt=0,
+    scheduled_for_ms=1_700_000_000_000,
+    emitted_at_ms=1_700_000_000_005,
+    trace_id="t1",
+)
+
+
+def test_keys_share_one_hash_tag() -> None:
+    keys = Keys(prefix="ts", namespace="blue")
+    all_keys = [
+        *keys.streams(),
+        keys.dead,
+        keys.leader,
+        keys.alive("h:1:2"),
+        keys.limiter("llm"),
+        keys.breaker("llm"),
+    ]
+    assert all(k.startswith("ts:{blue}:") for k in all_keys)
+    assert keys.streams() == [
+        keys.stream(p) for p in (Priority.HIGH, Priority.DEFAULT, Priority.LOW)
+    ]
+
+
+def test_round_trip_from_bytes() -> None:
+    raw = {k.encode(): v.encode() for k, v in encode(ENTRY).items()}
+    assert decode(raw) == ENTRY
+
+
+@given(
+    attempt=st.integers(min_value=0, max_value=10**6),
+    at=st.integers(min_value=0, max_value=2**53),
+    task=st.from_regex(r"[a-z][a-z0-9_.-]{0,40}", fullmatch=True),
+)
+def test_round_trip_property(attempt: int, at: int, task: str) -> None:
+    entry = ENTRY.model_copy(update={"attempt": attempt, "scheduled_for_ms": at, "task_id": task})
+    assert decode(encode(entry)) == entry
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        ({b"instance_id": b"x"}, "missing_version"),
+        ({**encode(ENTRY), "v": "9"}, "unknown_version"),
+        ({**encode(ENTRY), "attempt": "-1"}, "bad_field"),
+        ({**encode(ENTRY), "attempt": "one"}, "bad_field"),
+        ({**encode(ENTRY), "surprise": "x"}, "bad_field"),
+        ({k: v for k, v in encode(ENTRY).items() if k != "agent"}, "bad_field"),
+        ({b"v": b"1", b"instance_id": b"\xff\xfe"}, "bad_encoding"),
+        ({**encode(ENTRY), "trace_id": "x" * (MAX_ENTRY_BYTES + 1)}, "oversize"),
+    ],
+)
+def test_malformed_entries_name_their_reason(fields: dict[object, object], reason: str) -> None:
+    with pytest.raises(ProtocolError) as info:
+        decode(fields)
+    assert info.value.reason == reason
+
+
+def test_dead_fields_keep_the_original_and_the_reason() -> None:
+    out = dead_fields(
+        {b"v": b"\xff"}, reason="bad_encoding", detail="d", stream="s", entry_id="1-0"
+    )
+    assert out["reason"] == "bad_encoding"
+    assert out["source_id"] == "1-0"
+    assert out["orig.v"] == "\ufffd"
