@@ -1,0 +1,221 @@
+"""The store port: what the rest of taskstream may ask of the source of truth.
+
+Invariants every adapter keeps:
+- Every status write is compare-and-set on (id, status[, attempt]) and appends one
+  `instance_history` row in the same transaction. A lost race returns `CasResult(ok=False)`
+  with the status it found; it never raises.
+- `dedupe_key` is UNIQUE: `create_instance` reports `created=False` instead of a second row.
+- Times are UTC epoch milliseconds (`*_ms`). Leases are computed from the database clock.
+- Driver errors surface as `StoreUnavailable` / `StoreError`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from taskstream.core.states import FailClass, Status
+
+
+@dataclass(frozen=True, slots=True)
+class DefinitionRecord:
+    """A stored task definition: the validated spec as JSON plus operator state."""
+
+    task_id: str
+    spec: dict[str, Any]
+    spec_hash: str
+    paused: bool = False
+    updated_at_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class NewInstance:
+    """Everything needed to insert a PENDING instance."""
+
+    id: str
+    task_id: str
+    agent: str
+    dedupe_key: str
+    scheduled_for_ms: int
+    priority: str = "default"
+    business_date: str | None = None
+    payload: dict[str, Any] = field(default_factory=dict)
+    max_attempts: int = 1
+    not_before_ms: int | None = None
+    deadline_ms: int | None = None
+    trace_id: str = ""
+    reason: str = "scheduled"
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceRow:
+    """One row of `task_instances`."""
+
+    id: str
+    task_id: str
+    agent: str
+    dedupe_key: str
+    status: Status
+    attempt: int
+    max_attempts: int
+    priority: str
+    scheduled_for_ms: int
+    business_date: str | None
+    payload: dict[str, Any]
+    result: Any
+    context: dict[str, Any]
+    fail_class: FailClass | None
+    last_error: str | None
+    lease_owner: str | None
+    lease_expires_at_ms: int | None
+    not_before_ms: int | None
+    deadline_ms: int | None
+    next_attempt_at_ms: int | None
+    trace_id: str
+    created_at_ms: int
+    updated_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryRow:
+    """One status change of an instance."""
+
+    instance_id: str
+    from_status: Status | None
+    to_status: Status
+    attempt: int
+    owner: str | None
+    reason: str
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionRow:
+    """One scheduling decision: the explain log."""
+
+    task_id: str
+    fire_time_ms: int
+    decision: str
+    reason: str
+    details: dict[str, Any]
+    instance_id: str | None
+    decided_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class CreateResult:
+    """`created` is False when the dedupe key already existed; `instance_id` is the row's id."""
+
+    created: bool
+    instance_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class CasResult:
+    """Outcome of a compare-and-set. `found` is the status seen when the race was lost
+    (None when the row does not exist)."""
+
+    ok: bool
+    found: Status | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A won claim: `token` is the new attempt number, the fencing token for every later
+    write of this run."""
+
+    token: int
+    lease_expires_at_ms: int
+
+
+class Store(Protocol):
+    """The store port. See the module docstring for the invariants."""
+
+    async def close(self) -> None: ...
+
+    async def ping(self) -> None: ...
+
+    async def db_now_ms(self) -> int: ...
+
+    # definitions
+    async def upsert_definitions(self, records: list[DefinitionRecord]) -> dict[str, str]:
+        """Insert or update; returns task_id -> "created" | "updated" | "unchanged"."""
+        ...
+
+    async def list_definitions(self) -> list[DefinitionRecord]: ...
+
+    async def definitions_version(self) -> str:
+        """Changes whenever any definition is added, changed or paused."""
+        ...
+
+    async def set_paused(self, task_id: str, paused: bool) -> bool: ...
+
+    async def get_cursor(self, task_id: str) -> int | None:
+        """The last fire time (ms) the scheduler has decided for this task."""
+        ...
+
+    async def set_cursor(self, task_id: str, fire_time_ms: int) -> None: ...
+
+    # instances
+    async def create_instance(self, new: NewInstance) -> CreateResult: ...
+
+    async def get_instance(self, instance_id: str) -> InstanceRow | None: ...
+
+    async def list_instances(
+        self, *, task_id: str | None = None, status: Status | None = None, limit: int = 100
+    ) -> list[InstanceRow]: ...
+
+    async def count_by_status(self) -> dict[Status, int]: ...
+
+    async def history(self, instance_id: str) -> list[HistoryRow]: ...
+
+    async def transition(
+        self,
+        instance_id: str,
+        src: Status,
+        dst: Status,
+        *,
+        reason: str,
+        attempt: int | None = None,
+        owner: str | None = None,
+        fail_class: FailClass | None = None,
+        error: str | None = None,
+        next_attempt_at_ms: int | None = None,
+    ) -> CasResult:
+        """CAS src -> dst (and attempt == `attempt` when given), plus a history row."""
+        ...
+
+    async def claim(
+        self, instance_id: str, *, expected_attempt: int, owner: str, lease_s: float
+    ) -> Claim | None:
+        """CAS DISPATCHED -> RUNNING where attempt == expected_attempt; attempt += 1; the lease
+        ends `lease_s` after the database clock's now. None when the race was lost."""
+        ...
+
+    async def extend_lease(self, instance_id: str, *, token: int, lease_s: float) -> bool:
+        """Push the lease to db-now + lease_s while RUNNING with attempt == token."""
+        ...
+
+    async def finish(
+        self,
+        instance_id: str,
+        *,
+        token: int,
+        dst: Status,
+        reason: str,
+        result: Any = None,
+        fail_class: FailClass | None = None,
+        error: str | None = None,
+        next_attempt_at_ms: int | None = None,
+        side_effects: list[str] | None = None,
+    ) -> CasResult:
+        """RUNNING -> dst where attempt == token, clearing the lease, and insert the side
+        effect keys, all in one transaction. A stale token changes nothing."""
+        ...
+
+    # explain log
+    async def record_decision(self, row: DecisionRow) -> None: ...
+
+    async def decisions(
+        self, task_id: str, *, since_ms: int | None = None, limit: int = 100
+    ) -> list[DecisionRow]: ...

@@ -1,0 +1,298 @@
+"""`SqlStore`: the store port over SQLAlchemy Core (async) on MySQL/MariaDB, SQLite, PostgreSQL.
+
+Every method is one transaction. Status writes are compare-and-set and append their history
+row in the same transaction; a lost race is a `CasResult(ok=False, found=...)`, never an
+exception. Transitions are checked against the state table before any SQL is sent.
+Leases and timestamps come from the database clock. Driver errors surface as
+`StoreUnavailable` / `StoreError` naming the redacted URL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from taskstream.core.errors import StoreError
+from taskstream.core.states import FailClass, Status, check_transition
+from taskstream.core.store import sql_codec as codec
+from taskstream.core.store import sql_definitions as defs
+from taskstream.core.store import sql_instances as rows
+from taskstream.core.store.dbclock import db_now_ms
+from taskstream.core.store.port import (
+    CasResult,
+    Claim,
+    CreateResult,
+    DecisionRow,
+    DefinitionRecord,
+    HistoryRow,
+    InstanceRow,
+    NewInstance,
+)
+from taskstream.core.store.sql_engine import (
+    READ_ONLY,
+    ConstraintViolation,
+    make_engine,
+    translate_errors,
+)
+from taskstream.core.store.urls import normalize_url, redact_url
+
+_CREATE_TRIES = 3
+
+
+class SqlStore:
+    """The SQL adapter of `taskstream.core.store.port.Store`. Build it with `connect`."""
+
+    def __init__(self, engine: AsyncEngine, *, display_url: str) -> None:
+        """Wrap `engine` (from `sql_engine.make_engine`); `display_url` is the redacted URL
+        used in error messages."""
+        self._engine = engine
+        self._reader = engine.execution_options(**{READ_ONLY: True})
+        self.display_url = display_url
+
+    @classmethod
+    async def connect(cls, url: str) -> SqlStore:
+        """Open a store on a user URL (`mysql://`, `postgresql://`, `sqlite:///path`, ...) and
+        check it answers. Raises `ConfigError` for an unsupported URL and `StoreUnavailable`
+        when the database cannot be reached."""
+        store = cls(make_engine(normalize_url(url)), display_url=redact_url(url))
+        try:
+            await store.ping()
+        except BaseException:
+            await store.close()
+            raise
+        return store
+
+    @property
+    def engine(self) -> AsyncEngine:
+        """The underlying engine, for migrations, diagnostics and tests."""
+        return self._engine
+
+    @asynccontextmanager
+    async def _write(self) -> AsyncIterator[AsyncConnection]:
+        async with translate_errors(self.display_url), self._engine.begin() as conn:
+            yield conn
+
+    @asynccontextmanager
+    async def _read(self) -> AsyncIterator[AsyncConnection]:
+        async with translate_errors(self.display_url), self._reader.connect() as conn:
+            yield conn
+
+    async def close(self) -> None:
+        """Close every pooled connection."""
+        await self._engine.dispose()
+
+    async def ping(self) -> None:
+        """Round-trip to the database; `StoreUnavailable` when it does not answer."""
+        async with self._read() as conn:
+            await conn.execute(select(1))
+
+    async def db_now_ms(self) -> int:
+        """The database clock, UTC epoch milliseconds."""
+        async with self._read() as conn:
+            return int((await conn.execute(select(db_now_ms()))).scalar_one())
+
+    # definitions
+
+    async def upsert_definitions(self, records: list[DefinitionRecord]) -> dict[str, str]:
+        """Insert or update; task_id -> "created" | "updated" | "unchanged". `paused` is only
+        taken from a record when the definition is created."""
+        last: ConstraintViolation | None = None
+        for _ in range(_CREATE_TRIES):
+            try:
+                async with self._write() as conn:
+                    return await defs.upsert(conn, records)
+            except ConstraintViolation as exc:  # a concurrent apply inserted the same task first
+                last = exc
+        raise StoreError(f"definitions kept conflicting: {last}") from last
+
+    async def list_definitions(self) -> list[DefinitionRecord]:
+        """Every definition, by task id."""
+        async with self._read() as conn:
+            return await defs.list_all(conn)
+
+    async def definitions_version(self) -> str:
+        """Changes whenever any definition is added, changed or paused."""
+        async with self._read() as conn:
+            return await defs.version(conn)
+
+    async def set_paused(self, task_id: str, paused: bool) -> bool:
+        """Pause or resume; False when the task is not defined."""
+        async with self._write() as conn:
+            return await defs.set_paused(conn, task_id, paused)
+
+    async def get_cursor(self, task_id: str) -> int | None:
+        """The last fire time (ms) the scheduler has decided for this task."""
+        async with self._read() as conn:
+            return await defs.get_cursor(conn, task_id)
+
+    async def set_cursor(self, task_id: str, fire_time_ms: int) -> None:
+        """Store the cursor (a no-op for a task that is not defined)."""
+        async with self._write() as conn:
+            await defs.set_cursor(conn, task_id, fire_time_ms)
+
+    # instances
+
+    async def create_instance(self, new: NewInstance) -> CreateResult:
+        """Insert a PENDING row and its first history row. When the dedupe key (or id) is
+        taken, nothing is written and the existing row's id is returned with created=False.
+        Safe under concurrent inserts: the UNIQUE index decides, each try is a fresh
+        transaction."""
+        last: ConstraintViolation | None = None
+        for _ in range(_CREATE_TRIES):
+            try:
+                async with self._write() as conn:
+                    await rows.insert_instance(conn, new)
+                    await rows.append_history(
+                        conn, new.id, src=None, dst=Status.PENDING, owner=None, reason=new.reason
+                    )
+                return CreateResult(created=True, instance_id=new.id)
+            except ConstraintViolation as exc:
+                last = exc
+            async with self._read() as conn:
+                existing = await rows.existing_id(conn, new)
+            if existing is not None:
+                return CreateResult(created=False, instance_id=existing)
+        raise StoreError(f"instance {new.id!r} could not be inserted: {last}") from last
+
+    async def get_instance(self, instance_id: str) -> InstanceRow | None:
+        """One instance, None when it does not exist."""
+        async with self._read() as conn:
+            return await rows.get(conn, instance_id)
+
+    async def list_instances(
+        self, *, task_id: str | None = None, status: Status | None = None, limit: int = 100
+    ) -> list[InstanceRow]:
+        """Matching instances, oldest `scheduled_for_ms` first, at most `limit`. Oldest first
+        so that loops working a backlog (reconciler, retries) never starve its oldest rows."""
+        async with self._read() as conn:
+            return await rows.list_rows(conn, task_id, status, limit)
+
+    async def count_by_status(self) -> dict[Status, int]:
+        """Every status with its instance count (0 when none)."""
+        async with self._read() as conn:
+            return await rows.count_by_status(conn)
+
+    async def history(self, instance_id: str) -> list[HistoryRow]:
+        """An instance's status changes, oldest first."""
+        async with self._read() as conn:
+            return await rows.history(conn, instance_id)
+
+    async def transition(
+        self,
+        instance_id: str,
+        src: Status,
+        dst: Status,
+        *,
+        reason: str,
+        attempt: int | None = None,
+        owner: str | None = None,
+        fail_class: FailClass | None = None,
+        error: str | None = None,
+        next_attempt_at_ms: int | None = None,
+    ) -> CasResult:
+        """CAS src -> dst (and attempt == `attempt` when given) plus a history row.
+
+        Sets `fail_class` (None unless FAILED) and `next_attempt_at_ms` (None clears it), sets
+        `last_error` when `error` is given, and clears the lease unless dst is RUNNING. Entering
+        RUNNING this way neither bumps the attempt nor takes a lease: executors use `claim`.
+        Raises `InvalidTransition` before any SQL when the table forbids src -> dst.
+        """
+        check_transition(src, dst, fail_class=fail_class)
+        values = rows.status_values(dst, fail_class, error, next_attempt_at_ms)
+        async with self._write() as conn:
+            if not await rows.cas_update(conn, instance_id, src, attempt, values):
+                return CasResult(ok=False, found=await rows.status_of(conn, instance_id))
+            await rows.append_history(
+                conn, instance_id, src=src, dst=dst, owner=owner, reason=reason
+            )
+        return CasResult(ok=True)
+
+    async def claim(
+        self, instance_id: str, *, expected_attempt: int, owner: str, lease_s: float
+    ) -> Claim | None:
+        """CAS DISPATCHED -> RUNNING where attempt == expected_attempt, attempt += 1, lease to
+        `owner` until db-now + `lease_s`. The new attempt is the fencing token. None when the
+        race was lost."""
+        values = rows.claim_values(owner, rows.lease_ms(lease_s))
+        async with self._write() as conn:
+            src = Status.DISPATCHED
+            if not await rows.cas_update(conn, instance_id, src, expected_attempt, values):
+                return None
+            await rows.append_history(
+                conn, instance_id, src=src, dst=Status.RUNNING, owner=owner, reason="claimed"
+            )
+            token, expires = await rows.lease_of(conn, instance_id)
+        if expires is None:
+            raise StoreError(f"instance {instance_id!r} was claimed without a lease")
+        return Claim(token=token, lease_expires_at_ms=expires)
+
+    async def extend_lease(self, instance_id: str, *, token: int, lease_s: float) -> bool:
+        """Push the lease to db-now + `lease_s` while RUNNING with attempt == token."""
+        lease_ms = rows.lease_ms(lease_s)
+        async with self._write() as conn:
+            return await rows.extend_lease(conn, instance_id, token, lease_ms)
+
+    async def finish(
+        self,
+        instance_id: str,
+        *,
+        token: int,
+        dst: Status,
+        reason: str,
+        result: Any = None,
+        fail_class: FailClass | None = None,
+        error: str | None = None,
+        next_attempt_at_ms: int | None = None,
+        side_effects: list[str] | None = None,
+    ) -> CasResult:
+        """RUNNING -> dst where attempt == token, clearing the lease, storing the outcome and
+        the side effect keys, in one transaction. A stale token, or a side effect key that was
+        already committed, rolls everything back: ok=False with the status found."""
+        check_transition(Status.RUNNING, dst, fail_class=fail_class)
+        values = rows.status_values(dst, fail_class, error, next_attempt_at_ms)
+        values["result"] = None if result is None else codec.dumps(result, what="result")
+        keys = list(dict.fromkeys(side_effects or []))
+        try:
+            return await self._finish(instance_id, token, dst, reason, values, keys)
+        except ConstraintViolation:
+            async with self._read() as conn:
+                return CasResult(ok=False, found=await rows.status_of(conn, instance_id))
+
+    async def _finish(
+        self,
+        instance_id: str,
+        token: int,
+        dst: Status,
+        reason: str,
+        values: dict[str, Any],
+        keys: list[str],
+    ) -> CasResult:
+        src = Status.RUNNING
+        async with self._write() as conn:
+            # Owner changes only with the attempt, so if the CAS below wins this is its owner.
+            owner = await rows.owner_at(conn, instance_id, token)
+            if not await rows.cas_update(conn, instance_id, src, token, values):
+                return CasResult(ok=False, found=await rows.status_of(conn, instance_id))
+            await rows.append_history(
+                conn, instance_id, src=src, dst=dst, owner=owner, reason=reason
+            )
+            await rows.insert_side_effects(conn, instance_id, token, keys)
+        return CasResult(ok=True)
+
+    # explain log
+
+    async def record_decision(self, row: DecisionRow) -> None:
+        """Append a scheduling decision (`decided_at_ms <= 0`: the database clock's now)."""
+        async with self._write() as conn:
+            await defs.record_decision(conn, row)
+
+    async def decisions(
+        self, task_id: str, *, since_ms: int | None = None, limit: int = 100
+    ) -> list[DecisionRow]:
+        """Decisions oldest first: from `since_ms` on, or the latest `limit` without it."""
+        async with self._read() as conn:
+            return await defs.decisions(conn, task_id, since_ms, limit)

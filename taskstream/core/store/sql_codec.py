@@ -1,0 +1,115 @@
+"""Values in and out of the SQL store: JSON text, bounded strings, rows to port records.
+
+JSON is canonical (`sort_keys`, compact separators, no NaN/Infinity) so equal values store as
+equal text on every dialect, and a spec compares by its text.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sqlalchemy.engine import RowMapping
+
+from taskstream.core.errors import StoreError
+from taskstream.core.states import FailClass, Status
+from taskstream.core.store.port import DecisionRow, DefinitionRecord, HistoryRow, InstanceRow
+from taskstream.core.store.tables import REASON_LEN
+
+ERROR_MAX_CHARS = 10_000
+"""`last_error` is cut to this many characters (a MySQL TEXT holds 64 KiB of utf8mb4)."""
+
+
+def dumps(value: Any, *, what: str) -> str:
+    """Canonical JSON text of `value`; `StoreError` naming `what` when it is not JSON."""
+    try:
+        return json.dumps(
+            value, sort_keys=True, allow_nan=False, separators=(",", ":"), ensure_ascii=False
+        )
+    except (TypeError, ValueError) as exc:
+        raise StoreError(f"{what} is not JSON-serialisable: {exc}") from exc
+
+
+def loads(text: str | None) -> Any:
+    """The value of stored JSON text; None for SQL NULL."""
+    return None if text is None else json.loads(text)
+
+
+def reason(text: str) -> str:
+    """A history or decision reason, cut to the column's width."""
+    return text[:REASON_LEN]
+
+
+def error_text(text: str | None) -> str | None:
+    """An error message, cut to `ERROR_MAX_CHARS`."""
+    return None if text is None else text[:ERROR_MAX_CHARS]
+
+
+def _opt_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def instance_row(m: RowMapping) -> InstanceRow:
+    """A `task_instances` row as the port's record."""
+    return InstanceRow(
+        id=m["id"],
+        task_id=m["task_id"],
+        agent=m["agent"],
+        dedupe_key=m["dedupe_key"],
+        status=Status(m["status"]),
+        attempt=int(m["attempt"]),
+        max_attempts=int(m["max_attempts"]),
+        priority=m["priority"],
+        scheduled_for_ms=int(m["scheduled_for_ms"]),
+        business_date=m["business_date"],
+        payload=loads(m["payload"]),
+        result=loads(m["result"]),
+        context=loads(m["context"]),
+        fail_class=None if m["fail_class"] is None else FailClass(m["fail_class"]),
+        last_error=m["last_error"],
+        lease_owner=m["lease_owner"],
+        lease_expires_at_ms=_opt_int(m["lease_expires_at_ms"]),
+        not_before_ms=_opt_int(m["not_before_ms"]),
+        deadline_ms=_opt_int(m["deadline_ms"]),
+        next_attempt_at_ms=_opt_int(m["next_attempt_at_ms"]),
+        trace_id=m["trace_id"],
+        created_at_ms=int(m["created_at_ms"]),
+        updated_at_ms=int(m["updated_at_ms"]),
+    )
+
+
+def history_row(m: RowMapping) -> HistoryRow:
+    """An `instance_history` row as the port's record."""
+    return HistoryRow(
+        instance_id=m["instance_id"],
+        from_status=None if m["from_status"] is None else Status(m["from_status"]),
+        to_status=Status(m["to_status"]),
+        attempt=int(m["attempt"]),
+        owner=m["owner"],
+        reason=m["reason"],
+        at_ms=int(m["at_ms"]),
+    )
+
+
+def decision_row(m: RowMapping) -> DecisionRow:
+    """A `trigger_decisions` row as the port's record."""
+    return DecisionRow(
+        task_id=m["task_id"],
+        fire_time_ms=int(m["fire_time_ms"]),
+        decision=m["decision"],
+        reason=m["reason"],
+        details=loads(m["details"]),
+        instance_id=m["instance_id"],
+        decided_at_ms=int(m["decided_at_ms"]),
+    )
+
+
+def definition_record(m: RowMapping) -> DefinitionRecord:
+    """A `task_definitions` row as the port's record."""
+    return DefinitionRecord(
+        task_id=m["task_id"],
+        spec=loads(m["spec"]),
+        spec_hash=m["spec_hash"],
+        paused=bool(m["paused"]),
+        updated_at_ms=int(m["updated_at_ms"]),
+    )

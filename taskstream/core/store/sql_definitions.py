@@ -1,0 +1,131 @@
+"""Statements on `task_definitions` (specs, pause, cursor) and `trigger_decisions`.
+
+`updated_at_ms` of a definition strictly increases on every change (db-now, or the previous
+value + 1 when the clock has not moved past it), so `definitions_version` changes with every
+insert, edit and pause even when two changes fall in the same millisecond.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import ColumnElement, case, func, insert, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from taskstream.core.store import sql_codec as codec
+from taskstream.core.store.dbclock import db_now_ms
+from taskstream.core.store.port import DecisionRow, DefinitionRecord
+from taskstream.core.store.tables import task_definitions as defs
+from taskstream.core.store.tables import trigger_decisions as decs
+
+
+def _bumped_updated_at() -> ColumnElement[int]:
+    now = db_now_ms()
+    return case((now > defs.c.updated_at_ms, now), else_=defs.c.updated_at_ms + 1)
+
+
+async def upsert(conn: AsyncConnection, records: list[DefinitionRecord]) -> dict[str, str]:
+    """Insert new definitions, update changed ones (spec text or hash differ), keep the rest.
+
+    An update never touches `paused`: pausing is operator state that survives a re-apply.
+    Returns task_id -> "created" | "updated" | "unchanged".
+    """
+    if not records:
+        return {}
+    ids = sorted({r.task_id for r in records})
+    stmt = select(defs.c.task_id, defs.c.spec, defs.c.spec_hash).where(defs.c.task_id.in_(ids))
+    stored = {row.task_id: (row.spec, row.spec_hash) for row in await conn.execute(stmt)}
+    outcome: dict[str, str] = {}
+    for record in records:
+        spec = codec.dumps(record.spec, what=f"spec of task {record.task_id!r}")
+        current = stored.get(record.task_id)
+        if current is None:
+            await conn.execute(
+                insert(defs).values(
+                    task_id=record.task_id,
+                    spec=spec,
+                    spec_hash=record.spec_hash,
+                    paused=record.paused,
+                    created_at_ms=db_now_ms(),
+                    updated_at_ms=db_now_ms(),
+                )
+            )
+            outcome[record.task_id] = "created"
+        elif current == (spec, record.spec_hash):
+            outcome.setdefault(record.task_id, "unchanged")
+        else:
+            await conn.execute(
+                update(defs)
+                .where(defs.c.task_id == record.task_id)
+                .values(spec=spec, spec_hash=record.spec_hash, updated_at_ms=_bumped_updated_at())
+            )
+            outcome[record.task_id] = outcome.get(record.task_id) or "updated"
+        stored[record.task_id] = (spec, record.spec_hash)
+    return outcome
+
+
+async def list_all(conn: AsyncConnection) -> list[DefinitionRecord]:
+    """Every definition, by task id."""
+    stmt = select(defs).order_by(defs.c.task_id)
+    return [codec.definition_record(r) for r in (await conn.execute(stmt)).mappings().all()]
+
+
+async def version(conn: AsyncConnection) -> str:
+    """`count:sum(updated_at_ms):paused count`; see the module docstring for why it moves."""
+    paused = func.sum(case((defs.c.paused, 1), else_=0))
+    stmt = select(func.count(), func.sum(defs.c.updated_at_ms), paused)
+    count, total, paused_count = (await conn.execute(stmt)).one()
+    return f"{int(count)}:{int(total or 0)}:{int(paused_count or 0)}"
+
+
+async def set_paused(conn: AsyncConnection, task_id: str, paused: bool) -> bool:
+    """Set the pause flag; False when the task is not defined."""
+    stmt = (
+        update(defs)
+        .where(defs.c.task_id == task_id)
+        .values(paused=paused, updated_at_ms=_bumped_updated_at())
+    )
+    return (await conn.execute(stmt)).rowcount == 1
+
+
+async def get_cursor(conn: AsyncConnection, task_id: str) -> int | None:
+    """The last decided fire time (ms), None when never set or the task is not defined."""
+    stmt = select(defs.c.cursor_ms).where(defs.c.task_id == task_id)
+    value = (await conn.execute(stmt)).scalar_one_or_none()
+    return None if value is None else int(value)
+
+
+async def set_cursor(conn: AsyncConnection, task_id: str, fire_time_ms: int) -> None:
+    """Store the cursor. Not a definition change: the version does not move. A task that is
+    not defined has no cursor, and the call does nothing."""
+    stmt = update(defs).where(defs.c.task_id == task_id).values(cursor_ms=fire_time_ms)
+    await conn.execute(stmt)
+
+
+async def record_decision(conn: AsyncConnection, row: DecisionRow) -> None:
+    """Append to the explain log; `decided_at_ms <= 0` means "now" on the database clock."""
+    decided_at = row.decided_at_ms if row.decided_at_ms > 0 else db_now_ms()
+    await conn.execute(
+        insert(decs).values(
+            task_id=row.task_id,
+            fire_time_ms=row.fire_time_ms,
+            decision=row.decision,
+            reason=codec.reason(row.reason),
+            details=codec.dumps(row.details, what="decision details"),
+            instance_id=row.instance_id,
+            decided_at_ms=decided_at,
+        )
+    )
+
+
+async def decisions(
+    conn: AsyncConnection, task_id: str, since_ms: int | None, limit: int
+) -> list[DecisionRow]:
+    """Decisions by fire time (then insertion), oldest first: the first `limit` at or after
+    `since_ms`, or, without `since_ms`, the latest `limit`."""
+    stmt = select(decs).where(decs.c.task_id == task_id).limit(max(limit, 0))
+    if since_ms is None:
+        stmt = stmt.order_by(decs.c.fire_time_ms.desc(), decs.c.id.desc())
+    else:
+        stmt = stmt.where(decs.c.fire_time_ms >= since_ms)
+        stmt = stmt.order_by(decs.c.fire_time_ms, decs.c.id)
+    rows = [codec.decision_row(r) for r in (await conn.execute(stmt)).mappings().all()]
+    return rows[::-1] if since_ms is None else rows

@@ -1,0 +1,151 @@
+"""Engines for the SQL store: per-dialect session setup and driver-error translation.
+
+Session setup, applied to every pooled connection:
+- SQLite: WAL, `busy_timeout` 10 s, foreign keys on, and SQLAlchemy (not the driver) emits
+  BEGIN: `BEGIN IMMEDIATE` for writes, so a writer takes the file's write lock when the
+  transaction starts and waits up to `busy_timeout` for it, instead of failing with "database is
+  locked" when a read lock cannot be upgraded. Several processes can then share one file.
+  Read-only work (`READ_ONLY` execution option) uses a deferred BEGIN and never blocks writers.
+- MySQL / MariaDB: READ COMMITTED, session time zone `+00:00` (see `dbclock`), pre-ping.
+  SQLAlchemy's asyncmy dialect sets the FOUND_ROWS client flag, so an UPDATE's rowcount counts
+  matched rows, not changed rows.
+- PostgreSQL: READ COMMITTED (the default), pre-ping.
+
+Driver errors never leave this package: `translate_errors` turns them into `StoreUnavailable`
+(cannot reach / lost the connection / lock timeouts: nothing was written, retry later),
+`ConstraintViolation` (an integrity constraint, handled by the adapter) or `StoreError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.engine.interfaces import DBAPIConnection
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.pool import ConnectionPoolEntry
+
+from taskstream.core.errors import ConfigError, StoreError, StoreUnavailable
+
+READ_ONLY = "taskstream_read_only"
+"""Execution option: the transaction only reads (SQLite then uses a deferred BEGIN)."""
+
+POOL_RECYCLE_S = 1800
+CONNECT_TIMEOUT_S = 10
+SQLITE_BUSY_TIMEOUT_MS = 10_000
+_DETAIL_MAX = 300
+
+_SQLITE_PRAGMAS = (
+    # busy_timeout first: switching to WAL needs a lock another process may hold.
+    f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}",
+    "PRAGMA journal_mode = WAL",
+    "PRAGMA synchronous = NORMAL",
+    "PRAGMA foreign_keys = ON",
+)
+
+
+class ConstraintViolation(StoreError):
+    """An integrity constraint (UNIQUE, primary key, NOT NULL, foreign key) rejected a write
+    and the transaction was rolled back. Callers expecting a duplicate confirm it by reading."""
+
+
+def make_engine(url: str) -> AsyncEngine:
+    """An engine for a normalized (async-driver) URL, with the session setup above."""
+    backend = make_url(url).get_backend_name()
+    if backend == "sqlite":
+        return _sqlite_engine(url)
+    if backend == "mysql":
+        return _mysql_engine(url)
+    if backend == "postgresql":
+        return create_async_engine(
+            url,
+            pool_pre_ping=True,
+            pool_recycle=POOL_RECYCLE_S,
+            connect_args={"timeout": CONNECT_TIMEOUT_S},
+        )
+    raise ConfigError([f"no SQL store for database backend {backend!r}"])
+
+
+def _sqlite_engine(url: str) -> AsyncEngine:
+    engine = create_async_engine(url, pool_recycle=POOL_RECYCLE_S)
+    event.listen(engine.sync_engine, "connect", _sqlite_on_connect)
+    event.listen(engine.sync_engine, "begin", _sqlite_on_begin)
+    return engine
+
+
+def _sqlite_on_connect(dbapi_connection: DBAPIConnection, _record: ConnectionPoolEntry) -> None:
+    # The driver must not emit its own BEGIN; `_sqlite_on_begin` does.
+    dbapi_connection.isolation_level = None
+    cursor = dbapi_connection.cursor()
+    try:
+        for pragma in _SQLITE_PRAGMAS:
+            cursor.execute(pragma)
+    finally:
+        cursor.close()
+
+
+def _sqlite_on_begin(connection: Connection) -> None:
+    read_only = bool(connection.get_execution_options().get(READ_ONLY, False))
+    connection.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
+
+
+def _mysql_engine(url: str) -> AsyncEngine:
+    engine = create_async_engine(
+        url,
+        isolation_level="READ COMMITTED",
+        pool_pre_ping=True,
+        pool_recycle=POOL_RECYCLE_S,
+        connect_args={"connect_timeout": CONNECT_TIMEOUT_S},
+    )
+    event.listen(engine.sync_engine, "connect", _mysql_on_connect)
+    return engine
+
+
+def _mysql_on_connect(dbapi_connection: DBAPIConnection, _record: ConnectionPoolEntry) -> None:
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute("SET time_zone = '+00:00'")
+    finally:
+        cursor.close()
+
+
+def _detail(exc: BaseException) -> str:
+    cause: Any = exc.orig if isinstance(exc, sa_exc.DBAPIError) else exc
+    text = f"{type(cause).__name__}: {cause}".replace("\n", " ")
+    return text[:_DETAIL_MAX]
+
+
+def _is_unavailable(exc: Exception) -> bool:
+    if isinstance(
+        exc, sa_exc.OperationalError | sa_exc.InterfaceError | sa_exc.TimeoutError | OSError
+    ):
+        return True
+    # Outside any statement means while connecting (e.g. PostgreSQL's unknown database or
+    # role, which asyncpg reports as a generic error) or while committing on a lost link.
+    return isinstance(exc, sa_exc.DBAPIError) and (
+        exc.connection_invalidated or exc.statement is None
+    )
+
+
+def translate(exc: Exception, display_url: str) -> StoreError:
+    """The domain error for a driver error raised while using the store at `display_url`
+    (a redacted URL: only that form may appear in the message)."""
+    if isinstance(exc, sa_exc.IntegrityError):
+        return ConstraintViolation(f"store {display_url}: constraint violated: {_detail(exc)}")
+    unavailable = _is_unavailable(exc)
+    if unavailable:
+        return StoreUnavailable(f"store {display_url} unavailable: {_detail(exc)}")
+    return StoreError(f"store {display_url} failed: {_detail(exc)}")
+
+
+@asynccontextmanager
+async def translate_errors(display_url: str) -> AsyncIterator[None]:
+    """Re-raise driver errors (SQLAlchemy, DBAPI, socket) from the body as store errors."""
+    try:
+        yield
+    except (sa_exc.SQLAlchemyError, OSError) as exc:
+        raise translate(exc, display_url) from exc

@@ -1,0 +1,185 @@
+"""The schema: the one module that declares every table of the store (SQLAlchemy Core).
+
+Dialect-neutral by construction:
+- Times are BIGINT UTC epoch milliseconds in columns named `*_ms`, written from the database
+  clock (`dbclock.db_now_ms`) unless the column holds a caller's domain time (fire times,
+  `scheduled_for_ms`, deadlines).
+- JSON is stored as text (`json.dumps(sort_keys=True, allow_nan=False)`), MEDIUMTEXT on MySQL so a
+  payload of up to 16 MiB fits.
+- MySQL tables are InnoDB, utf8mb4 with a binary collation, so keys compare byte for byte as they
+  do on SQLite and PostgreSQL (`Daily` and `daily` are two dedupe keys everywhere).
+- `task_instances.status` is covered by the leftmost column of `(status, next_attempt_at_ms)`.
+
+`migrations/versions` must produce exactly this schema; a contract test compares them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+)
+from sqlalchemy.dialects import mysql
+from sqlalchemy.types import TypeEngine
+
+metadata = MetaData()
+
+MYSQL_OPTIONS: dict[str, Any] = {
+    "mysql_engine": "InnoDB",
+    "mysql_charset": "utf8mb4",
+    "mysql_collate": "utf8mb4_bin",
+}
+
+ID_LEN = 64
+TASK_ID_LEN = 200
+KEY_LEN = 255
+STATUS_LEN = 16
+OWNER_LEN = 255
+REASON_LEN = 500
+
+
+def _json_text() -> TypeEngine[str]:
+    return Text().with_variant(mysql.MEDIUMTEXT(), "mysql")
+
+
+def _serial() -> TypeEngine[int]:
+    # SQLite only autoincrements an INTEGER PRIMARY KEY.
+    return BigInteger().with_variant(Integer(), "sqlite")
+
+
+def _ms(name: str, *, nullable: bool = False) -> Column[int]:
+    return Column(name, BigInteger(), nullable=nullable)
+
+
+task_definitions = Table(
+    "task_definitions",
+    metadata,
+    Column("task_id", String(TASK_ID_LEN), primary_key=True),
+    Column("spec", _json_text(), nullable=False),
+    Column("spec_hash", String(128), nullable=False),
+    Column("paused", Boolean(), nullable=False),
+    _ms("cursor_ms", nullable=True),
+    _ms("created_at_ms"),
+    _ms("updated_at_ms"),
+    **MYSQL_OPTIONS,
+)
+
+task_instances = Table(
+    "task_instances",
+    metadata,
+    Column("id", String(ID_LEN), primary_key=True),
+    Column("task_id", String(TASK_ID_LEN), nullable=False),
+    Column("agent", String(TASK_ID_LEN), nullable=False),
+    Column("dedupe_key", String(KEY_LEN), nullable=False),
+    Column("status", String(STATUS_LEN), nullable=False),
+    Column("attempt", Integer(), nullable=False),
+    Column("max_attempts", Integer(), nullable=False),
+    Column("priority", String(STATUS_LEN), nullable=False),
+    _ms("scheduled_for_ms"),
+    Column("business_date", String(10), nullable=True),
+    Column("payload", _json_text(), nullable=False),
+    Column("result", _json_text(), nullable=True),
+    Column("context", _json_text(), nullable=False),
+    Column("fail_class", String(32), nullable=True),
+    Column("last_error", Text(), nullable=True),
+    Column("lease_owner", String(OWNER_LEN), nullable=True),
+    _ms("lease_expires_at_ms", nullable=True),
+    _ms("not_before_ms", nullable=True),
+    _ms("deadline_ms", nullable=True),
+    _ms("next_attempt_at_ms", nullable=True),
+    Column("trace_id", String(ID_LEN), nullable=False),
+    _ms("created_at_ms"),
+    _ms("updated_at_ms"),
+    Index("uq_task_instances_dedupe_key", "dedupe_key", unique=True),
+    Index("ix_task_instances_task_id_scheduled", "task_id", "scheduled_for_ms"),
+    Index("ix_task_instances_status_next_attempt", "status", "next_attempt_at_ms"),
+    **MYSQL_OPTIONS,
+)
+
+instance_history = Table(
+    "instance_history",
+    metadata,
+    Column("id", _serial(), primary_key=True, autoincrement=True),
+    Column(
+        "instance_id",
+        String(ID_LEN),
+        ForeignKey("task_instances.id", name="fk_instance_history_instance", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    Column("from_status", String(STATUS_LEN), nullable=True),
+    Column("to_status", String(STATUS_LEN), nullable=False),
+    Column("attempt", Integer(), nullable=False),
+    Column("owner", String(OWNER_LEN), nullable=True),
+    Column("reason", String(REASON_LEN), nullable=False),
+    _ms("at_ms"),
+    Index("ix_instance_history_instance_id", "instance_id"),
+    **MYSQL_OPTIONS,
+)
+
+trigger_decisions = Table(
+    "trigger_decisions",
+    metadata,
+    Column("id", _serial(), primary_key=True, autoincrement=True),
+    Column("task_id", String(TASK_ID_LEN), nullable=False),
+    _ms("fire_time_ms"),
+    Column("decision", String(32), nullable=False),
+    Column("reason", String(REASON_LEN), nullable=False),
+    Column("details", _json_text(), nullable=False),
+    Column("instance_id", String(ID_LEN), nullable=True),
+    _ms("decided_at_ms"),
+    Index("ix_trigger_decisions_task_fire", "task_id", "fire_time_ms"),
+    **MYSQL_OPTIONS,
+)
+
+readiness_markers = Table(
+    "readiness_markers",
+    metadata,
+    Column("name", String(TASK_ID_LEN), primary_key=True),
+    Column("business_date", String(10), primary_key=True),
+    _ms("created_at_ms"),
+    **MYSQL_OPTIONS,
+)
+
+side_effects = Table(
+    "side_effects",
+    metadata,
+    Column("idempotency_key", String(KEY_LEN), primary_key=True),
+    Column("instance_id", String(ID_LEN), nullable=False),
+    Column("attempt", Integer(), nullable=False),
+    _ms("created_at_ms"),
+    **MYSQL_OPTIONS,
+)
+
+alerts = Table(
+    "alerts",
+    metadata,
+    Column("id", _serial(), primary_key=True, autoincrement=True),
+    Column("instance_id", String(ID_LEN), nullable=False),
+    Column("level", String(16), nullable=False),
+    Column("message", Text(), nullable=False),
+    _ms("created_at_ms"),
+    _ms("sent_at_ms", nullable=True),
+    **MYSQL_OPTIONS,
+)
+
+review_queue = Table(
+    "review_queue",
+    metadata,
+    Column("id", _serial(), primary_key=True, autoincrement=True),
+    Column("instance_id", String(ID_LEN), nullable=False),
+    Column("reason", String(REASON_LEN), nullable=False),
+    _ms("created_at_ms"),
+    _ms("resolved_at_ms", nullable=True),
+    Column("resolved_by", String(OWNER_LEN), nullable=True),
+    **MYSQL_OPTIONS,
+)

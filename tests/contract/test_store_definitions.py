@@ -1,0 +1,127 @@
+"""Definitions (upsert outcomes, version, pause, cursor) and the explain log."""
+
+from __future__ import annotations
+
+from taskstream.core.store.port import DecisionRow, DefinitionRecord
+from taskstream.core.store.sql import SqlStore
+
+
+def _record(task_id: str, schedule: str, *, paused: bool = False) -> DefinitionRecord:
+    spec = {"id": task_id, "agent": "echo", "schedule": {"cron": schedule, "timezone": "UTC"}}
+    return DefinitionRecord(
+        task_id=task_id, spec=spec, spec_hash=f"h-{task_id}-{schedule}", paused=paused
+    )
+
+
+def _decision(fire_time_ms: int, decision: str = "should_run", **kw: object) -> DecisionRow:
+    return DecisionRow(
+        task_id=str(kw.get("task_id", "report")),
+        fire_time_ms=fire_time_ms,
+        decision=decision,
+        reason=str(kw.get("reason", "window open")),
+        details={"window_s": 60, "late_ms": fire_time_ms % 7},
+        instance_id=None if decision != "should_run" else f"inst-{fire_time_ms}",
+        decided_at_ms=int(str(kw.get("decided_at_ms", 0))),
+    )
+
+
+async def test_upsert_reports_created_updated_unchanged(store: SqlStore) -> None:
+    first = await store.upsert_definitions([_record("a", "0 9 * * *"), _record("b", "* * * * *")])
+    second = await store.upsert_definitions([_record("a", "0 10 * * *"), _record("b", "* * * * *")])
+
+    assert first == {"a": "created", "b": "created"}
+    assert second == {"a": "updated", "b": "unchanged"}
+    stored = await store.list_definitions()
+    assert [(d.task_id, d.spec, d.spec_hash, d.paused) for d in stored] == [
+        ("a", _record("a", "0 10 * * *").spec, "h-a-0 10 * * *", False),
+        ("b", _record("b", "* * * * *").spec, "h-b-* * * * *", False),
+    ]
+    assert all(d.updated_at_ms > 0 for d in stored)
+    assert await store.upsert_definitions([]) == {}
+
+
+async def test_version_moves_on_every_change_and_only_then(store: SqlStore) -> None:
+    empty = await store.definitions_version()
+    await store.upsert_definitions([_record("a", "0 9 * * *")])
+    created = await store.definitions_version()
+    await store.upsert_definitions([_record("a", "0 9 * * *")])
+    unchanged = await store.definitions_version()
+    versions = [empty, created]
+    for schedule in ["0 10 * * *", "0 11 * * *", "0 12 * * *"]:
+        # Back-to-back edits may share a millisecond; each must still move the version.
+        await store.upsert_definitions([_record("a", schedule)])
+        versions.append(await store.definitions_version())
+    await store.set_cursor("a", 123)
+    after_cursor = await store.definitions_version()
+
+    assert unchanged == created
+    assert len(set(versions)) == len(versions)
+    assert after_cursor == versions[-1]
+
+
+async def test_pause_survives_reapply_and_moves_the_version(store: SqlStore) -> None:
+    await store.upsert_definitions([_record("a", "0 9 * * *")])
+    before = await store.definitions_version()
+
+    assert await store.set_paused("a", True)
+    paused = await store.definitions_version()
+    await store.upsert_definitions([_record("a", "0 10 * * *", paused=False)])
+    [record] = await store.list_definitions()
+    assert await store.set_paused("a", False)
+
+    assert paused != before
+    assert record.paused
+    assert [d.paused for d in await store.list_definitions()] == [False]
+    assert not await store.set_paused("missing", True)
+
+
+async def test_created_paused_when_the_record_says_so(store: SqlStore) -> None:
+    await store.upsert_definitions([_record("a", "0 9 * * *", paused=True)])
+
+    assert [d.paused for d in await store.list_definitions()] == [True]
+
+
+async def test_cursor_get_and_set(store: SqlStore) -> None:
+    await store.upsert_definitions([_record("a", "0 9 * * *")])
+
+    assert await store.get_cursor("a") is None
+    await store.set_cursor("a", 1_700_000_000_000)
+    assert await store.get_cursor("a") == 1_700_000_000_000
+    await store.set_cursor("a", 1_700_000_060_000)
+    assert await store.get_cursor("a") == 1_700_000_060_000
+    await store.set_cursor("missing", 5)
+    assert await store.get_cursor("missing") is None
+
+
+async def test_decisions_are_recorded_and_listed_by_fire_time(store: SqlStore) -> None:
+    for fire in [3_000, 1_000, 2_000]:
+        await store.record_decision(_decision(fire))
+    await store.record_decision(_decision(2_000, "skip_duplicated", reason="dedupe"))
+    await store.record_decision(_decision(9_000, task_id="other", decided_at_ms=42))
+    now = await store.db_now_ms()
+
+    listed = await store.decisions("report")
+
+    assert [(d.fire_time_ms, d.decision) for d in listed] == [
+        (1_000, "should_run"),
+        (2_000, "should_run"),
+        (2_000, "skip_duplicated"),
+        (3_000, "should_run"),
+    ]
+    assert listed[0].details == {"window_s": 60, "late_ms": 1_000 % 7}
+    assert listed[0].instance_id == "inst-1000"
+    assert listed[2].instance_id is None
+    assert all(abs(d.decided_at_ms - now) < 5_000 for d in listed)
+    assert [d.decided_at_ms for d in await store.decisions("other")] == [42]
+
+
+async def test_decisions_since_and_limit(store: SqlStore) -> None:
+    for fire in range(1_000, 6_000, 1_000):
+        await store.record_decision(_decision(fire))
+
+    since = await store.decisions("report", since_ms=2_000, limit=2)
+    latest = await store.decisions("report", limit=2)
+
+    assert [d.fire_time_ms for d in since] == [2_000, 3_000]
+    assert [d.fire_time_ms for d in latest] == [4_000, 5_000]
+    assert await store.decisions("report", since_ms=9_000) == []

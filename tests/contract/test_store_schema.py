@@ -1,0 +1,168 @@
+"""Migrations build exactly the schema `tables.py` declares, the database clock is sane, and
+an unreachable database is a `StoreUnavailable` that does not leak the password."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Column, Integer, MetaData, Table, text
+from sqlalchemy.engine import Connection, make_url
+
+from taskstream.core.errors import StoreError, StoreUnavailable
+from taskstream.core.store.migrate import alembic_config, current_revision, upgrade
+from taskstream.core.store.sql import SqlStore
+from taskstream.core.store.tables import metadata
+from tests.support.databases import admin_url, available_kinds
+
+HEAD = ScriptDirectory.from_config(alembic_config()).get_current_head()
+
+
+def _diff(target: MetaData) -> Callable[[Connection], list[Any]]:
+    def run(connection: Connection) -> list[Any]:
+        context = MigrationContext.configure(connection, opts={"compare_type": True})
+        return list(compare_metadata(context, target))
+
+    return run
+
+
+async def test_migrated_schema_equals_the_table_metadata(store: SqlStore) -> None:
+    changed = MetaData()
+    for table in metadata.tables.values():
+        table.to_metadata(changed)
+    Table("task_definitions", changed, Column("extra", Integer()), extend_existing=True)
+
+    async with store.engine.connect() as conn:
+        same = await conn.run_sync(_diff(metadata))
+        different = await conn.run_sync(_diff(changed))
+
+    assert same == []
+    assert different, "the comparison must notice a column the database lacks"
+
+
+async def test_upgrade_is_idempotent_and_reports_head(
+    db_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Nothing may depend on the working directory (no alembic.ini, no relative paths).
+    monkeypatch.chdir(tmp_path)
+
+    assert HEAD == "0001"
+    assert await current_revision(db_url) == HEAD
+    await upgrade(db_url)
+    assert await current_revision(db_url) == HEAD
+
+
+async def test_concurrent_upgrades_of_an_empty_database_all_succeed(db_url: str) -> None:
+    def to_base(connection: Connection) -> None:
+        command.downgrade(alembic_config(connection), "base")
+
+    store = await SqlStore.connect(db_url)
+    try:
+        async with store.engine.begin() as conn:
+            await conn.run_sync(to_base)
+        assert await current_revision(db_url) is None
+
+        await asyncio.gather(*(upgrade(db_url) for _ in range(3)))
+
+        assert await current_revision(db_url) == HEAD
+        async with store.engine.connect() as conn:
+            assert await conn.run_sync(_diff(metadata)) == []
+    finally:
+        await store.close()
+
+
+async def test_database_from_a_newer_version_is_refused(store: SqlStore, db_url: str) -> None:
+    async with store.engine.begin() as conn:
+        await conn.execute(text("UPDATE alembic_version SET version_num = '9999'"))
+
+    with pytest.raises(StoreError, match="9999"):
+        await upgrade(db_url)
+
+
+async def test_fresh_database_has_no_revision(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'empty.db'}"
+
+    assert await current_revision(url) is None
+    await upgrade(url)
+    assert await current_revision(url) == HEAD
+
+
+async def test_database_clock_is_close_to_this_clock(store: SqlStore) -> None:
+    before_ms = time.time() * 1000
+    db_ms = await store.db_now_ms()
+    after_ms = time.time() * 1000
+
+    assert before_ms - 5_000 <= db_ms <= after_ms + 5_000
+    await store.ping()
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "mysql://root:s3cr3t-pw@127.0.0.1:1/x",
+        "postgresql://postgres:s3cr3t-pw@127.0.0.1:1/x",
+    ],
+    ids=["mariadb", "postgres"],
+)
+async def test_unreachable_server_is_unavailable_without_password(url: str) -> None:
+    with pytest.raises(StoreUnavailable) as caught:
+        await SqlStore.connect(url)
+
+    message = str(caught.value)
+    assert "s3cr3t-pw" not in message
+    assert "127.0.0.1:1" in message
+    with pytest.raises(StoreUnavailable):
+        await upgrade(url)
+
+
+@pytest.mark.parametrize("kind", [k for k in available_kinds() if k != "sqlite"])
+async def test_unknown_database_is_unavailable(kind: str) -> None:
+    url = make_url(admin_url(kind)).set(database="ts_t_does_not_exist")
+
+    with pytest.raises(StoreUnavailable, match="ts_t_does_not_exist"):
+        await SqlStore.connect(url.render_as_string(hide_password=False))
+
+
+async def test_unopenable_sqlite_file_is_unavailable(tmp_path: Path) -> None:
+    before = set(threading.enumerate())
+
+    with pytest.raises(StoreUnavailable, match="no-such-dir"):
+        await SqlStore.connect(f"sqlite:///{tmp_path / 'no-such-dir' / 'x.db'}")
+
+    # aiosqlite stops the worker thread of a failed connect without awaiting it; let it finish
+    # while this test's event loop is still open.
+    for thread in set(threading.enumerate()) - before:
+        thread.join(timeout=5)
+
+
+async def test_unmigrated_database_is_a_store_error(tmp_path: Path) -> None:
+    store = await SqlStore.connect(f"sqlite:///{tmp_path / 'bare.db'}")
+    try:
+        with pytest.raises(StoreError):
+            await store.list_definitions()
+    finally:
+        await store.close()
+
+
+async def test_sessions_are_set_up_per_dialect(store: SqlStore) -> None:
+    async with store.engine.connect() as conn:
+        dialect = conn.dialect.name
+        if dialect == "sqlite":
+            pragmas = [
+                (await conn.exec_driver_sql(f"PRAGMA {name}")).scalar()
+                for name in ("journal_mode", "busy_timeout", "foreign_keys")
+            ]
+            assert pragmas == ["wal", 10_000, 1]
+        else:
+            assert await conn.get_isolation_level() == "READ COMMITTED"
+        if dialect == "mysql":
+            assert (await conn.exec_driver_sql("SELECT @@session.time_zone")).scalar() == "+00:00"
