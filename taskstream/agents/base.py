@@ -1,0 +1,58 @@
+"""The agent contract: what an agent is given and what it may raise."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import structlog
+from pydantic import BaseModel
+
+
+@dataclass(slots=True)
+class AgentContext:
+    """What a run knows about itself.
+
+    `attempt` is the fencing token of this run; `idempotency_key` is stable across attempts of
+    one instance (the dedupe key), so side effects keyed on it happen at most once.
+    """
+
+    instance_id: str
+    task_id: str
+    attempt: int
+    idempotency_key: str
+    scheduled_for_ms: int
+    log: structlog.typing.FilteringBoundLogger
+    record: dict[str, Any] = field(default_factory=dict)
+
+
+class Agent(Protocol):
+    """An agent: a name, a pydantic params model, the upstreams it calls, and a run function."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def params_model(self) -> type[BaseModel]: ...
+
+    @property
+    def upstreams(self) -> tuple[str, ...]: ...
+
+    async def run(self, ctx: AgentContext, params: BaseModel) -> Any: ...
+
+
+RunFn = Callable[[AgentContext, Any], Awaitable[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionAgent:
+    """An `Agent` made from a plain async function and its params model."""
+
+    name: str
+    params_model: type[BaseModel]
+    fn: RunFn
+    upstreams: tuple[str, ...] = ()
+
+    async def run(self, ctx: AgentContext, params: BaseModel) -> Any:
+        return await self.fn(ctx, params)

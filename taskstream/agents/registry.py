@@ -1,0 +1,46 @@
+"""Agent registry: name -> agent. Built once at process start and passed down."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from taskstream.agents.base import Agent
+from taskstream.core.errors import TaskstreamError
+
+
+class UnknownAgent(TaskstreamError):
+    """No agent is registered under that name."""
+
+
+class Registry:
+    """A read-mostly mapping of agent names to agents."""
+
+    def __init__(self) -> None:
+        self._agents: dict[str, Agent] = {}
+
+    def register(self, agent: Agent) -> None:
+        if agent.name in self._agents:
+            raise ValueError(f"agent {agent.name!r} is already registered")
+        self._agents[agent.name] = agent
+
+    def get(self, name: str) -> Agent:
+        try:
+            return self._agents[name]
+        except KeyError:
+            raise UnknownAgent(name) from None
+
+    def names(self) -> set[str]:
+        return set(self._agents)
+
+    def __iter__(self) -> Iterator[Agent]:
+        return iter(self._agents.values())
+
+
+def default_registry() -> Registry:
+    """The built-in agents."""
+    from taskstream.agents.builtin import BUILTINS  # noqa: PLC0415 - avoids an import cycle
+
+    registry = Registry()
+    for agent in BUILTINS:
+        registry.register(agent)
+    return registry

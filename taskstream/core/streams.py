@@ -1,0 +1,166 @@
+"""Thin Redis Streams shell over the wire format of `protocol`: publish, read, ack, dead-letter.
+
+Invariants: entries are acknowledged and deleted together (XACK + XDEL in one MULTI) so that
+`XLEN` is the real backlog; a dead-lettered entry is copied to the dead stream and removed
+from its work stream in the same MULTI, so it is never lost and never read again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from taskstream.core.errors import QueueUnavailable
+from taskstream.core.protocol import (
+    GROUP,
+    Keys,
+    Priority,
+    RawFields,
+    WorkEntry,
+    dead_fields,
+    encode,
+)
+
+Redis = aioredis.Redis
+
+DRIVER_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One entry handed to this consumer: where it came from and its raw fields."""
+
+    stream: str
+    entry_id: str
+    fields: RawFields
+
+
+def connect(url: str) -> Redis:
+    """A client for `url`. Connections are made lazily; errors surface on first use."""
+    return aioredis.Redis.from_url(url, decode_responses=False, health_check_interval=30)
+
+
+async def ensure_groups(redis: Redis, keys: Keys) -> None:
+    """Create the consumer group on every work stream (idempotent, creates the streams)."""
+    for stream in keys.streams():
+        try:
+            await redis.xgroup_create(stream, GROUP, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+
+async def publish(redis: Redis, keys: Keys, priority: Priority, entry: WorkEntry) -> str:
+    """XADD one entry to its priority stream; returns the entry id."""
+    entry_id = await redis.xadd(keys.stream(priority), encode(entry))  # type: ignore[arg-type]
+    return _text(entry_id)
+
+
+async def read(
+    redis: Redis, keys: Keys, consumer: str, *, count: int, block_ms: int
+) -> list[Delivery]:
+    """Read up to `count` new entries, higher priority streams first.
+
+    Non-blocking reads walk the priorities in order; only when all are empty does one blocking
+    read wait on every stream (COUNT 1 each, so it returns at most one entry per stream).
+    """
+    out: list[Delivery] = []
+    for stream in keys.streams():
+        if len(out) >= count:
+            return out
+        out += await _xreadgroup(redis, {stream: ">"}, consumer, count - len(out), None)
+    if out:
+        return out
+    return await _xreadgroup(redis, dict.fromkeys(keys.streams(), ">"), consumer, 1, block_ms)
+
+
+async def _xreadgroup(
+    redis: Redis, streams: dict[str, str], consumer: str, count: int, block_ms: int | None
+) -> list[Delivery]:
+    reply: Any = await redis.xreadgroup(
+        GROUP,
+        consumer,
+        streams,  # type: ignore[arg-type]
+        count=count,
+        block=block_ms,
+    )
+    out: list[Delivery] = []
+    for stream, entries in reply or []:
+        for entry_id, fields in entries:
+            out.append(Delivery(_text(stream), _text(entry_id), fields or {}))
+    return out
+
+
+async def ack(redis: Redis, stream: str, entry_id: str) -> None:
+    """XACK and XDEL together: the entry leaves the pending list and the stream."""
+    async with redis.pipeline(transaction=True) as pipe:
+        pipe.xack(stream, GROUP, entry_id)
+        pipe.xdel(stream, entry_id)
+        await pipe.execute()
+
+
+async def dead_letter(
+    redis: Redis, keys: Keys, delivery: Delivery, reason: str, detail: str
+) -> str:
+    """Move an entry to the dead-letter stream with a reason, atomically."""
+    fields = dead_fields(
+        delivery.fields,
+        reason=reason,
+        detail=detail,
+        stream=delivery.stream,
+        entry_id=delivery.entry_id,
+    )
+    async with redis.pipeline(transaction=True) as pipe:
+        pipe.xadd(keys.dead, fields)  # type: ignore[arg-type]
+        pipe.xack(delivery.stream, GROUP, delivery.entry_id)
+        pipe.xdel(delivery.stream, delivery.entry_id)
+        result = await pipe.execute()
+    return _text(result[0])
+
+
+async def queue_stats(redis: Redis, keys: Keys) -> dict[str, Any]:
+    """Per-stream length, group pending/lag and consumers; the dead stream's length."""
+    streams: dict[str, Any] = {}
+    for priority in Priority:
+        stream = keys.stream(priority)
+        groups = await _groups(redis, stream)
+        group = groups.get(GROUP, {})
+        consumers = await _consumers(redis, stream) if group else []
+        streams[priority.value] = {
+            "key": stream,
+            "length": int(await redis.xlen(stream)),
+            "pending": int(group.get("pending", 0)),
+            "lag": group.get("lag"),
+            "consumers": consumers,
+        }
+    return {"streams": streams, "dead": int(await redis.xlen(keys.dead))}
+
+
+async def _groups(redis: Redis, stream: str) -> dict[str, dict[str, Any]]:
+    try:
+        groups: list[dict[str, Any]] = await redis.xinfo_groups(stream)
+    except ResponseError:
+        return {}
+    return {_text(g["name"]): g for g in groups}
+
+
+async def _consumers(redis: Redis, stream: str) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = await redis.xinfo_consumers(stream, GROUP)
+    return [
+        {"name": _text(r["name"]), "pending": int(r["pending"]), "idle_ms": int(r["idle"])}
+        for r in rows
+    ]
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def unavailable(url_redacted: str, exc: BaseException) -> QueueUnavailable:
+    """The typed error for a Redis that cannot be reached."""
+    return QueueUnavailable(f"redis at {url_redacted} is unreachable: {exc}")

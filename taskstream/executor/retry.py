@@ -1,0 +1,68 @@
+"""Retry policy (pure): after a failed attempt, retry at a time, or give up with a class.
+
+Attempts are counted per instance and never reset: `attempts_used` is how many attempts of
+this instance have run (deferrals that did not call the agent are not counted). Randomness
+comes in as a `random.Random`, time as `now_ms`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from random import Random
+
+from taskstream.core.spec_parts import Backoff, RetryPolicy
+from taskstream.core.states import FailClass, Status
+
+
+class Failure(StrEnum):
+    """How an attempt failed, as far as retrying is concerned."""
+
+    RETRIABLE = "retriable"
+    TIMEOUT = "timeout"
+    FATAL = "fatal"
+    MANUAL_REVIEW = "manual_review"
+
+
+@dataclass(frozen=True, slots=True)
+class RetryDecision:
+    """RETRYING at `next_attempt_at_ms`, or FAILED with `fail_class`."""
+
+    status: Status
+    next_attempt_at_ms: int | None = None
+    fail_class: FailClass | None = None
+    delay_ms: int = 0
+
+
+def backoff_ms(backoff: Backoff, jitter: float, attempts_used: int, rng: Random) -> int:
+    """Delay before the next attempt, in ms: `min(max, base * factor**(n-1))` seconds, of
+    which the fraction `jitter` is randomised downwards (so the delay never exceeds `max`)."""
+    n = max(1, attempts_used)
+    raw_s = min(backoff.max, backoff.base * backoff.factor ** (n - 1))
+    delay_s = raw_s * (1.0 - jitter) + raw_s * jitter * rng.random()
+    return max(0, round(delay_s * 1000))
+
+
+def decide(
+    failure: Failure,
+    *,
+    attempts_used: int,
+    policy: RetryPolicy,
+    now_ms: int,
+    rng: Random,
+) -> RetryDecision:
+    """What happens after a failed attempt. `attempts_used` >= 1 includes the one that failed.
+
+    Fatal fails now; manual review fails now (and goes to review); a retriable or timed-out
+    attempt retries while attempts are left and its class is in `policy.retry_on`.
+    """
+    if failure is Failure.FATAL:
+        return RetryDecision(Status.FAILED, fail_class=FailClass.FATAL)
+    if failure is Failure.MANUAL_REVIEW:
+        return RetryDecision(Status.FAILED, fail_class=FailClass.MANUAL_REVIEW)
+    if failure.value not in policy.retry_on:
+        return RetryDecision(Status.FAILED, fail_class=FailClass.FATAL)
+    if attempts_used >= policy.max_attempts:
+        return RetryDecision(Status.FAILED, fail_class=FailClass.EXHAUSTED)
+    delay = backoff_ms(policy.backoff, policy.jitter, attempts_used, rng)
+    return RetryDecision(Status.RETRYING, next_attempt_at_ms=now_ms + delay, delay_ms=delay)

@@ -1,0 +1,74 @@
+"""The outbox (DESIGN.md §6.1): INSERT PENDING -> XADD -> CAS PENDING->DISPATCHED.
+
+A crash between the steps leaves a PENDING row; emitting the same instance again (same dedupe
+key) finds that row and publishes it, so no fire time is lost and none is doubled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from taskstream.core import streams
+from taskstream.core.logging import get_logger
+from taskstream.core.protocol import Keys, Priority, WorkEntry
+from taskstream.core.states import Status
+from taskstream.core.store.port import InstanceRow, NewInstance, Store
+
+EmitOutcome = Literal["published", "republished", "duplicate"]
+
+
+@dataclass(frozen=True, slots=True)
+class Emitted:
+    """What emitting one instance did. `instance_id` names the row that exists now."""
+
+    outcome: EmitOutcome
+    instance_id: str
+    status: Status | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Outbox:
+    """Publishes instances from the store to the work streams."""
+
+    store: Store
+    redis: streams.Redis
+    keys: Keys
+
+    async def emit(self, new: NewInstance, *, now_ms: int) -> Emitted:
+        """Create the instance and publish it; a duplicate that is still PENDING is published."""
+        created = await self.store.create_instance(new)
+        if created.created:
+            row = await self.store.get_instance(created.instance_id)
+            outcome: EmitOutcome = "published"
+        else:
+            row = await self.store.get_instance(created.instance_id)
+            outcome = "republished"
+            if row is None or row.status is not Status.PENDING:
+                status = row.status if row else None
+                return Emitted("duplicate", created.instance_id, status)
+        if row is None:
+            return Emitted("duplicate", created.instance_id, None)
+        await self.publish(row, now_ms=now_ms)
+        return Emitted(outcome, row.id, Status.DISPATCHED)
+
+    async def publish(self, row: InstanceRow, *, now_ms: int) -> None:
+        """XADD the row's entry, then CAS PENDING -> DISPATCHED. Losing that CAS is normal:
+        an executor that already saw the entry may have moved the row on."""
+        entry = WorkEntry(
+            instance_id=row.id,
+            task_id=row.task_id,
+            agent=row.agent,
+            attempt=row.attempt,
+            scheduled_for_ms=row.scheduled_for_ms,
+            emitted_at_ms=now_ms,
+            trace_id=row.trace_id,
+        )
+        await streams.publish(self.redis, self.keys, Priority(row.priority), entry)
+        cas = await self.store.transition(
+            row.id, Status.PENDING, Status.DISPATCHED, reason="published", attempt=row.attempt
+        )
+        if not cas.ok:
+            get_logger(instance_id=row.id, task_id=row.task_id).info(
+                "instance.dispatch_cas_lost", found=cas.found
+            )

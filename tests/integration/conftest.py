@@ -1,0 +1,41 @@
+"""Integration fixtures: a real Redis client scoped to a per-test namespace (its keys are
+deleted afterwards; nothing else is touched) and a real store on a fresh database."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from taskstream.core import streams
+from taskstream.core.protocol import Keys
+from taskstream.core.store.sql import SqlStore
+from tests.support.databases import temp_database
+
+
+@pytest.fixture
+def keys(namespace: str) -> Keys:
+    return Keys(prefix="tstest", namespace=namespace)
+
+
+@pytest.fixture
+async def redis(redis_url: str, keys: Keys) -> AsyncIterator[streams.Redis]:
+    client = streams.connect(redis_url)
+    yield client
+    found = [k async for k in client.scan_iter(match=f"{keys.base}:*", count=500)]
+    if found:
+        await client.delete(*found)
+    await client.aclose()
+
+
+@pytest.fixture(params=["sqlite", "mariadb"])
+async def db_url(request: pytest.FixtureRequest) -> AsyncIterator[str]:
+    async with temp_database(str(request.param)) as url:
+        yield url
+
+
+@pytest.fixture
+async def store(db_url: str) -> AsyncIterator[SqlStore]:
+    s = await SqlStore.connect(db_url)
+    yield s
+    await s.close()

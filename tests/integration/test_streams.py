@@ -1,0 +1,66 @@
+"""The stream shell against a real Redis: groups, priority order, ack+del, dead letters."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from taskstream.core import streams
+from taskstream.core.protocol import GROUP, Keys, Priority, WorkEntry, decode
+
+
+def entry(n: int) -> WorkEntry:
+    return WorkEntry(
+        instance_id=f"i_{n}",
+        task_id="t",
+        agent="echo",
+        attempt=0,
+        scheduled_for_ms=n,
+        emitted_at_ms=n,
+    )
+
+
+async def test_groups_are_idempotent_and_priority_is_respected(
+    redis: streams.Redis, keys: Keys
+) -> None:
+    await streams.ensure_groups(redis, keys)
+    await streams.ensure_groups(redis, keys)
+    await streams.publish(redis, keys, Priority.LOW, entry(1))
+    await streams.publish(redis, keys, Priority.HIGH, entry(2))
+    await streams.publish(redis, keys, Priority.DEFAULT, entry(3))
+    got = await streams.read(redis, keys, "c1", count=2, block_ms=10)
+    assert [decode(d.fields).instance_id for d in got] == ["i_2", "i_3"]
+    rest = await streams.read(redis, keys, "c1", count=5, block_ms=10)
+    assert [decode(d.fields).instance_id for d in rest] == ["i_1"]
+
+
+async def test_ack_removes_from_pending_and_stream(redis: streams.Redis, keys: Keys) -> None:
+    await streams.ensure_groups(redis, keys)
+    await streams.publish(redis, keys, Priority.DEFAULT, entry(1))
+    [d] = await streams.read(redis, keys, "c1", count=1, block_ms=10)
+    assert (await redis.xpending(d.stream, GROUP))["pending"] == 1
+    await streams.ack(redis, d.stream, d.entry_id)
+    assert (await redis.xpending(d.stream, GROUP))["pending"] == 0
+    assert await redis.xlen(d.stream) == 0
+
+
+async def test_dead_letter_moves_the_entry_with_its_reason(
+    redis: streams.Redis, keys: Keys
+) -> None:
+    await streams.ensure_groups(redis, keys)
+    stream = keys.stream(Priority.DEFAULT)
+    await redis.xadd(stream, {"garbage": b"\xff"})
+    [d] = await streams.read(redis, keys, "c1", count=1, block_ms=10)
+    await streams.dead_letter(redis, keys, d, "missing_version", "")
+    assert await redis.xlen(stream) == 0
+    dead: Any = await redis.xrange(keys.dead)
+    [(_, fields)] = dead
+    assert fields[b"reason"] == b"missing_version"
+    assert fields[b"source_id"] == d.entry_id.encode()
+    stats = await streams.queue_stats(redis, keys)
+    assert stats["dead"] == 1
+    assert stats["streams"]["default"]["pending"] == 0
+
+
+async def test_blocking_read_returns_when_empty(redis: streams.Redis, keys: Keys) -> None:
+    await streams.ensure_groups(redis, keys)
+    assert await streams.read(redis, keys, "c1", count=3, block_ms=20) == []

@@ -1,0 +1,77 @@
+"""The retry policy against a spec table; randomness and time passed in."""
+
+from __future__ import annotations
+
+from random import Random
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from taskstream.core.spec_parts import Backoff, RetryPolicy
+from taskstream.core.states import FailClass, Status
+from taskstream.executor.retry import Failure, backoff_ms, decide
+
+NO_JITTER = RetryPolicy(max_attempts=6, backoff=Backoff(base=1.0, factor=2.0, max=10.0), jitter=0)
+
+
+@pytest.mark.parametrize(
+    ("attempts_used", "delay_ms"),
+    [(1, 1000), (2, 2000), (3, 4000), (4, 8000), (5, 10_000)],
+)
+def test_backoff_table_without_jitter(attempts_used: int, delay_ms: int) -> None:
+    got = decide(
+        Failure.RETRIABLE, attempts_used=attempts_used, policy=NO_JITTER, now_ms=500, rng=Random(1)
+    )
+    assert got.status is Status.RETRYING
+    assert got.delay_ms == delay_ms
+    assert got.next_attempt_at_ms == 500 + delay_ms
+
+
+def test_jitter_sequence_is_reproducible_and_bounded() -> None:
+    backoff = Backoff(base=10.0, factor=3.0, max=600.0)
+    first = [backoff_ms(backoff, 0.5, n, Random(42)) for n in range(1, 6)]
+    again = [backoff_ms(backoff, 0.5, n, Random(42)) for n in range(1, 6)]
+    assert first == again
+    raws = [10_000, 30_000, 90_000, 270_000, 600_000]
+    for got, raw in zip(first, raws, strict=True):
+        assert raw * 0.5 <= got <= raw
+
+
+@given(
+    n=st.integers(min_value=1, max_value=60),
+    jitter=st.floats(min_value=0, max_value=1),
+    seed=st.integers(min_value=0, max_value=2**32),
+)
+def test_delay_never_exceeds_max(n: int, jitter: float, seed: int) -> None:
+    backoff = Backoff(base=0.5, factor=2.5, max=30.0)
+    assert 0 <= backoff_ms(backoff, jitter, n, Random(seed)) <= 30_000
+
+
+@pytest.mark.parametrize(
+    ("failure", "used", "status", "fail_class"),
+    [
+        (Failure.FATAL, 1, Status.FAILED, FailClass.FATAL),
+        (Failure.MANUAL_REVIEW, 1, Status.FAILED, FailClass.MANUAL_REVIEW),
+        (Failure.RETRIABLE, 5, Status.RETRYING, None),
+        (Failure.RETRIABLE, 6, Status.FAILED, FailClass.EXHAUSTED),
+        (Failure.TIMEOUT, 6, Status.FAILED, FailClass.EXHAUSTED),
+        (Failure.TIMEOUT, 2, Status.RETRYING, None),
+    ],
+)
+def test_classes(failure: Failure, used: int, status: Status, fail_class: FailClass | None) -> None:
+    got = decide(failure, attempts_used=used, policy=NO_JITTER, now_ms=0, rng=Random(0))
+    assert (got.status, got.fail_class) == (status, fail_class)
+
+
+def test_a_class_not_in_retry_on_fails_at_once() -> None:
+    policy = RetryPolicy(max_attempts=5, retry_on=("retriable",))
+    got = decide(Failure.TIMEOUT, attempts_used=1, policy=policy, now_ms=0, rng=Random(0))
+    assert got.status is Status.FAILED
+
+
+@given(used=st.integers(min_value=1, max_value=50), max_attempts=st.integers(1, 20))
+def test_max_attempts_is_never_exceeded(used: int, max_attempts: int) -> None:
+    policy = RetryPolicy(max_attempts=max_attempts)
+    got = decide(Failure.RETRIABLE, attempts_used=used, policy=policy, now_ms=0, rng=Random(0))
+    assert (got.status is Status.RETRYING) == (used < max_attempts)
