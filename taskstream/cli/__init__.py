@@ -1,0 +1,1 @@
+"""The `taskstream` command: the composition root that wires the packages together."""

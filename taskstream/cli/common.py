@@ -1,0 +1,77 @@
+"""Shared CLI plumbing: settings from the environment, opening the store and Redis, output."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import AsyncIterator, Coroutine
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from rich.console import Console
+
+from taskstream.core import streams
+from taskstream.core.errors import ClusterNotFound
+from taskstream.core.protocol import Keys
+from taskstream.core.settings import Settings
+from taskstream.core.store.sql import SqlStore
+from taskstream.runtime.endpoint import Endpoints, resolve
+
+T = TypeVar("T")
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def settings() -> Settings:
+    """Settings from `TASKSTREAM_*` variables, read once per command."""
+    return Settings()
+
+
+def keys_of(s: Settings) -> Keys:
+    return Keys(prefix=s.key_prefix, namespace=s.namespace)
+
+
+def run_async(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coro)
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+
+
+@dataclass(slots=True)
+class Cluster:
+    """Open connections to one cluster's store and (optionally) Redis."""
+
+    settings: Settings
+    endpoints: Endpoints
+    store: SqlStore
+    redis: streams.Redis | None
+
+    @property
+    def keys(self) -> Keys:
+        return keys_of(self.settings)
+
+    @property
+    def queue(self) -> streams.Redis:
+        """The Redis client; only for clusters opened with `need_redis=True`."""
+        if self.redis is None:
+            raise ClusterNotFound("this command was opened without Redis")
+        return self.redis
+
+
+@asynccontextmanager
+async def open_cluster(s: Settings, *, need_redis: bool = True) -> AsyncIterator[Cluster]:
+    """Resolve the endpoints and open the store (and Redis when needed); close them after."""
+    endpoints = resolve(s, need_redis=need_redis)
+    store = await SqlStore.connect(endpoints.database_url)
+    redis = streams.connect(endpoints.redis_url) if need_redis else None
+    try:
+        yield Cluster(s, endpoints, store, redis)
+    finally:
+        await store.close()
+        if redis is not None:
+            await redis.aclose()

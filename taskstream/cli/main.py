@@ -1,0 +1,48 @@
+"""The `taskstream` command line. Human output by default, `--json` for scripts.
+
+Exit codes: 0 ok; 1 an operational error (store or Redis down, no cluster found); 2 invalid
+input (task file, arguments).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from taskstream.cli import query_cmds, roles
+from taskstream.cli.tasks_cmds import tasks_app
+from taskstream.core.errors import ConfigError, TaskstreamError
+from taskstream.core.logging import configure
+
+app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    help="taskstream: scheduled work that runs when it should, once, explainably.",
+)
+app.add_typer(tasks_app, name="tasks")
+app.command("up")(roles.up_cmd)
+app.command("scheduler")(roles.scheduler_cmd)
+app.command("executor")(roles.executor_cmd)
+app.command("migrate")(roles.migrate_cmd)
+app.command("status")(query_cmds.status_cmd)
+app.command("instances")(query_cmds.instances_cmd)
+app.command("inspect")(query_cmds.inspect_cmd)
+app.command("url")(query_cmds.url_cmd)
+
+
+def run() -> None:
+    """Console-script entry: configure logging, run the app, turn typed errors into exit codes."""
+    from taskstream.core.settings import Settings  # noqa: PLC0415 - after env is final
+
+    configure(Settings().log_level)
+    try:
+        app()
+    except ConfigError as exc:
+        for line in exc.problems:
+            sys.stderr.write(f"{line}\n")
+        sys.exit(2)
+    except TaskstreamError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        sys.exit(1)

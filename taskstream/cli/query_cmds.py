@@ -1,0 +1,119 @@
+"""Read-only views: `status`, `instances`, `inspect`, `url`."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import asdict
+from typing import Any
+
+import typer
+from rich.table import Table
+
+from taskstream.cli.common import console, open_cluster, print_json, run_async, settings
+from taskstream.core import streams
+from taskstream.core.errors import TaskstreamError
+from taskstream.core.states import Status
+from taskstream.core.store.urls import redact_url
+from taskstream.runtime.endpoint import resolve
+
+JSON_OPT = typer.Option(False, "--json", help="Machine-readable output.")
+
+
+def status_cmd(as_json: bool = JSON_OPT) -> None:
+    """Queue depth, pending entries, consumers, dead letters and instances by status."""
+    data = run_async(_status())
+    if as_json:
+        print_json(data)
+        return
+    console.print(f"redis {data['redis_url']}   store {data['database_url']}")
+    table = Table("stream", "length", "pending", "lag", "consumers")
+    for name, st in data["streams"].items():
+        table.add_row(
+            name, str(st["length"]), str(st["pending"]), str(st["lag"]), str(len(st["consumers"]))
+        )
+    console.print(table)
+    console.print(f"dead letters: {data['dead']}")
+    counts = "  ".join(f"{k}={v}" for k, v in data["instances"].items())
+    console.print(f"instances: {counts or 'none'}")
+
+
+async def _status() -> dict[str, Any]:
+    async with open_cluster(settings()) as cluster:
+        queue = await streams.queue_stats(cluster.queue, cluster.keys)
+        counts = await cluster.store.count_by_status()
+    return {
+        "redis_url": redact_url(cluster.endpoints.redis_url),
+        "database_url": redact_url(cluster.endpoints.database_url),
+        "namespace": cluster.settings.namespace,
+        **queue,
+        "instances": {s.value: counts.get(s, 0) for s in Status},
+    }
+
+
+def instances_cmd(
+    task: str = typer.Option(None, "--task", help="Only this task."),
+    status: Status = typer.Option(None, "--status", help="Only this status."),
+    limit: int = typer.Option(50, min=1, max=10_000),
+    as_json: bool = JSON_OPT,
+) -> None:
+    """List instances, oldest fire time first."""
+    rows = run_async(_instances(task, status, limit))
+    if as_json:
+        print_json(rows)
+        return
+    table = Table("id", "task", "status", "attempt", "scheduled_for_ms", "fail_class")
+    for r in rows:
+        table.add_row(
+            r["id"],
+            r["task_id"],
+            r["status"],
+            str(r["attempt"]),
+            str(r["scheduled_for_ms"]),
+            r["fail_class"] or "",
+        )
+    console.print(table)
+
+
+async def _instances(task: str | None, status: Status | None, limit: int) -> list[dict[str, Any]]:
+    async with open_cluster(settings(), need_redis=False) as cluster:
+        rows = await cluster.store.list_instances(task_id=task, status=status, limit=limit)
+    return [asdict(r) for r in rows]
+
+
+def inspect_cmd(instance_id: str = typer.Argument(...), as_json: bool = JSON_OPT) -> None:
+    """One instance: its row (attempt, lease owner, lease expiry) and its status history."""
+    data = run_async(_inspect(instance_id))
+    if as_json:
+        print_json(data)
+        return
+    for key, value in data["instance"].items():
+        console.print(f"[bold]{key}[/bold]: {value}")
+    table = Table("at_ms", "from", "to", "attempt", "owner", "reason")
+    for h in data["history"]:
+        table.add_row(
+            str(h["at_ms"]),
+            str(h["from_status"] or "-"),
+            h["to_status"],
+            str(h["attempt"]),
+            h["owner"] or "",
+            h["reason"],
+        )
+    console.print(table)
+
+
+async def _inspect(instance_id: str) -> dict[str, Any]:
+    async with open_cluster(settings(), need_redis=False) as cluster:
+        row = await cluster.store.get_instance(instance_id)
+        if row is None:
+            raise TaskstreamError(f"no instance with id {instance_id!r}")
+        history = await cluster.store.history(instance_id)
+    return {"instance": asdict(row), "history": [asdict(h) for h in history]}
+
+
+def url_cmd(which: str = typer.Argument(..., help="redis or database")) -> None:
+    """Print the cluster's Redis or database URL (for redis-cli or a SQL client)."""
+    eps = resolve(settings(), need_redis=which == "redis")
+    urls = {"redis": eps.redis_url, "database": eps.database_url}
+    if which not in urls:
+        raise typer.BadParameter("expected 'redis' or 'database'")
+    sys.stdout.write(urls[which] + "\n")

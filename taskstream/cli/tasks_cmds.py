@@ -1,0 +1,85 @@
+"""`taskstream tasks validate|apply|list`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from taskstream.agents.registry import default_registry
+from taskstream.cli.common import console, open_cluster, print_json, run_async, settings
+from taskstream.core.definitions import from_record, to_records
+from taskstream.core.spec import TaskFile
+from taskstream.core.specfile import load_task_file
+
+tasks_app = typer.Typer(no_args_is_help=True, help="Validate, apply and list task definitions.")
+
+TABLE_KEYS = ("task_id", "agent", "schedule", "timezone", "paused")
+FILE_ARG = typer.Argument(..., help="A tasks YAML file.")
+
+
+def _load(path: Path) -> TaskFile:
+    return load_task_file(path, known_agents=default_registry().names())
+
+
+@tasks_app.command("validate")
+def validate_cmd(path: Path = FILE_ARG) -> None:
+    """Check a task file without touching the store: exit 0, or 2 with one line per problem."""
+    taskfile = _load(path)
+    sys.stdout.write(f"{path}: ok, {len(taskfile.tasks)} task(s)\n")
+
+
+@tasks_app.command("apply")
+def apply_cmd(path: Path = FILE_ARG) -> None:
+    """Validate a task file and write its definitions to the store (nothing on any error)."""
+    taskfile = _load(path)
+    changes = run_async(_apply(taskfile))
+    for task_id, change in sorted(changes.items()):
+        sys.stdout.write(f"{task_id}: {change}\n")
+
+
+async def _apply(taskfile: TaskFile) -> dict[str, str]:
+    async with open_cluster(settings(), need_redis=False) as cluster:
+        return await cluster.store.upsert_definitions(to_records(taskfile))
+
+
+@tasks_app.command("list")
+def list_cmd(
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    """List stored definitions with their schedule and paused flag."""
+    rows = run_async(_list())
+    if as_json:
+        print_json(rows)
+        return
+    table = Table(*TABLE_KEYS)
+    for r in rows:
+        table.add_row(*("" if r[k] is None else str(r[k]) for k in TABLE_KEYS))
+    console.print(table)
+
+
+async def _list() -> list[dict[str, object]]:
+    async with open_cluster(settings(), need_redis=False) as cluster:
+        records = await cluster.store.list_definitions()
+    out: list[dict[str, object]] = []
+    for record in records:
+        spec = from_record(record)
+        sched = spec.schedule
+        what = "on-demand"
+        if sched and sched.cron:
+            what = f"cron {sched.cron}"
+        elif sched and sched.every:
+            what = f"every {sched.every:g}s"
+        out.append(
+            {
+                "task_id": spec.id,
+                "agent": spec.agent,
+                "schedule": what,
+                "timezone": sched.timezone if sched else None,
+                "paused": record.paused,
+                "spec_hash": record.spec_hash,
+            }
+        )
+    return out

@@ -1,0 +1,1 @@
+"""taskstream.ratelimit."""

@@ -1,0 +1,1 @@
+"""Process wiring: the embedded defaults, the endpoint file, and the `up` supervisor."""

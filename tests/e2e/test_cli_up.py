@@ -1,0 +1,117 @@
+"""`taskstream up` on the embedded defaults, driven as a user would from two shells."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+TASKS = """
+tasks:
+  - id: tick
+    agent: echo
+    schedule: {every: 1s}
+    payload: {hello: world}
+"""
+
+
+def cli(cwd: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TASKSTREAM_")}
+    return subprocess.run(
+        [sys.executable, "-m", "taskstream", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=check,
+    )
+
+
+def wait_for(predicate: object, timeout_s: float) -> bool:
+    """Poll `predicate` until true or the deadline; the deadline only bounds the test."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return True
+        time.sleep(0.25)
+    return False
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[tuple[Path, subprocess.Popen[str]]]:
+    (tmp_path / "tasks.yaml").write_text(TASKS)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TASKSTREAM_")}
+    log = (tmp_path / "up.log").open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "taskstream", "up", "--executors", "2"],
+        cwd=tmp_path,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    yield tmp_path, proc
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    log.close()
+
+
+def status(cwd: Path) -> dict[str, object] | None:
+    out = cli(cwd, "status", "--json", check=False)
+    return json.loads(out.stdout) if out.returncode == 0 else None
+
+
+def test_up_runs_instances_to_success_and_stops_cleanly(
+    cluster: tuple[Path, subprocess.Popen[str]],
+) -> None:
+    cwd, proc = cluster
+
+    def succeeded() -> bool:
+        st = status(cwd)
+        return bool(st) and st["instances"]["SUCCESS"] >= 2  # type: ignore[index]
+
+    assert wait_for(succeeded, 30), (cwd / "up.log").read_text()[-3000:]
+    redis_url = cli(cwd, "url", "redis").stdout.strip()
+    client = redis.Redis.from_url(redis_url)
+    groups = client.xinfo_groups("ts:{default}:stream:default")
+    assert groups[0]["name"] == b"executors"
+    consumers = client.xinfo_consumers("ts:{default}:stream:default", "executors")
+    assert len(consumers) >= 1
+    listed = json.loads(cli(cwd, "instances", "--status", "SUCCESS", "--json").stdout)
+    inspected = json.loads(cli(cwd, "inspect", listed[0]["id"], "--json").stdout)
+    assert [h["to_status"] for h in inspected["history"]] == [
+        "PENDING",
+        "DISPATCHED",
+        "RUNNING",
+        "SUCCESS",
+    ]
+    assert inspected["instance"]["result"] == {"hello": "world"}
+    client.close()
+
+    started = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=10) == 0
+    assert time.monotonic() - started < 10
+    assert not (cwd / ".taskstream" / "endpoint.json").exists()
+    assert cli(cwd, "status", check=False).returncode == 1
+
+
+def test_validate_reports_every_problem_and_writes_nothing(tmp_path: Path) -> None:
+    bad = Path(__file__).parents[1] / "fixtures" / "bad_tasks.yaml"
+    out = cli(tmp_path, "tasks", "validate", str(bad), check=False)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 4, out.stderr
+    assert all(str(bad) in line for line in lines)
+    assert not (tmp_path / ".taskstream").exists()
