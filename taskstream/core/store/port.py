@@ -128,6 +128,41 @@ class Claim:
     lease_expires_at_ms: int
 
 
+@dataclass(frozen=True, slots=True)
+class ClaimRequest:
+    """Claim `instance_id` if it is DISPATCHED with `attempt == expected_attempt`; the lease
+    ends `lease_s` seconds after the database clock's now."""
+
+    instance_id: str
+    expected_attempt: int
+    lease_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """A won claim and the row as it is after the claim (status RUNNING, attempt = token)."""
+
+    token: int
+    lease_expires_at_ms: int
+    row: InstanceRow
+
+
+@dataclass(frozen=True, slots=True)
+class FinishRequest:
+    """The final CAS of one run: RUNNING -> `dst` where attempt == `token`, with the run's
+    result and side-effect keys."""
+
+    instance_id: str
+    token: int
+    dst: Status
+    reason: str
+    result: Any = None
+    fail_class: FailClass | None = None
+    error: str | None = None
+    next_attempt_at_ms: int | None = None
+    side_effects: tuple[str, ...] = ()
+
+
 class Store(Protocol):
     """The store port. See the module docstring for the invariants."""
 
@@ -211,6 +246,46 @@ class Store(Protocol):
     ) -> CasResult:
         """RUNNING -> dst where attempt == token, clearing the lease, and insert the side
         effect keys, all in one transaction. A stale token changes nothing."""
+        ...
+
+    # batches: the same compare-and-set rules, one transaction for many instances
+
+    async def claim_many(self, requests: list[ClaimRequest], *, owner: str) -> dict[str, Claimed]:
+        """`claim` for many instances in one transaction; returns only the won claims."""
+        ...
+
+    async def finish_many(self, requests: list[FinishRequest]) -> dict[str, CasResult]:
+        """`finish` for many runs in one transaction. A fenced run changes nothing and gets
+        `ok=False`; the others commit. Side-effect keys that already exist fence only the run
+        that carries them."""
+        ...
+
+    async def extend_leases(self, held: list[tuple[str, int]], *, lease_s: float) -> set[str]:
+        """`extend_lease` for many (instance_id, token) pairs; returns the ids still held."""
+        ...
+
+    # work finding
+
+    async def due_retries(self, *, now_ms: int, limit: int) -> list[InstanceRow]:
+        """RETRYING rows with `next_attempt_at_ms <= now_ms`, oldest due first."""
+        ...
+
+    async def stale(
+        self, statuses: list[Status], *, updated_before_ms: int, limit: int
+    ) -> list[InstanceRow]:
+        """Rows in `statuses` not updated since `updated_before_ms`, oldest first."""
+        ...
+
+    async def side_effect_done(self, key: str) -> bool:
+        """True when a side effect with this idempotency key has been committed."""
+        ...
+
+    async def count_history(self, instance_id: str, *, reason: str) -> int:
+        """How many history rows of this instance carry `reason`."""
+        ...
+
+    async def add_review(self, instance_id: str, reason: str) -> None:
+        """Put an instance in the human review queue (once: a second add is a no-op)."""
         ...
 
     # explain log

@@ -1,10 +1,12 @@
 """`SqlStore`: the store port over SQLAlchemy Core (async) on MySQL/MariaDB, SQLite, PostgreSQL.
 
-Every method is one transaction. Status writes are compare-and-set and append their history
-row in the same transaction; a lost race is a `CasResult(ok=False, found=...)`, never an
-exception. Transitions are checked against the state table before any SQL is sent.
+Every method is one transaction (`finish_many` falls back to one per run when a concurrent
+writer records one of its side-effect keys first). Status writes are compare-and-set and append
+their history row in the same transaction; a lost race is a `CasResult(ok=False, found=...)`,
+never an exception. Transitions are checked against the state table before any SQL is sent.
 Leases and timestamps come from the database clock. Driver errors surface as
-`StoreUnavailable` / `StoreError` naming the redacted URL.
+`StoreUnavailable` / `StoreError` naming the redacted URL. The SQL lives in `sql_instances`,
+`sql_batch`, `sql_queries` and `sql_definitions`; the methods here own the transactions.
 """
 
 from __future__ import annotations
@@ -18,16 +20,20 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from taskstream.core.errors import StoreError
 from taskstream.core.states import FailClass, Status, check_transition
-from taskstream.core.store import sql_codec as codec
+from taskstream.core.store import sql_batch as batch
 from taskstream.core.store import sql_definitions as defs
 from taskstream.core.store import sql_instances as rows
+from taskstream.core.store import sql_queries as queries
 from taskstream.core.store.dbclock import db_now_ms
 from taskstream.core.store.port import (
     CasResult,
     Claim,
+    Claimed,
+    ClaimRequest,
     CreateResult,
     DecisionRow,
     DefinitionRecord,
+    FinishRequest,
     HistoryRow,
     InstanceRow,
     NewInstance,
@@ -217,18 +223,11 @@ class SqlStore:
         """CAS DISPATCHED -> RUNNING where attempt == expected_attempt, attempt += 1, lease to
         `owner` until db-now + `lease_s`. The new attempt is the fencing token. None when the
         race was lost."""
-        values = rows.claim_values(owner, rows.lease_ms(lease_s))
+        lease_length_ms = rows.lease_ms(lease_s)
         async with self._write() as conn:
-            src = Status.DISPATCHED
-            if not await rows.cas_update(conn, instance_id, src, expected_attempt, values):
-                return None
-            await rows.append_history(
-                conn, instance_id, src=src, dst=Status.RUNNING, owner=owner, reason="claimed"
+            return await batch.claim_one(
+                conn, instance_id, expected_attempt, owner, lease_length_ms
             )
-            token, expires = await rows.lease_of(conn, instance_id)
-        if expires is None:
-            raise StoreError(f"instance {instance_id!r} was claimed without a lease")
-        return Claim(token=token, lease_expires_at_ms=expires)
 
     async def extend_lease(self, instance_id: str, *, token: int, lease_s: float) -> bool:
         """Push the lease to db-now + `lease_s` while RUNNING with attempt == token."""
@@ -252,36 +251,84 @@ class SqlStore:
         """RUNNING -> dst where attempt == token, clearing the lease, storing the outcome and
         the side effect keys, in one transaction. A stale token, or a side effect key that was
         already committed, rolls everything back: ok=False with the status found."""
-        check_transition(Status.RUNNING, dst, fail_class=fail_class)
-        values = rows.status_values(dst, fail_class, error, next_attempt_at_ms)
-        values["result"] = None if result is None else codec.dumps(result, what="result")
-        keys = list(dict.fromkeys(side_effects or []))
+        keys = tuple(side_effects or ())
+        request = FinishRequest(
+            instance_id, token, dst, reason, result, fail_class, error, next_attempt_at_ms, keys
+        )
+        return await self._finish_one(batch.prepare_finish(request))
+
+    async def _finish_one(self, prepared: batch.PreparedFinish) -> CasResult:
         try:
-            return await self._finish(instance_id, token, dst, reason, values, keys)
+            async with self._write() as conn:
+                return await batch.finish_one(conn, prepared)
         except ConstraintViolation:
             async with self._read() as conn:
-                return CasResult(ok=False, found=await rows.status_of(conn, instance_id))
+                found = await rows.status_of(conn, prepared.request.instance_id)
+            return CasResult(ok=False, found=found)
 
-    async def _finish(
-        self,
-        instance_id: str,
-        token: int,
-        dst: Status,
-        reason: str,
-        values: dict[str, Any],
-        keys: list[str],
-    ) -> CasResult:
-        src = Status.RUNNING
+    # batches: one transaction each, a constant number of statements per 200 ids
+
+    async def claim_many(self, requests: list[ClaimRequest], *, owner: str) -> dict[str, Claimed]:
+        """`claim` for many instances in one transaction; the won claims by instance id, each
+        with the row as claimed. `ValueError` before any SQL for a non-positive lease."""
+        options = batch.plan_claims(requests)
+        if not options:
+            return {}
         async with self._write() as conn:
-            # Owner changes only with the attempt, so if the CAS below wins this is its owner.
-            owner = await rows.owner_at(conn, instance_id, token)
-            if not await rows.cas_update(conn, instance_id, src, token, values):
-                return CasResult(ok=False, found=await rows.status_of(conn, instance_id))
-            await rows.append_history(
-                conn, instance_id, src=src, dst=dst, owner=owner, reason=reason
-            )
-            await rows.insert_side_effects(conn, instance_id, token, keys)
-        return CasResult(ok=True)
+            return await batch.claim_many(conn, options, owner)
+
+    async def finish_many(self, requests: list[FinishRequest]) -> dict[str, CasResult]:
+        """`finish` for many runs in one transaction, with the results sequential `finish`
+        calls in request order would give. `InvalidTransition`, or `ValueError` for an
+        instance named twice, before any SQL."""
+        prepared = batch.prepare_finishes(requests)
+        if not prepared:
+            return {}
+        try:
+            async with self._write() as conn:
+                return await batch.finish_many(conn, prepared)
+        except ConstraintViolation:
+            # A concurrent writer recorded one of the keys after the pre-check: settle each
+            # run on its own so that only the run carrying that key is fenced.
+            return {p.request.instance_id: await self._finish_one(p) for p in prepared}
+
+    async def extend_leases(self, held: list[tuple[str, int]], *, lease_s: float) -> set[str]:
+        """`extend_lease` for many (instance_id, token) pairs; returns the ids still held."""
+        lease_length_ms = rows.lease_ms(lease_s)
+        if not held:
+            return set()
+        async with self._write() as conn:
+            return await batch.extend_leases(conn, held, lease_length_ms)
+
+    # work finding
+
+    async def due_retries(self, *, now_ms: int, limit: int) -> list[InstanceRow]:
+        """RETRYING rows with `next_attempt_at_ms <= now_ms`, earliest due first."""
+        async with self._read() as conn:
+            return await queries.due_retries(conn, now_ms, limit)
+
+    async def stale(
+        self, statuses: list[Status], *, updated_before_ms: int, limit: int
+    ) -> list[InstanceRow]:
+        """Rows in `statuses` with `updated_at_ms < updated_before_ms`, oldest first."""
+        async with self._read() as conn:
+            return await queries.stale(conn, statuses, updated_before_ms, limit)
+
+    async def side_effect_done(self, key: str) -> bool:
+        """True when a side effect with this idempotency key has been committed."""
+        async with self._read() as conn:
+            return await queries.side_effect_done(conn, key)
+
+    async def count_history(self, instance_id: str, *, reason: str) -> int:
+        """How many history rows of this instance carry `reason`."""
+        async with self._read() as conn:
+            return await queries.count_history(conn, instance_id, reason)
+
+    async def add_review(self, instance_id: str, reason: str) -> None:
+        """Queue an existing instance for human review, once: while it has an unresolved
+        entry, another add is a no-op."""
+        async with self._write() as conn:
+            await queries.add_review(conn, instance_id, reason)
 
     # explain log
 

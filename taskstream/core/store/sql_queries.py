@@ -1,0 +1,203 @@
+"""Set-at-a-time statements: the building blocks of the batch writes (`sql_batch`), the
+work-finding reads, and the review queue.
+
+Each function runs inside a transaction the caller owns. Batch statements address rows by id
+(through the primary key) and carry per-row values as `CASE id WHEN ... END`, so their count
+does not grow with the number of rows. Lists come oldest first (ties broken by id) so that
+loops working a backlog never starve its oldest rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, NamedTuple, TypeVar
+
+from sqlalchemy import String, Update, and_, case, func, insert, literal, or_, select
+from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.types import TypeEngine
+
+from taskstream.core.errors import StoreError
+from taskstream.core.states import Status
+from taskstream.core.store import sql_codec as codec
+from taskstream.core.store.dbclock import db_now_ms
+from taskstream.core.store.port import InstanceRow
+from taskstream.core.store.tables import OWNER_LEN, STATUS_LEN, review_queue, side_effects
+from taskstream.core.store.tables import instance_history as hist
+from taskstream.core.store.tables import task_instances as inst
+
+CHUNK = 200
+"""Ids (or keys) per batch statement: a few bound parameters each, far below every driver's
+limit (SQLite 32766, PostgreSQL 32767, MySQL 65535)."""
+
+_T = TypeVar("_T")
+
+
+class Seen(NamedTuple):
+    """A row's state as read under its lock."""
+
+    status: Status
+    attempt: int
+    lease_owner: str | None
+
+
+def chunks(items: Sequence[_T]) -> Iterator[Sequence[_T]]:
+    """`items` in slices of at most `CHUNK`."""
+    for start in range(0, len(items), CHUNK):
+        yield items[start : start + CHUNK]
+
+
+def match_pairs(pairs: Sequence[tuple[str, int]]) -> ColumnElement[bool]:
+    """Rows whose (id, attempt) is one of `pairs`."""
+    # The IN list lets every planner find the rows through the primary key.
+    exact = or_(*(and_(inst.c.id == i, inst.c.attempt == a) for i, a in pairs))
+    return and_(inst.c.id.in_([i for i, _ in pairs]), exact)
+
+
+def per_id(
+    by_id: Mapping[str, Any], type_: TypeEngine[Any], else_: ColumnElement[Any] | None = None
+) -> ColumnElement[Any]:
+    """One value per instance id as SQL: a literal when all agree, else `CASE id WHEN ...`."""
+    distinct = set(by_id.values())
+    if len(distinct) == 1 and else_ is None:
+        return literal(distinct.pop(), type_)
+    whens = {i: literal(v, type_) for i, v in by_id.items()}
+    return case(whens, value=inst.c.id, else_=else_)
+
+
+async def append_history(
+    conn: AsyncConnection,
+    ids: Sequence[str],
+    *,
+    src: Status,
+    owners: Mapping[str, str | None],
+    reasons: Mapping[str, str],
+) -> None:
+    """One history row per id, copying dst, attempt and time from the row just written."""
+    source = (
+        select(
+            inst.c.id,
+            literal(src.value, String(STATUS_LEN)),
+            inst.c.status,
+            inst.c.attempt,
+            per_id(owners, String(OWNER_LEN)),
+            per_id({i: codec.reason(r) for i, r in reasons.items()}, String()),
+            inst.c.updated_at_ms,
+        )
+        .where(inst.c.id.in_(ids))
+        .order_by(inst.c.id)
+    )
+    columns = ["instance_id", "from_status", "to_status", "attempt", "owner", "reason", "at_ms"]
+    await conn.execute(insert(hist).from_select(columns, source))
+
+
+async def update_exactly(conn: AsyncConnection, stmt: Update, expected: int, what: str) -> None:
+    """Run a CAS UPDATE over rows this transaction locked; `StoreError` (the caller's
+    transaction then rolls back) unless it matched exactly `expected` rows."""
+    matched = (await conn.execute(stmt)).rowcount
+    if matched != expected:
+        raise StoreError(f"{what}: {matched} rows matched, {expected} were locked")
+
+
+async def lock_states(conn: AsyncConnection, ids: Sequence[str]) -> dict[str, Seen]:
+    """Lock the rows of `ids` (in id order, so concurrent batches queue instead of
+    deadlocking) and read their state; missing ids are absent. SQLite ignores FOR UPDATE: its
+    writers already hold the file lock from BEGIN IMMEDIATE."""
+    stmt = (
+        select(inst.c.id, inst.c.status, inst.c.attempt, inst.c.lease_owner)
+        .where(inst.c.id.in_(ids))
+        .order_by(inst.c.id)
+        .with_for_update()
+    )
+    return {
+        str(r.id): Seen(Status(r.status), int(r.attempt), r.lease_owner)
+        for r in (await conn.execute(stmt)).all()
+    }
+
+
+async def recorded_keys(conn: AsyncConnection, keys: Sequence[str]) -> set[str]:
+    """The side-effect keys among `keys` that are already recorded."""
+    found: set[str] = set()
+    for part in chunks(keys):
+        key = side_effects.c.idempotency_key
+        found.update(
+            str(k) for k in (await conn.execute(select(key).where(key.in_(part)))).scalars()
+        )
+    return found
+
+
+async def instances(conn: AsyncConnection, ids: Sequence[str]) -> list[InstanceRow]:
+    """The rows of `ids` (at most `CHUNK`), by id."""
+    stmt = select(inst).where(inst.c.id.in_(ids)).order_by(inst.c.id)
+    return [codec.instance_row(m) for m in (await conn.execute(stmt)).mappings().all()]
+
+
+async def due_retries(conn: AsyncConnection, now_ms: int, limit: int) -> list[InstanceRow]:
+    """RETRYING rows with `next_attempt_at_ms <= now_ms`, earliest due first (then id), at most
+    `limit`. Served by the (status, next_attempt_at_ms) index."""
+    stmt = (
+        select(inst)
+        .where(inst.c.status == Status.RETRYING.value, inst.c.next_attempt_at_ms <= now_ms)
+        .order_by(inst.c.next_attempt_at_ms, inst.c.id)
+        .limit(max(limit, 0))
+    )
+    return [codec.instance_row(m) for m in (await conn.execute(stmt)).mappings().all()]
+
+
+async def stale(
+    conn: AsyncConnection, statuses: Sequence[Status], updated_before_ms: int, limit: int
+) -> list[InstanceRow]:
+    """Rows in `statuses` whose `updated_at_ms < updated_before_ms`, least recently updated
+    first (then id), at most `limit`."""
+    if not statuses:
+        return []
+    stmt = (
+        select(inst)
+        .where(
+            inst.c.status.in_([s.value for s in statuses]),
+            inst.c.updated_at_ms < updated_before_ms,
+        )
+        .order_by(inst.c.updated_at_ms, inst.c.id)
+        .limit(max(limit, 0))
+    )
+    return [codec.instance_row(m) for m in (await conn.execute(stmt)).mappings().all()]
+
+
+async def side_effect_done(conn: AsyncConnection, key: str) -> bool:
+    """True when `key` is recorded in `side_effects` (by a committed finish)."""
+    stmt = select(side_effects.c.idempotency_key).where(side_effects.c.idempotency_key == key)
+    return (await conn.execute(stmt)).first() is not None
+
+
+async def count_history(conn: AsyncConnection, instance_id: str, reason: str) -> int:
+    """History rows of `instance_id` whose reason is `reason` (compared as stored: cut to the
+    column's width)."""
+    stmt = (
+        select(func.count())
+        .select_from(hist)
+        .where(hist.c.instance_id == instance_id, hist.c.reason == codec.reason(reason))
+    )
+    return int((await conn.execute(stmt)).scalar_one())
+
+
+async def add_review(conn: AsyncConnection, instance_id: str, reason: str) -> bool:
+    """Queue `instance_id` for review unless it has an unresolved entry already; True when a
+    row was added. An unknown instance is not queued.
+
+    The instance row is locked first, so two concurrent adds for one instance run one after
+    the other and the second sees the first's entry.
+    """
+    lock = select(inst.c.id).where(inst.c.id == instance_id).with_for_update()
+    if (await conn.execute(lock)).first() is None:
+        return False
+    open_entry = select(review_queue.c.id).where(
+        review_queue.c.instance_id == instance_id, review_queue.c.resolved_at_ms.is_(None)
+    )
+    if (await conn.execute(open_entry.limit(1))).first() is not None:
+        return False
+    await conn.execute(
+        insert(review_queue).values(
+            instance_id=instance_id, reason=codec.reason(reason), created_at_ms=db_now_ms()
+        )
+    )
+    return True
