@@ -10,12 +10,18 @@ import structlog
 from pydantic import BaseModel
 
 
+async def _nothing_done(_key: str) -> bool:
+    return False
+
+
 @dataclass(slots=True)
 class AgentContext:
     """What a run knows about itself.
 
     `attempt` is the fencing token of this run; `idempotency_key` is stable across attempts of
     one instance (the dedupe key), so side effects keyed on it happen at most once.
+    `side_effects` collects the keys passed to `once`; they are committed with the run's final
+    status in one transaction, so a fenced run commits none of them.
     """
 
     instance_id: str
@@ -25,6 +31,17 @@ class AgentContext:
     scheduled_for_ms: int
     log: structlog.typing.FilteringBoundLogger
     record: dict[str, Any] = field(default_factory=dict)
+    side_effects: list[str] = field(default_factory=list)
+    effect_done: Callable[[str], Awaitable[bool]] = _nothing_done
+
+    async def once(self, key: str) -> bool:
+        """True when the side effect named `key` should be performed by this run: no earlier
+        run of any instance has committed it. The key is committed with this run's outcome."""
+        full = f"{self.idempotency_key}:{key}"
+        if full in self.side_effects or await self.effect_done(full):
+            return False
+        self.side_effects.append(full)
+        return True
 
 
 class Agent(Protocol):

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterator
 
 from taskstream.agents.base import Agent
-from taskstream.core.errors import TaskstreamError
+from taskstream.core.errors import ConfigError, TaskstreamError
 
 
 class UnknownAgent(TaskstreamError):
@@ -36,11 +37,26 @@ class Registry:
         return iter(self._agents.values())
 
 
-def default_registry() -> Registry:
-    """The built-in agents."""
+def default_registry(modules: tuple[str, ...] = ()) -> Registry:
+    """The built-in agents plus those of `modules` (importable names, each exposing a
+    sequence `AGENTS`), e.g. `TASKSTREAM_AGENT_MODULES=myteam.agents`."""
     from taskstream.agents.builtin import BUILTINS  # noqa: PLC0415 - avoids an import cycle
 
     registry = Registry()
-    for agent in BUILTINS:
-        registry.register(agent)
+    for builtin in BUILTINS:
+        registry.register(builtin)
+    for name in modules:
+        for agent in _module_agents(name):
+            registry.register(agent)
     return registry
+
+
+def _module_agents(name: str) -> list[Agent]:
+    try:
+        module = importlib.import_module(name)
+    except ImportError as exc:
+        raise ConfigError([f"agent module {name!r} cannot be imported: {exc}"]) from exc
+    agents = getattr(module, "AGENTS", None)
+    if not isinstance(agents, list | tuple):
+        raise ConfigError([f"agent module {name!r} has no AGENTS list"])
+    return list(agents)

@@ -10,7 +10,7 @@ import sys
 
 import typer
 
-from taskstream.cli import query_cmds, roles
+from taskstream.cli import ops_cmds, query_cmds, roles, up
 from taskstream.cli.tasks_cmds import tasks_app
 from taskstream.core.errors import ConfigError, TaskstreamError
 from taskstream.core.logging import configure
@@ -22,9 +22,12 @@ app = typer.Typer(
     help="taskstream: scheduled work that runs when it should, once, explainably.",
 )
 app.add_typer(tasks_app, name="tasks")
-app.command("up")(roles.up_cmd)
+app.add_typer(ops_cmds.dead_app, name="dead")
+app.command("retry")(ops_cmds.retry_cmd)
+app.command("up")(up.up_cmd)
 app.command("scheduler")(roles.scheduler_cmd)
 app.command("executor")(roles.executor_cmd)
+app.command("sweeper")(roles.sweeper_cmd)
 app.command("migrate")(roles.migrate_cmd)
 app.command("status")(query_cmds.status_cmd)
 app.command("instances")(query_cmds.instances_cmd)

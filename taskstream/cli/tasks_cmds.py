@@ -21,7 +21,7 @@ FILE_ARG = typer.Argument(..., help="A tasks YAML file.")
 
 
 def _load(path: Path) -> TaskFile:
-    return load_task_file(path, known_agents=default_registry().names())
+    return load_task_file(path, known_agents=default_registry(settings().agent_modules).names())
 
 
 @tasks_app.command("validate")

@@ -34,3 +34,20 @@ class FixedClock:
 
     def set(self, now_ms: int) -> None:
         self._now_ms = now_ms
+
+
+class OffsetClock:
+    """The host clock corrected by an offset (ms) measured against the database clock, so
+    times that other processes compare (retry due times, deadlines) agree across hosts whose
+    clocks are skewed. `offset_ms` = database now - host now, refreshed by the owner."""
+
+    def __init__(self, offset_ms: int = 0) -> None:
+        self.offset_ms = offset_ms
+        self._host = SystemClock()
+
+    def now_ms(self) -> int:
+        return self._host.now_ms() + self.offset_ms
+
+    def sync(self, db_now_ms: int, host_before_ms: int, host_after_ms: int) -> None:
+        """Set the offset from one database read bracketed by two host readings."""
+        self.offset_ms = db_now_ms - (host_before_ms + host_after_ms) // 2

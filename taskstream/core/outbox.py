@@ -53,8 +53,9 @@ class Outbox:
         return Emitted(outcome, row.id, Status.DISPATCHED)
 
     async def publish(self, row: InstanceRow, *, now_ms: int) -> None:
-        """XADD the row's entry, then CAS PENDING -> DISPATCHED. Losing that CAS is normal:
-        an executor that already saw the entry may have moved the row on."""
+        """XADD the row's entry, then move it to DISPATCHED: CAS PENDING or RETRYING ->
+        DISPATCHED (a DISPATCHED row whose entry was lost is only published again). Losing
+        the CAS is normal: an executor that already saw the entry may have moved the row on."""
         entry = WorkEntry(
             instance_id=row.id,
             task_id=row.task_id,
@@ -65,8 +66,10 @@ class Outbox:
             trace_id=row.trace_id,
         )
         await streams.publish(self.redis, self.keys, Priority(row.priority), entry)
+        if row.status not in (Status.PENDING, Status.RETRYING):
+            return
         cas = await self.store.transition(
-            row.id, Status.PENDING, Status.DISPATCHED, reason="published", attempt=row.attempt
+            row.id, row.status, Status.DISPATCHED, reason="published", attempt=row.attempt
         )
         if not cas.ok:
             get_logger(instance_id=row.id, task_id=row.task_id).info(

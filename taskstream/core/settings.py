@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -18,7 +18,9 @@ class Settings(BaseSettings):
     cluster under `home` (or starts one, for `taskstream up`).
     """
 
-    model_config = SettingsConfigDict(env_prefix="TASKSTREAM_", frozen=True, extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="TASKSTREAM_", frozen=True, extra="ignore", enable_decoding=False
+    )
 
     redis_url: str | None = None
     database_url: str | None = None
@@ -33,3 +35,14 @@ class Settings(BaseSettings):
     lease_margin_s: float = Field(default=30.0, ge=1.0)
     scheduler_max_sleep_s: float = Field(default=1.0, gt=0.0, le=60.0)
     shutdown_grace_s: float = Field(default=8.0, ge=0.0)
+    agent_modules: tuple[str, ...] = ()
+    """Modules whose `AGENTS` are registered next to the built-ins (comma list in the env)."""
+    liveness_ttl_s: float = Field(default=6.0, ge=1.0, le=300.0)
+    sweep_interval_s: float = Field(default=2.0, gt=0.0, le=300.0)
+
+    @field_validator("agent_modules", mode="before")
+    @classmethod
+    def _split(cls, value: object) -> object:
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value

@@ -58,7 +58,7 @@ async def ensure_groups(redis: Redis, keys: Keys) -> None:
 async def publish(redis: Redis, keys: Keys, priority: Priority, entry: WorkEntry) -> str:
     """XADD one entry to its priority stream; returns the entry id."""
     entry_id = await redis.xadd(keys.stream(priority), encode(entry))  # type: ignore[arg-type]
-    return _text(entry_id)
+    return as_text(entry_id)
 
 
 async def read(
@@ -92,7 +92,7 @@ async def _xreadgroup(
     out: list[Delivery] = []
     for stream, entries in reply or []:
         for entry_id, fields in entries:
-            out.append(Delivery(_text(stream), _text(entry_id), fields or {}))
+            out.append(Delivery(as_text(stream), as_text(entry_id), fields or {}))
     return out
 
 
@@ -102,6 +102,36 @@ async def ack(redis: Redis, stream: str, entry_id: str) -> None:
         pipe.xack(stream, GROUP, entry_id)
         pipe.xdel(stream, entry_id)
         await pipe.execute()
+
+
+async def ack_many(redis: Redis, deliveries: list[Delivery]) -> None:
+    """`ack` for many entries in one MULTI."""
+    if not deliveries:
+        return
+    async with redis.pipeline(transaction=True) as pipe:
+        for d in deliveries:
+            pipe.xack(d.stream, GROUP, d.entry_id)
+            pipe.xdel(d.stream, d.entry_id)
+        await pipe.execute()
+
+
+async def touch(redis: Redis, consumer: str, deliveries: list[Delivery]) -> None:
+    """Reset the idle time of our own pending entries (XCLAIM to self, JUSTID, min-idle 0),
+    which does not raise their delivery count."""
+    by_stream: dict[str, list[str]] = {}
+    for d in deliveries:
+        by_stream.setdefault(d.stream, []).append(d.entry_id)
+    if not by_stream:
+        return
+    async with redis.pipeline(transaction=False) as pipe:
+        for stream, ids in by_stream.items():
+            pipe.xclaim(stream, GROUP, consumer, 0, ids, justid=True)  # type: ignore[arg-type]
+        await pipe.execute()
+
+
+async def mark_alive(redis: Redis, keys: Keys, consumer: str, ttl_ms: int) -> None:
+    """Set this consumer's liveness key with a TTL; it vanishes when the process stops."""
+    await redis.set(keys.alive(consumer), b"1", px=ttl_ms)
 
 
 async def dead_letter(
@@ -120,7 +150,7 @@ async def dead_letter(
         pipe.xack(delivery.stream, GROUP, delivery.entry_id)
         pipe.xdel(delivery.stream, delivery.entry_id)
         result = await pipe.execute()
-    return _text(result[0])
+    return as_text(result[0])
 
 
 async def queue_stats(redis: Redis, keys: Keys) -> dict[str, Any]:
@@ -146,18 +176,18 @@ async def _groups(redis: Redis, stream: str) -> dict[str, dict[str, Any]]:
         groups: list[dict[str, Any]] = await redis.xinfo_groups(stream)
     except ResponseError:
         return {}
-    return {_text(g["name"]): g for g in groups}
+    return {as_text(g["name"]): g for g in groups}
 
 
 async def _consumers(redis: Redis, stream: str) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = await redis.xinfo_consumers(stream, GROUP)
     return [
-        {"name": _text(r["name"]), "pending": int(r["pending"]), "idle_ms": int(r["idle"])}
+        {"name": as_text(r["name"]), "pending": int(r["pending"]), "idle_ms": int(r["idle"])}
         for r in rows
     ]
 
 
-def _text(value: bytes | str) -> str:
+def as_text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 

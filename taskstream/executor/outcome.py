@@ -1,48 +1,117 @@
-"""How a finished run maps to the store (pure): the final status, fail class and error text.
+"""How a finished run maps to the store (pure): the final CAS and, after a timeout, the
+follow-up move out of TIMEOUT.
 
-Retries with backoff build on this: a retriable failure with attempts left becomes RETRYING.
+A run ends in success, or in a failure with a class (`retry.Failure`). The retry policy then
+chooses RETRYING (attempts left, class retries, next attempt before the deadline) or FAILED.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from random import Random
 from typing import Any
 
-from taskstream.agents.errors import FatalError, NeedsReview, RetriableError
+from taskstream.agents.errors import FatalError, NeedsReview
+from taskstream.core.spec_parts import RetryPolicy
 from taskstream.core.states import FailClass, Status
+from taskstream.core.store.port import FinishRequest
+from taskstream.executor.retry import Failure, RetryDecision, decide
 
 MAX_ERROR_CHARS = 2000
 
 
 @dataclass(frozen=True, slots=True)
-class Outcome:
-    """The final CAS of a run: RUNNING -> `status`."""
+class RunEnd:
+    """How one attempt ended: a JSON result, or a failure class with its error text."""
 
-    status: Status
     reason: str
     result: Any = None
-    fail_class: FailClass | None = None
+    failure: Failure | None = None
     error: str | None = None
+    fail_class: FailClass | None = None
+    """Set when the end is final whatever the policy says (poison, bad params)."""
 
 
-def succeeded(result: Any) -> Outcome:
+def succeeded(result: Any) -> RunEnd:
     """A run that returned. A result that is not JSON is a fatal failure, not a success."""
     try:
         json.dumps(result, allow_nan=False)
     except (TypeError, ValueError) as exc:
-        return Outcome(Status.FAILED, "result_not_json", None, FailClass.FATAL, str(exc)[:200])
-    return Outcome(Status.SUCCESS, "completed", result)
+        return RunEnd("result_not_json", failure=Failure.FATAL, error=str(exc)[:200])
+    return RunEnd("completed", result=result)
 
 
-def failed(exc: BaseException) -> Outcome:
-    """A run that raised. Typed agent errors choose the class; anything else is unexpected."""
+def failed(exc: BaseException) -> RunEnd:
+    """A run that raised. Typed agent errors choose the class; anything else is retriable."""
     error = f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
     if isinstance(exc, TimeoutError):
-        return Outcome(Status.FAILED, "timeout", None, FailClass.EXHAUSTED, error)
+        return RunEnd("timeout", failure=Failure.TIMEOUT, error=error)
     if isinstance(exc, NeedsReview):
-        return Outcome(Status.FAILED, "needs_review", None, FailClass.MANUAL_REVIEW, error)
+        return RunEnd("needs_review", failure=Failure.MANUAL_REVIEW, error=error)
     if isinstance(exc, FatalError):
-        return Outcome(Status.FAILED, "fatal_error", None, FailClass.FATAL, error)
-    reason = "retriable_error" if isinstance(exc, RetriableError) else "unexpected_error"
-    return Outcome(Status.FAILED, reason, None, FailClass.EXHAUSTED, error)
+        return RunEnd("fatal_error", failure=Failure.FATAL, error=error)
+    return RunEnd("retriable_error", failure=Failure.RETRIABLE, error=error)
+
+
+def final(reason: str, fail_class: FailClass, error: str) -> RunEnd:
+    """An end that no retry can change (poison entry, params that do not validate)."""
+    return RunEnd(
+        reason, failure=Failure.FATAL, error=error[:MAX_ERROR_CHARS], fail_class=fail_class
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The final CAS, and for a timeout the move out of TIMEOUT that follows it."""
+
+    finish: FinishRequest
+    after_timeout: RetryDecision | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """The run being finished: its instance, fencing token and limits."""
+
+    instance_id: str
+    token: int
+    attempts_used: int
+    policy: RetryPolicy
+    deadline_ms: int | None = None
+
+
+def plan(attempt: Attempt, end: RunEnd, *, now_ms: int, rng: Random) -> Plan:
+    """The store writes for `end`. `now_ms` is the database-synchronised clock."""
+    base = FinishRequest(
+        attempt.instance_id,
+        attempt.token,
+        Status.SUCCESS,
+        end.reason,
+        result=end.result,
+        error=end.error,
+    )
+    if end.failure is None:
+        return Plan(base)
+    if end.fail_class is not None:
+        return Plan(replace(base, dst=Status.FAILED, fail_class=end.fail_class))
+    decision = _retry(attempt, end.failure, now_ms, rng)
+    if end.failure is Failure.TIMEOUT:
+        return Plan(replace(base, dst=Status.TIMEOUT), after_timeout=decision)
+    return Plan(
+        replace(
+            base,
+            dst=decision.status,
+            fail_class=decision.fail_class,
+            next_attempt_at_ms=decision.next_attempt_at_ms,
+        )
+    )
+
+
+def _retry(attempt: Attempt, failure: Failure, now_ms: int, rng: Random) -> RetryDecision:
+    decision = decide(
+        failure, attempts_used=attempt.attempts_used, policy=attempt.policy, now_ms=now_ms, rng=rng
+    )
+    due = decision.next_attempt_at_ms
+    if due is not None and attempt.deadline_ms is not None and due >= attempt.deadline_ms:
+        return RetryDecision(Status.FAILED, fail_class=FailClass.EXHAUSTED)
+    return decision

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from random import Random
 
+from taskstream.core.reasons import RELEASED, REQUEUED
 from taskstream.core.spec_parts import Backoff, RetryPolicy
 from taskstream.core.states import FailClass, Status
 
@@ -66,3 +67,17 @@ def decide(
         return RetryDecision(Status.FAILED, fail_class=FailClass.EXHAUSTED)
     delay = backoff_ms(policy.backoff, policy.jitter, attempts_used, rng)
     return RetryDecision(Status.RETRYING, next_attempt_at_ms=now_ms + delay, delay_ms=delay)
+
+
+def attempts_used(token: int, history: list[tuple[str, int]]) -> int:
+    """Attempts that count against `max_attempts` for a run holding `token`, given the
+    instance's history as (reason, attempt) pairs, oldest first: attempts before the last
+    manual requeue and runs released unrun since then do not count."""
+    base = 0
+    released = 0
+    for reason, attempt in history:
+        if reason == REQUEUED:
+            base, released = attempt, 0
+        elif reason == RELEASED:
+            released += 1
+    return token - base - released

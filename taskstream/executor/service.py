@@ -1,20 +1,39 @@
-"""The executor loop: read only as many entries as there are free slots, handle each in its
-own task, and on stop finish what is in flight before returning."""
+"""The executor process: read only as many entries as there are free slots, claim them in one
+batch, run each in its own task, group-commit the ends, and keep leases held meanwhile.
+
+On stop: reading stops, in-flight runs get `grace_s` to finish, the rest are cancelled and
+released (RETRYING, due now, so another executor picks them up at once), pending commits are
+written, the liveness key is removed.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from random import Random
+
+from redis.exceptions import ResponseError
 
 from taskstream.agents.registry import Registry
 from taskstream.core import streams
+from taskstream.core.clock import Clock, SystemClock
 from taskstream.core.definitions import DefinitionCache
+from taskstream.core.errors import StoreUnavailable
 from taskstream.core.logging import get_logger
 from taskstream.core.protocol import Keys
-from taskstream.core.store.port import Store
-from taskstream.executor.handler import Handler
+from taskstream.core.reasons import RELEASED
+from taskstream.core.states import Status
+from taskstream.core.store.port import FinishRequest, Store
+from taskstream.executor.committer import Committer
+from taskstream.executor.heartbeat import Heartbeat
+from taskstream.executor.intake import Intake, Run
+from taskstream.executor.outcome import Plan
+from taskstream.executor.runner import execute
+
+ERROR_PAUSE_S = 1.0
 
 
 def consumer_name(start_ms: int) -> str:
@@ -25,63 +44,139 @@ def consumer_name(start_ms: int) -> str:
 @dataclass(frozen=True, slots=True)
 class ExecutorConfig:
     """`concurrency`: runs at once; `block_ms`: longest blocking read; `grace_s`: how long
-    in-flight runs may take to finish after stop (seconds)."""
+    in-flight runs may take to finish after stop; `liveness_ttl_s`: how long after its last
+    heartbeat a silent process counts as gone."""
 
     consumer: str
     concurrency: int = 4
     block_ms: int = 1000
     grace_s: float = 8.0
     max_payload_bytes: int = 256 * 1024
+    liveness_ttl_s: float = 6.0
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutorDeps:
+    """What an executor talks to. `clock` should follow the database clock."""
+
+    store: Store
+    redis: streams.Redis
+    keys: Keys
+    registry: Registry
+    clock: Clock = field(default_factory=SystemClock)
+    rng: Random = field(default_factory=Random)
 
 
 class Executor:
     """One executor process in the `executors` consumer group."""
 
-    def __init__(
-        self,
-        store: Store,
-        redis: streams.Redis,
-        keys: Keys,
-        registry: Registry,
-        config: ExecutorConfig,
-    ) -> None:
-        self._redis = redis
-        self._keys = keys
-        self._config = config
-        self._defs = DefinitionCache(store)
-        self._handler = Handler(store, redis, keys, registry, self._defs, config)
+    def __init__(self, deps: ExecutorDeps, config: ExecutorConfig) -> None:
+        self._deps, self._config = deps, config
+        self._defs = DefinitionCache(deps.store)
+        self._intake = Intake(
+            deps.store, deps.redis, deps.keys, deps.registry, self._defs, config.consumer
+        )
+        self._committer = Committer(deps.store, deps.redis, deps.clock, deps.rng, self._intake.dead)
+        self._heartbeat = Heartbeat(
+            deps.store,
+            deps.redis,
+            deps.keys,
+            config.consumer,
+            deps.clock,
+            liveness_ttl_s=config.liveness_ttl_s,
+        )
         self._running: set[asyncio.Task[None]] = set()
+        self._stopping = False
         self._log = get_logger(role="executor", consumer=config.consumer)
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Read and run until `stop` is set, then drain in-flight runs within the grace."""
-        await streams.ensure_groups(self._redis, self._keys)
+        """Read and run until `stop` is set, then drain (see the module docstring)."""
+        await streams.ensure_groups(self._deps.redis, self._deps.keys)
         await self._defs.refresh()
+        background = asyncio.Event()
+        helpers = [
+            asyncio.create_task(self._heartbeat.run(background)),
+            asyncio.create_task(self._committer.run(background)),
+        ]
         self._log.info("executor.started", concurrency=self._config.concurrency)
-        while not stop.is_set():
-            free = self._config.concurrency - len(self._running)
-            if free <= 0:
-                await asyncio.wait(self._running, return_when=asyncio.FIRST_COMPLETED)
-                continue
+        try:
+            while not stop.is_set():
+                await self._step()
+        finally:
+            await self._drain()
+            background.set()
+            await asyncio.gather(*helpers, return_exceptions=True)
+            with contextlib.suppress(*streams.DRIVER_ERRORS):
+                await self._heartbeat.clear()
+            self._log.info("executor.stopped")
+
+    async def _step(self) -> None:
+        free = self._config.concurrency - len(self._running)
+        if free <= 0:
+            await asyncio.wait(self._running, return_when=asyncio.FIRST_COMPLETED)
+            return
+        try:
             await self._defs.refresh()
             deliveries = await streams.read(
-                self._redis,
-                self._keys,
+                self._deps.redis,
+                self._deps.keys,
                 self._config.consumer,
                 count=free,
                 block_ms=self._config.block_ms,
             )
-            for delivery in deliveries:
-                task = asyncio.create_task(self._handler.handle(delivery))
-                self._running.add(task)
-                task.add_done_callback(self._running.discard)
-        await self._drain()
+            runs = await self._intake.admit(deliveries)
+        except ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            self._log.warning("executor.group_missing")
+            await streams.ensure_groups(self._deps.redis, self._deps.keys)
+            return
+        except (StoreUnavailable, *streams.DRIVER_ERRORS) as exc:
+            self._log.warning("executor.dependency_down", error=str(exc)[:300])
+            await asyncio.sleep(ERROR_PAUSE_S)
+            return
+        for run in runs:
+            task = asyncio.create_task(self._execute(run))
+            self._running.add(task)
+            self._heartbeat.track(run, task)
+            task.add_done_callback(self._running.discard)
+
+    async def _execute(self, run: Run) -> None:
+        try:
+            end = await execute(
+                run,
+                store=self._deps.store,
+                clock=self._deps.clock,
+                max_payload_bytes=self._config.max_payload_bytes,
+            )
+        except asyncio.CancelledError:
+            if run.fenced or not self._stopping:
+                raise
+            await self._committer.submit_plan(run, self._release(run))
+            return
+        finally:
+            self._heartbeat.untrack(run)
+        await self._committer.submit(run, end)
+
+    def _release(self, run: Run) -> Plan:
+        """Hand an unfinished run back: RETRYING, due now."""
+        self._log.info("instance.released", instance_id=run.row.id, attempt=run.token)
+        return Plan(
+            FinishRequest(
+                run.row.id,
+                run.token,
+                Status.RETRYING,
+                RELEASED,
+                next_attempt_at_ms=self._deps.clock.now_ms(),
+            )
+        )
 
     async def _drain(self) -> None:
-        if self._running:
-            self._log.info("executor.draining", in_flight=len(self._running))
-            _, pending = await asyncio.wait(self._running, timeout=self._config.grace_s)
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
-        self._log.info("executor.stopped")
+        self._stopping = True
+        if not self._running:
+            return
+        self._log.info("executor.draining", in_flight=len(self._running))
+        _, pending = await asyncio.wait(set(self._running), timeout=self._config.grace_s)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)

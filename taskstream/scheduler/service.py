@@ -12,13 +12,14 @@ from datetime import UTC, datetime
 from taskstream.core.clock import Clock
 from taskstream.core.definitions import DefinitionCache
 from taskstream.core.logging import get_logger
+from taskstream.core.outbox import Outbox
 from taskstream.core.spec import TaskSpec, business_date, instance_id_for, render_dedupe_key
 from taskstream.core.store.port import DecisionRow, NewInstance, Store
 from taskstream.scheduler.decide import SKIP_DUPLICATED, Decision, decide_window
-from taskstream.scheduler.outbox import Outbox
 from taskstream.scheduler.ticks import Trigger, fire_times, next_fire
 
 MAX_TICKS_PER_PASS = 100
+MAX_RETRIES_PER_PASS = 1000
 """Bound on fire times decided per task per pass, so a long outage cannot flood a pass."""
 
 
@@ -53,6 +54,7 @@ def new_instance(spec: TaskSpec, fire_ms: int, *, reason: str = "scheduled") -> 
         business_date=business_date(datetime.fromtimestamp(fire_ms / 1000, tz=UTC), tz),
         payload=dict(spec.payload),
         max_attempts=spec.retry.max_attempts,
+        deadline_ms=None if spec.deadline is None else fire_ms + round(spec.deadline * 1000),
         trace_id=uuid.uuid4().hex,
         reason=reason,
     )
@@ -88,6 +90,7 @@ class Scheduler:
         if await self._defs.refresh():
             self._log.info("scheduler.definitions_loaded", count=len(self._defs.current.specs))
         now_ms = self._clock.now_ms()
+        await self._emit_due_retries(now_ms)
         next_due: int | None = None
         for task_id, spec in self._defs.current.specs.items():
             trigger = trigger_of(spec)
@@ -97,6 +100,14 @@ class Scheduler:
             upcoming = next_fire(trigger, cursor)
             next_due = upcoming if next_due is None else min(next_due, upcoming)
         return next_due
+
+    async def _emit_due_retries(self, now_ms: int) -> None:
+        """Publish RETRYING rows whose next attempt is due (RETRYING -> DISPATCHED)."""
+        for row in await self._store.due_retries(now_ms=now_ms, limit=MAX_RETRIES_PER_PASS):
+            await self._outbox.publish(row, now_ms=now_ms)
+            self._log.info(
+                "retry.emitted", instance_id=row.id, task_id=row.task_id, attempt=row.attempt
+            )
 
     async def _advance(self, spec: TaskSpec, trigger: Trigger, now_ms: int) -> int:
         cursor = await self._store.get_cursor(spec.id)

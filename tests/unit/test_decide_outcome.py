@@ -1,13 +1,19 @@
-"""Pure decisions: the trigger window and how a run's end maps to the store."""
+"""Pure decisions: the trigger window and how a run's end maps to store writes."""
 
 from __future__ import annotations
+
+from random import Random
 
 import pytest
 
 from taskstream.agents.errors import FatalError, NeedsReview, RetriableError
+from taskstream.core.spec_parts import Backoff, RetryPolicy
 from taskstream.core.states import FailClass, Status
-from taskstream.executor.outcome import failed, succeeded
+from taskstream.executor.outcome import Attempt, RunEnd, failed, final, plan, succeeded
+from taskstream.executor.retry import Failure
 from taskstream.scheduler.decide import MISSED, SHOULD_RUN, decide_window
+
+POLICY = RetryPolicy(max_attempts=3, backoff=Backoff(base=1.0, factor=2.0, max=60.0), jitter=0)
 
 
 @pytest.mark.parametrize(
@@ -26,24 +32,70 @@ def test_window(fire: int, now: int, window: int, decision: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("exc", "fail_class"),
+    ("exc", "failure"),
     [
-        (FatalError("x"), FailClass.FATAL),
-        (NeedsReview("x"), FailClass.MANUAL_REVIEW),
-        (RetriableError("x"), FailClass.EXHAUSTED),
-        (ValueError("x"), FailClass.EXHAUSTED),
-        (TimeoutError(), FailClass.EXHAUSTED),
+        (FatalError("x"), Failure.FATAL),
+        (NeedsReview("x"), Failure.MANUAL_REVIEW),
+        (RetriableError("x"), Failure.RETRIABLE),
+        (ValueError("x"), Failure.RETRIABLE),
+        (TimeoutError(), Failure.TIMEOUT),
     ],
 )
-def test_failures(exc: Exception, fail_class: FailClass) -> None:
-    out = failed(exc)
-    assert out.status is Status.FAILED
-    assert out.fail_class is fail_class
-    assert out.error is not None and type(exc).__name__ in out.error
+def test_exceptions_are_classified(exc: Exception, failure: Failure) -> None:
+    end = failed(exc)
+    assert end.failure is failure
+    assert end.error is not None and type(exc).__name__ in end.error
 
 
 def test_success_needs_a_json_result() -> None:
-    assert succeeded({"a": [1, 2]}).status is Status.SUCCESS
-    bad = succeeded({"a": object()})
-    assert bad.status is Status.FAILED and bad.fail_class is FailClass.FATAL
-    assert succeeded(float("nan")).status is Status.FAILED
+    assert succeeded({"a": [1, 2]}).failure is None
+    assert succeeded({"a": object()}).failure is Failure.FATAL
+    assert succeeded(float("nan")).failure is Failure.FATAL
+
+
+def attempt(used: int, deadline_ms: int | None = None) -> Attempt:
+    return Attempt("i1", token=used, attempts_used=used, policy=POLICY, deadline_ms=deadline_ms)
+
+
+@pytest.mark.parametrize(
+    ("end", "used", "dst", "fail_class", "next_at"),
+    [
+        (succeeded(1), 1, Status.SUCCESS, None, None),
+        (failed(ValueError()), 1, Status.RETRYING, None, 11_000),
+        (failed(ValueError()), 2, Status.RETRYING, None, 12_000),
+        (failed(ValueError()), 3, Status.FAILED, FailClass.EXHAUSTED, None),
+        (failed(FatalError()), 1, Status.FAILED, FailClass.FATAL, None),
+        (failed(NeedsReview()), 1, Status.FAILED, FailClass.MANUAL_REVIEW, None),
+        (
+            final("payload_too_large", FailClass.POISON, "big"),
+            1,
+            Status.FAILED,
+            FailClass.POISON,
+            None,
+        ),
+    ],
+)
+def test_plans(
+    end: RunEnd, used: int, dst: Status, fail_class: FailClass | None, next_at: int | None
+) -> None:
+    got = plan(attempt(used), end, now_ms=10_000, rng=Random(0))
+    assert (got.finish.dst, got.finish.fail_class, got.finish.next_attempt_at_ms) == (
+        dst,
+        fail_class,
+        next_at,
+    )
+    assert got.finish.token == used
+    assert got.after_timeout is None
+
+
+def test_timeout_goes_through_timeout_then_retries_or_fails() -> None:
+    got = plan(attempt(1), failed(TimeoutError()), now_ms=0, rng=Random(0))
+    assert got.finish.dst is Status.TIMEOUT
+    assert got.after_timeout is not None and got.after_timeout.status is Status.RETRYING
+    last = plan(attempt(3), failed(TimeoutError()), now_ms=0, rng=Random(0))
+    assert last.after_timeout is not None and last.after_timeout.status is Status.FAILED
+
+
+def test_no_retry_is_planned_past_the_deadline() -> None:
+    got = plan(attempt(1, deadline_ms=10_500), failed(ValueError()), now_ms=10_000, rng=Random(0))
+    assert (got.finish.dst, got.finish.fail_class) == (Status.FAILED, FailClass.EXHAUSTED)

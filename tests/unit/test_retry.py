@@ -75,3 +75,18 @@ def test_max_attempts_is_never_exceeded(used: int, max_attempts: int) -> None:
     policy = RetryPolicy(max_attempts=max_attempts)
     got = decide(Failure.RETRIABLE, attempts_used=used, policy=policy, now_ms=0, rng=Random(0))
     assert (got.status is Status.RETRYING) == (used < max_attempts)
+
+
+@pytest.mark.parametrize(
+    ("token", "history", "used"),
+    [
+        (1, [], 1),
+        (3, [("claimed", 1), ("released", 1), ("claimed", 2)], 2),
+        (5, [("released", 1), ("requeued", 3), ("claimed", 4), ("released", 4)], 1),
+        (4, [("requeued", 3)], 1),
+    ],
+)
+def test_attempts_used(token: int, history: list[tuple[str, int]], used: int) -> None:
+    from taskstream.executor.retry import attempts_used
+
+    assert attempts_used(token, history) == used

@@ -1,0 +1,110 @@
+"""Operator commands: `retry ID` and `dead list|replay`."""
+
+from __future__ import annotations
+
+import getpass
+import sys
+
+import typer
+from rich.table import Table
+
+from taskstream.cli.common import Cluster, console, open_cluster, print_json, run_async, settings
+from taskstream.core import operations
+from taskstream.core.clock import SystemClock
+from taskstream.core.errors import TaskstreamError
+from taskstream.core.outbox import Outbox
+
+dead_app = typer.Typer(no_args_is_help=True, help="List and replay dead-lettered entries.")
+
+
+def _outbox(cluster: Cluster) -> Outbox:
+    return Outbox(cluster.store, cluster.queue, cluster.keys)
+
+
+def retry_cmd(
+    instance_id: str = typer.Argument(...),
+    reason: str = typer.Option(..., "--reason", help="Why; recorded in the history."),
+) -> None:
+    """Requeue a FAILED instance (FAILED -> PENDING), recorded with who and why."""
+
+    async def go() -> None:
+        async with open_cluster(settings()) as cluster:
+            await operations.requeue(
+                _outbox(cluster),
+                instance_id,
+                who=getpass.getuser(),
+                why=reason,
+                now_ms=SystemClock().now_ms(),
+            )
+
+    run_async(go())
+    sys.stdout.write(f"{instance_id}: requeued\n")
+
+
+@dead_app.command("list")
+def dead_list_cmd(
+    limit: int = typer.Option(100, min=1, max=10_000),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    """The oldest dead letters with their reason and instance."""
+
+    async def go() -> list[operations.DeadLetter]:
+        async with open_cluster(settings()) as cluster:
+            return await operations.dead_letters(cluster.queue, cluster.keys.dead, limit=limit)
+
+    letters = run_async(go())
+    if as_json:
+        print_json([_row(letter) for letter in letters])
+        return
+    table = Table("dead_id", "reason", "detail", "instance_id", "source")
+    for letter in letters:
+        table.add_row(
+            letter.dead_id,
+            letter.reason,
+            letter.detail[:60],
+            letter.instance_id or "",
+            letter.source_stream,
+        )
+    console.print(table)
+
+
+def _row(letter: operations.DeadLetter) -> dict[str, object]:
+    return {
+        "dead_id": letter.dead_id,
+        "reason": letter.reason,
+        "detail": letter.detail,
+        "source_stream": letter.source_stream,
+        "instance_id": letter.instance_id,
+        "fields": letter.fields,
+    }
+
+
+@dead_app.command("replay")
+def dead_replay_cmd(
+    dead_id: str = typer.Argument(None, help="One dead letter id; omit with --all."),
+    all_: bool = typer.Option(False, "--all", help="Replay every dead letter."),
+) -> None:
+    """Send dead-lettered instances through again (FAILED ones are requeued)."""
+    if not all_ and dead_id is None:
+        raise typer.BadParameter("give a dead letter id or --all")
+
+    async def go() -> list[str]:
+        out: list[str] = []
+        async with open_cluster(settings()) as cluster:
+            letters = await operations.dead_letters(cluster.queue, cluster.keys.dead, limit=100_000)
+            for letter in letters:
+                if all_ or letter.dead_id == dead_id:
+                    out.append(f"{letter.dead_id}: {await _replay(cluster, letter)}")
+        return out
+
+    for line in run_async(go()):
+        sys.stdout.write(line + "\n")
+
+
+async def _replay(cluster: Cluster, letter: operations.DeadLetter) -> str:
+    try:
+        return await operations.replay(
+            _outbox(cluster), letter, who=getpass.getuser(), now_ms=SystemClock().now_ms()
+        )
+    except TaskstreamError as exc:
+        return f"not replayed: {exc}"

@@ -1,0 +1,73 @@
+"""`taskstream up`: the whole cluster on this host."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import typer
+
+from taskstream.agents.registry import default_registry
+from taskstream.cli.common import open_cluster, run_async, settings
+from taskstream.core.definitions import to_records
+from taskstream.core.logging import get_logger
+from taskstream.core.settings import Settings
+from taskstream.core.spec import TaskFile
+from taskstream.core.specfile import load_task_file
+from taskstream.core.store.migrate import upgrade
+from taskstream.runtime import endpoint
+from taskstream.runtime.embedded import EmbeddedValkey
+from taskstream.runtime.supervisor import Child, Supervisor, install_stop_signals, role_argv
+
+
+def up_cmd(
+    tasks: Path = typer.Option(Path("tasks.yaml"), "--tasks", help="Task file to apply first."),
+    executors: int = typer.Option(2, min=0, max=64, help="Executor processes."),
+    concurrency: int = typer.Option(None, help="Runs at once per executor."),
+) -> None:
+    """Run the whole cluster on this host; embedded Valkey + SQLite when no URLs are set."""
+    taskfile = None
+    if tasks.exists():
+        taskfile = load_task_file(
+            tasks, known_agents=default_registry(settings().agent_modules).names()
+        )
+    else:
+        get_logger(role="supervisor").warning("tasks.file_missing", path=str(tasks))
+    run_async(_up(settings(), taskfile, executors, concurrency))
+
+
+async def _up(
+    s: Settings, taskfile: TaskFile | None, executors: int, concurrency: int | None
+) -> None:
+    log = get_logger(role="supervisor")
+    valkey = EmbeddedValkey(s.home) if s.redis_url is None else None
+    redis_url = valkey.start() if valkey else s.redis_url
+    try:
+        eps = endpoint.Endpoints(
+            redis_url=redis_url or "", database_url=s.database_url or endpoint.sqlite_url(s.home)
+        )
+        await upgrade(eps.database_url)
+        if taskfile is not None:
+            await _apply(s, eps, taskfile)
+        endpoint.write(s.home, eps, os.getpid())
+        extra = ["--concurrency", str(concurrency)] if concurrency else []
+        children = [
+            Child("scheduler", role_argv("scheduler")),
+            Child("sweeper", role_argv("sweeper")),
+        ] + [Child(f"executor-{i}", role_argv("executor", *extra)) for i in range(executors)]
+        stop = asyncio.Event()
+        install_stop_signals(stop)
+        log.info("cluster.up", executors=executors, home=str(s.home), embedded=valkey is not None)
+        await Supervisor(eps, children, s.shutdown_grace_s).run(stop)
+    finally:
+        endpoint.remove(s.home, os.getpid())
+        if valkey:
+            valkey.stop()
+
+
+async def _apply(s: Settings, eps: endpoint.Endpoints, taskfile: TaskFile) -> None:
+    s2 = s.model_copy(update={"database_url": eps.database_url, "redis_url": eps.redis_url})
+    async with open_cluster(s2, need_redis=False) as cluster:
+        changes = await cluster.store.upsert_definitions(to_records(taskfile))
+    get_logger(role="supervisor").info("tasks.applied", changes=changes)

@@ -1,0 +1,91 @@
+"""Operator actions: requeue a FAILED instance, list and replay dead letters.
+
+Every action is a compare-and-set recorded in the history with who did it and why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from taskstream.core import streams
+from taskstream.core.errors import TaskstreamError
+from taskstream.core.outbox import Outbox
+from taskstream.core.reasons import REQUEUED
+from taskstream.core.states import Status
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """One entry of the dead-letter stream."""
+
+    dead_id: str
+    reason: str
+    detail: str
+    source_stream: str
+    instance_id: str | None
+    fields: dict[str, str]
+
+
+async def requeue(outbox: Outbox, instance_id: str, *, who: str, why: str, now_ms: int) -> None:
+    """FAILED -> PENDING (recorded with who and why), then publish it. The attempt budget
+    starts again from this point; the attempt counter (fencing token) keeps growing."""
+    row = await outbox.store.get_instance(instance_id)
+    if row is None:
+        raise TaskstreamError(f"no instance with id {instance_id!r}")
+    if row.status is not Status.FAILED:
+        raise TaskstreamError(f"instance {instance_id} is {row.status}; only FAILED can be retried")
+    cas = await outbox.store.transition(
+        instance_id,
+        Status.FAILED,
+        Status.PENDING,
+        reason=REQUEUED,
+        attempt=row.attempt,
+        owner=who,
+        error=f"requeued by {who}: {why}",
+    )
+    if not cas.ok:
+        raise TaskstreamError(f"instance {instance_id} changed meanwhile (now {cas.found})")
+    fresh = await outbox.store.get_instance(instance_id)
+    if fresh is not None:
+        await outbox.publish(fresh, now_ms=now_ms)
+
+
+async def dead_letters(redis: streams.Redis, dead_key: str, *, limit: int) -> list[DeadLetter]:
+    """The oldest `limit` dead letters."""
+    rows: Any = await redis.xrange(dead_key, "-", "+", count=limit)
+    out: list[DeadLetter] = []
+    for dead_id, raw in rows:
+        fields = {streams.as_text(k): streams.as_text(v) for k, v in (raw or {}).items()}
+        out.append(
+            DeadLetter(
+                dead_id=streams.as_text(dead_id),
+                reason=fields.get("reason", ""),
+                detail=fields.get("detail", ""),
+                source_stream=fields.get("source_stream", ""),
+                instance_id=fields.get("orig.instance_id"),
+                fields=fields,
+            )
+        )
+    return out
+
+
+async def replay(outbox: Outbox, letter: DeadLetter, *, who: str, now_ms: int) -> str:
+    """Send a dead letter's instance through again and drop the letter. Returns what was done.
+
+    A FAILED instance is requeued; one still in flight is published again; a letter with no
+    instance (it never decoded) cannot be replayed and is kept.
+    """
+    row = await outbox.store.get_instance(letter.instance_id) if letter.instance_id else None
+    if row is None:
+        raise TaskstreamError(f"dead letter {letter.dead_id} names no instance; kept")
+    if row.status is Status.FAILED:
+        await requeue(outbox, row.id, who=who, why=f"replay of {letter.dead_id}", now_ms=now_ms)
+        done = "requeued"
+    elif row.status in (Status.SUCCESS, Status.SKIPPED):
+        done = f"already {row.status}"
+    else:
+        await outbox.publish(row, now_ms=now_ms)
+        done = "published"
+    await outbox.redis.xdel(outbox.keys.dead, letter.dead_id)
+    return done

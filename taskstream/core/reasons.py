@@ -1,0 +1,17 @@
+"""History reasons that code reads back (not only writes), shared by every package."""
+
+from __future__ import annotations
+
+from typing import Final
+
+REQUEUED: Final = "requeued"
+"""A manual FAILED -> PENDING requeue: the attempt budget starts again from here."""
+
+RELEASED: Final = "released"
+"""A run handed back unrun at shutdown: it does not count as an attempt."""
+
+OWNER_LOST: Final = "owner_lost"
+"""A run whose executor stopped heartbeating (crashed, killed, paused)."""
+
+LEASE_EXPIRED: Final = "lease_expired"
+"""A run whose lease ran out."""

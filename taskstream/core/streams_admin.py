@@ -1,0 +1,125 @@
+"""Redis Streams operations of the sweeper and reconciler: pending lists, liveness, redelivery,
+consumer clean-up, MINID trimming and backlog scans."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from redis.exceptions import ResponseError
+
+from taskstream.core.protocol import GROUP, Keys
+from taskstream.core.streams import Delivery, Redis, as_text
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """One entry of a consumer group's pending list."""
+
+    stream: str
+    entry_id: str
+    consumer: str
+    idle_ms: int
+    deliveries: int
+
+
+async def pending(redis: Redis, stream: str, *, count: int) -> list[Pending]:
+    """The oldest `count` pending entries of the group on `stream` (none if it is missing)."""
+    try:
+        rows: list[dict[str, Any]] = await redis.xpending_range(stream, GROUP, "-", "+", count)
+    except ResponseError:
+        return []
+    return [
+        Pending(
+            stream,
+            as_text(r["message_id"]),
+            as_text(r["consumer"]),
+            int(r["time_since_delivered"]),
+            int(r["times_delivered"]),
+        )
+        for r in rows
+    ]
+
+
+async def fetch(redis: Redis, stream: str, entry_ids: list[str]) -> dict[str, Delivery]:
+    """The fields of the given entries; entries that no longer exist are absent."""
+    async with redis.pipeline(transaction=False) as pipe:
+        for entry_id in entry_ids:
+            pipe.xrange(stream, entry_id, entry_id, count=1)
+        replies: list[Any] = await pipe.execute()
+    out: dict[str, Delivery] = {}
+    for entry_id, reply in zip(entry_ids, replies, strict=True):
+        if reply:
+            out[entry_id] = Delivery(stream, entry_id, reply[0][1] or {})
+    return out
+
+
+async def alive(redis: Redis, keys: Keys, consumers: set[str]) -> dict[str, bool]:
+    """Which consumers still have their liveness key."""
+    names = sorted(consumers)
+    if not names:
+        return {}
+    async with redis.pipeline(transaction=False) as pipe:
+        for name in names:
+            pipe.exists(keys.alive(name))
+        found: list[int] = await pipe.execute()
+    return {name: bool(n) for name, n in zip(names, found, strict=True)}
+
+
+async def redeliver(redis: Redis, delivery: Delivery) -> str:
+    """Publish the entry again as a new entry and drop the old one, atomically."""
+    async with redis.pipeline(transaction=True) as pipe:
+        pipe.xadd(delivery.stream, dict(delivery.fields))
+        pipe.xack(delivery.stream, GROUP, delivery.entry_id)
+        pipe.xdel(delivery.stream, delivery.entry_id)
+        replies: list[Any] = await pipe.execute()
+    return as_text(replies[0])
+
+
+async def prune_consumers(redis: Redis, keys: Keys, stream: str, *, idle_ms: int) -> list[str]:
+    """Delete consumers with empty pending lists, no liveness key and idle past `idle_ms`."""
+    try:
+        rows: list[dict[str, Any]] = await redis.xinfo_consumers(stream, GROUP)
+    except ResponseError:
+        return []
+    idle = {as_text(r["name"]) for r in rows if int(r["pending"]) == 0 and int(r["idle"]) > idle_ms}
+    gone = [name for name, ok in (await alive(redis, keys, idle)).items() if not ok]
+    for name in gone:
+        await redis.xgroup_delconsumer(stream, GROUP, name)
+    return gone
+
+
+async def trim(redis: Redis, stream: str) -> int:
+    """XTRIM MINID below both the oldest pending entry and the group's last delivered id, so
+    only entries already acknowledged (and deleted) can go."""
+    try:
+        summary: dict[str, Any] = await redis.xpending(stream, GROUP)
+        groups: list[dict[str, Any]] = await redis.xinfo_groups(stream)
+    except ResponseError:
+        return 0
+    group = next((g for g in groups if as_text(g["name"]) == GROUP), None)
+    if group is None:
+        return 0
+    bounds = [as_text(group["last-delivered-id"])]
+    if summary.get("min"):
+        bounds.append(as_text(summary["min"]))
+    floor = min(bounds, key=lambda i: tuple(int(p) for p in i.split("-")))
+    trimmed: int = await redis.xtrim(stream, minid=floor, approximate=False)
+    return trimmed
+
+
+async def instance_ids(redis: Redis, keys: Keys, *, page: int = 1000) -> set[str]:
+    """Instance ids of every entry still on a work stream (pending or not yet delivered)."""
+    found: set[str] = set()
+    for stream in keys.streams():
+        start = "-"
+        while True:
+            rows: Any = await redis.xrange(stream, start, "+", count=page)
+            for _, fields in rows:
+                value = (fields or {}).get(b"instance_id")
+                if value is not None:
+                    found.add(as_text(value))
+            if len(rows) < page:
+                break
+            start = "(" + as_text(rows[-1][0])
+    return found

@@ -1,0 +1,140 @@
+"""Group commit: finished runs are committed in batches, then acknowledged.
+
+While one batch is being written, new finishes queue up and go in the next; at low load a
+batch is a single run, so batching adds no latency. The commit is conditioned on each run's
+fencing token; a fenced run is not acknowledged. Commit and ack run in their own task, so a
+cancelled run handler never interrupts them halfway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field, replace
+from random import Random
+
+from taskstream.core import streams
+from taskstream.core.clock import Clock
+from taskstream.core.logging import get_logger
+from taskstream.core.spec_parts import RetryPolicy
+from taskstream.core.states import FailClass, Status
+from taskstream.core.store.port import CasResult, Store
+from taskstream.executor.intake import Run
+from taskstream.executor.outcome import Attempt, Plan, RunEnd, plan
+
+MAX_BATCH = 200
+DeadLetter = Callable[[streams.Delivery, str, str], Awaitable[None]]
+DEFAULT_POLICY = RetryPolicy(max_attempts=1)
+
+
+@dataclass(slots=True)
+class _Item:
+    run: Run
+    plan: Plan
+    done: asyncio.Future[bool] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+
+class Committer:
+    """Commits finished runs for one executor process."""
+
+    def __init__(
+        self, store: Store, redis: streams.Redis, clock: Clock, rng: Random, dead: DeadLetter
+    ) -> None:
+        self._store, self._redis, self._clock, self._rng = store, redis, clock, rng
+        self._dead = dead
+        self._queue: asyncio.Queue[_Item] = asyncio.Queue()
+        self._log = get_logger(role="executor")
+
+    async def submit(self, run: Run, end: RunEnd) -> bool:
+        """Queue a run's end for commit; resolves True when committed (and acked)."""
+        policy = run.spec.retry if run.spec else DEFAULT_POLICY
+        attempt = Attempt(run.row.id, run.token, run.attempts_used, policy, run.row.deadline_ms)
+        return await self.submit_plan(
+            run, plan(attempt, end, now_ms=self._clock.now_ms(), rng=self._rng)
+        )
+
+    async def submit_plan(self, run: Run, p: Plan) -> bool:
+        """Queue an explicit plan (e.g. a lease release at shutdown)."""
+        item = _Item(run, _with_effects(p, run.side_effects))
+        await self._queue.put(item)
+        return await asyncio.shield(item.done)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Commit batches until `stop` is set and the queue is empty."""
+        while not (stop.is_set() and self._queue.empty()):
+            try:
+                first = await asyncio.wait_for(self._queue.get(), timeout=0.2)
+            except TimeoutError:
+                continue
+            batch = [first]
+            while len(batch) < MAX_BATCH and not self._queue.empty():
+                batch.append(self._queue.get_nowait())
+            await self._commit(batch)
+
+    async def _commit(self, batch: list[_Item]) -> None:
+        try:
+            results = await self._store.finish_many([i.plan.finish for i in batch])
+        except Exception as exc:
+            for item in batch:
+                item.done.set_exception(exc)
+            return
+        committed: list[_Item] = []
+        for item in batch:
+            result = results.get(item.run.row.id, CasResult(ok=False))
+            if result.ok:
+                committed.append(item)
+            else:
+                self._log.warning(
+                    "instance.fenced",
+                    instance_id=item.run.row.id,
+                    attempt=item.run.token,
+                    found=result.found,
+                )
+                item.done.set_result(False)
+        await self._settle(committed)
+
+    async def _settle(self, committed: list[_Item]) -> None:
+        acks: list[streams.Delivery] = []
+        for item in committed:
+            finish = item.plan.finish
+            if item.plan.after_timeout is not None:
+                await self._leave_timeout(item)
+            if finish.fail_class is FailClass.POISON:
+                await self._dead(item.run.delivery, finish.reason, finish.error or "")
+            else:
+                acks.append(item.run.delivery)
+            acks.extend(item.run.duplicates)
+            if finish.fail_class is FailClass.MANUAL_REVIEW:
+                await self._store.add_review(finish.instance_id, finish.error or finish.reason)
+            self._log.info(
+                "instance.committed",
+                instance_id=finish.instance_id,
+                attempt=finish.token,
+                status=finish.dst,
+                fail_class=finish.fail_class,
+            )
+        await streams.ack_many(self._redis, acks)
+        for item in committed:
+            item.done.set_result(True)
+
+    async def _leave_timeout(self, item: _Item) -> None:
+        decision = item.plan.after_timeout
+        if decision is None:
+            return
+        await self._store.transition(
+            item.run.row.id,
+            Status.TIMEOUT,
+            decision.status,
+            reason="after_timeout",
+            attempt=item.run.token,
+            fail_class=decision.fail_class,
+            next_attempt_at_ms=decision.next_attempt_at_ms,
+        )
+
+
+def _with_effects(p: Plan, side_effects: list[str]) -> Plan:
+    if not side_effects:
+        return p
+    return replace(p, finish=replace(p.finish, side_effects=tuple(side_effects)))

@@ -1,0 +1,90 @@
+"""Heartbeat of one executor process.
+
+Every beat: refresh the liveness key (the sweeper reclaims the work of a consumer whose key has
+expired, without waiting for leases); when a third of the shortest lease has passed, extend
+every held lease in one store write (`WHERE attempt = token`) and XCLAIM our pending entries to
+ourselves (JUSTID) so their idle time resets without raising their delivery count. A run whose
+lease is no longer held has been fenced: it is cancelled and will not commit or ack.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from taskstream.core import streams
+from taskstream.core.clock import Clock
+from taskstream.core.logging import get_logger
+from taskstream.core.protocol import Keys
+from taskstream.core.store.port import Store
+from taskstream.executor.intake import DEFAULT_LEASE_S, Run
+
+
+class Heartbeat:
+    """Keeps this process visibly alive and its leases held."""
+
+    def __init__(
+        self,
+        store: Store,
+        redis: streams.Redis,
+        keys: Keys,
+        consumer: str,
+        clock: Clock,
+        *,
+        liveness_ttl_s: float,
+    ) -> None:
+        self._store, self._redis, self._keys = store, redis, keys
+        self._consumer, self._clock = consumer, clock
+        self._ttl_ms = round(liveness_ttl_s * 1000)
+        self._runs: dict[str, tuple[Run, asyncio.Task[None]]] = {}
+        self._last_extend_ms = 0
+        self._log = get_logger(role="executor", consumer=consumer)
+
+    @property
+    def interval_s(self) -> float:
+        return max(0.2, self._ttl_ms / 3000)
+
+    def track(self, run: Run, task: asyncio.Task[None]) -> None:
+        self._runs[run.row.id] = (run, task)
+
+    def untrack(self, run: Run) -> None:
+        self._runs.pop(run.row.id, None)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Beat until `stop` is set. The liveness key is removed on the way out."""
+        while not stop.is_set():
+            await self.beat()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=self.interval_s)
+
+    async def beat(self) -> None:
+        await streams.mark_alive(self._redis, self._keys, self._consumer, self._ttl_ms)
+        if not self._runs:
+            return
+        now = self._clock.now_ms()
+        shortest = min(_lease_s(run) for run, _ in self._runs.values())
+        if now - self._last_extend_ms < shortest * 1000 / 3:
+            return
+        self._last_extend_ms = now
+        await self.extend(shortest)
+
+    async def extend(self, lease_s: float) -> None:
+        runs = dict(self._runs)
+        held = await self._store.extend_leases(
+            [(run.row.id, run.token) for run, _ in runs.values()], lease_s=lease_s
+        )
+        await streams.touch(self._redis, self._consumer, [run.delivery for run, _ in runs.values()])
+        for instance_id, (run, task) in runs.items():
+            if instance_id not in held:
+                self._log.warning(
+                    "instance.fenced", instance_id=instance_id, attempt=run.token, at="heartbeat"
+                )
+                run.fenced = True
+                task.cancel()
+
+    async def clear(self) -> None:
+        await self._redis.delete(self._keys.alive(self._consumer))
+
+
+def _lease_s(run: Run) -> float:
+    return run.spec.effective_lease_s if run.spec else DEFAULT_LEASE_S

@@ -1,0 +1,228 @@
+"""Intake: turn a batch of deliveries into claimed runs.
+
+Entries that do not decode, or name an unknown agent, are dead-lettered (the second also fails
+the instance as poison). The rest are claimed in one store transaction (CAS DISPATCHED ->
+RUNNING with attempt + 1, the fencing token). A lost claim is a duplicate delivery: acked when
+the instance is settled; an entry seen before its PENDING/RETRYING -> DISPATCHED step is
+completed here (its XADD evidently happened) and claimed; anything else is left alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from taskstream.agents.base import Agent
+from taskstream.agents.registry import Registry, UnknownAgent
+from taskstream.core import streams
+from taskstream.core.definitions import DefinitionCache
+from taskstream.core.errors import ProtocolError
+from taskstream.core.logging import get_logger
+from taskstream.core.protocol import Keys, WorkEntry, decode
+from taskstream.core.spec import TaskSpec
+from taskstream.core.states import SETTLED, FailClass, Status
+from taskstream.core.store.port import Claimed, ClaimRequest, InstanceRow, Store
+from taskstream.executor.retry import attempts_used
+
+DEFAULT_LEASE_S = 150.0
+
+
+@dataclass(slots=True)
+class Run:
+    """One claimed attempt: where it came from, what it runs, and its fencing token."""
+
+    delivery: streams.Delivery
+    entry: WorkEntry
+    agent: Agent
+    spec: TaskSpec | None
+    claimed: Claimed
+    side_effects: list[str] = field(default_factory=list)
+    fenced: bool = False
+    duplicates: list[streams.Delivery] = field(default_factory=list)
+    """Other deliveries of the same attempt read in the same batch: acked with this run."""
+    given_back: int = 0
+    """Earlier attempts that do not count: released unrun, or before a manual requeue."""
+
+    @property
+    def token(self) -> int:
+        return self.claimed.token
+
+    @property
+    def attempts_used(self) -> int:
+        """Attempts of this instance that count against `max_attempts`, this one included."""
+        return self.token - self.given_back
+
+    @property
+    def max_attempts(self) -> int:
+        return self.spec.retry.max_attempts if self.spec else 1
+
+    @property
+    def row(self) -> InstanceRow:
+        return self.claimed.row
+
+
+@dataclass(frozen=True, slots=True)
+class _Candidate:
+    delivery: streams.Delivery
+    entry: WorkEntry
+    agent: Agent
+
+
+class Intake:
+    """Decodes and claims deliveries for one consumer."""
+
+    def __init__(
+        self,
+        store: Store,
+        redis: streams.Redis,
+        keys: Keys,
+        registry: Registry,
+        defs: DefinitionCache,
+        consumer: str,
+    ) -> None:
+        self._store, self._redis, self._keys = store, redis, keys
+        self._registry, self._defs, self._consumer = registry, defs, consumer
+        self._log = get_logger(role="executor", consumer=consumer)
+
+    async def admit(self, deliveries: list[streams.Delivery]) -> list[Run]:
+        """Claim what can be claimed; settle or leave the rest."""
+        found = [c for d in deliveries if (c := await self._candidate(d)) is not None]
+        candidates, dupes = _split_duplicates(found)
+        if not candidates:
+            return []
+        won = await self._claim(candidates)
+        lost = [c for c in candidates if c.entry.instance_id not in won]
+        if lost:
+            retried = await self._after_lost(lost)
+            won.update(await self._claim(retried) if retried else {})
+        runs = {
+            c.entry.instance_id: Run(
+                c.delivery,
+                c.entry,
+                c.agent,
+                self._defs.get(c.entry.task_id),
+                won[c.entry.instance_id],
+            )
+            for c in candidates
+            if c.entry.instance_id in won
+        }
+        for dupe in dupes:
+            if (owner := runs.get(dupe.entry.instance_id)) is not None:
+                owner.duplicates.append(dupe.delivery)
+        for run in runs.values():
+            if run.token > run.max_attempts:
+                await self._count_budget(run)
+        return list(runs.values())
+
+    async def _count_budget(self, run: Run) -> None:
+        """Near the attempt limit: attempts before a requeue or released unrun do not count."""
+        history = await self._store.history(run.row.id)
+        used = attempts_used(run.token, [(h.reason, h.attempt) for h in history])
+        run.given_back = run.token - used
+
+    async def _candidate(self, delivery: streams.Delivery) -> _Candidate | None:
+        try:
+            entry = decode(delivery.fields)
+        except ProtocolError as exc:
+            await self.dead(delivery, exc.reason, exc.detail)
+            return None
+        try:
+            return _Candidate(delivery, entry, self._registry.get(entry.agent))
+        except UnknownAgent:
+            await self._store.transition(
+                entry.instance_id,
+                Status.DISPATCHED,
+                Status.FAILED,
+                reason="unknown_agent",
+                attempt=entry.attempt,
+                fail_class=FailClass.POISON,
+                error=f"unknown agent {entry.agent!r}",
+            )
+            await self.dead(delivery, "unknown_agent", entry.agent)
+            return None
+
+    async def _claim(self, candidates: list[_Candidate]) -> dict[str, Claimed]:
+        requests = [
+            ClaimRequest(c.entry.instance_id, c.entry.attempt, self._lease_s(c.entry.task_id))
+            for c in candidates
+        ]
+        won = await self._store.claim_many(requests, owner=self._consumer)
+        for instance_id, claimed in won.items():
+            self._log.info(
+                "instance.claimed",
+                instance_id=instance_id,
+                task_id=claimed.row.task_id,
+                attempt=claimed.token,
+            )
+        return won
+
+    def _lease_s(self, task_id: str) -> float:
+        spec = self._defs.get(task_id)
+        return spec.effective_lease_s if spec else DEFAULT_LEASE_S
+
+    async def _after_lost(self, lost: list[_Candidate]) -> list[_Candidate]:
+        """Settle lost claims; return those worth claiming again."""
+        again: list[_Candidate] = []
+        for c in lost:
+            row = await self._store.get_instance(c.entry.instance_id)
+            if row is None:
+                await self.dead(c.delivery, "unknown_instance", c.entry.instance_id)
+            elif _claimable(row, c.entry):
+                if row.status is not Status.DISPATCHED:
+                    await self._store.transition(
+                        row.id,
+                        row.status,
+                        Status.DISPATCHED,
+                        reason="seen_on_stream",
+                        attempt=row.attempt,
+                    )
+                again.append(c)
+            elif _done_with(row, c.entry):
+                await streams.ack(self._redis, c.delivery.stream, c.delivery.entry_id)
+                self._log.info("instance.duplicate_acked", instance_id=row.id, status=row.status)
+            else:
+                self._log.info(
+                    "instance.claim_lost",
+                    instance_id=row.id,
+                    status=row.status,
+                    attempt=row.attempt,
+                )
+        return again
+
+    async def dead(self, delivery: streams.Delivery, reason: str, detail: str) -> None:
+        """Move an entry to the dead-letter stream with its reason."""
+        dead_id = await streams.dead_letter(self._redis, self._keys, delivery, reason, detail)
+        self._log.warning(
+            "entry.dead_lettered",
+            entry_id=delivery.entry_id,
+            stream=delivery.stream,
+            reason=reason,
+            dead_id=dead_id,
+        )
+
+
+def _split_duplicates(found: list[_Candidate]) -> tuple[list[_Candidate], list[_Candidate]]:
+    """First delivery of each (instance, attempt) in a batch, and the repeats."""
+    seen: set[tuple[str, int]] = set()
+    first: list[_Candidate] = []
+    repeats: list[_Candidate] = []
+    for c in found:
+        key = (c.entry.instance_id, c.entry.attempt)
+        (repeats if key in seen else first).append(c)
+        seen.add(key)
+    return first, repeats
+
+
+def _claimable(row: InstanceRow, entry: WorkEntry) -> bool:
+    """The entry is for the row's next attempt and only the outbox CAS (PENDING/RETRYING ->
+    DISPATCHED) raced with the claim: the entry is on the stream, so its XADD happened."""
+    waiting = (Status.PENDING, Status.RETRYING, Status.DISPATCHED)
+    return row.status in waiting and row.attempt == entry.attempt
+
+
+def _done_with(row: InstanceRow, entry: WorkEntry) -> bool:
+    """True when nothing remains to do for this entry: the instance is settled, or moved past
+    the entry's attempt (a run of that attempt still in progress elsewhere does not count)."""
+    if row.status in SETTLED:
+        return True
+    running_it = row.status is Status.RUNNING and row.attempt == entry.attempt + 1
+    return row.attempt > entry.attempt and not running_it

@@ -1,0 +1,67 @@
+"""The reconciler: rows the store says are in flight but that have no entry on any work stream
+(Redis restarted empty, an entry trimmed, an ack lost) are published again from the store.
+
+Streams are scanned first and rows read after, keeping only rows untouched for `grace_ms`:
+a row dispatched after the scan is younger than the grace, so it is never mistaken for lost.
+A spurious republish is harmless anyway: the claim CAS turns it into an acked duplicate.
+"""
+
+from __future__ import annotations
+
+from taskstream.core import streams
+from taskstream.core import streams_admin as admin
+from taskstream.core.clock import Clock
+from taskstream.core.logging import get_logger
+from taskstream.core.outbox import Outbox
+from taskstream.core.protocol import Keys
+from taskstream.core.reasons import LEASE_EXPIRED
+from taskstream.core.states import Status
+from taskstream.core.store.port import Store
+from taskstream.executor.recovery import Recovery
+
+IN_FLIGHT = [Status.PENDING, Status.DISPATCHED, Status.RUNNING, Status.TIMEOUT]
+
+
+class Reconciler:
+    """Republishes lost work; times out RUNNING rows whose entry and lease are both gone."""
+
+    def __init__(
+        self,
+        store: Store,
+        redis: streams.Redis,
+        keys: Keys,
+        clock: Clock,
+        recovery: Recovery,
+        *,
+        grace_ms: int = 15_000,
+        limit: int = 1000,
+    ) -> None:
+        self._store, self._clock, self._recovery = store, clock, recovery
+        self._redis, self._keys = redis, keys
+        self._outbox = Outbox(store, redis, keys)
+        self._grace_ms, self._limit = grace_ms, limit
+        self._log = get_logger(role="reconciler")
+
+    async def reconcile(self) -> int:
+        """One pass; returns how many rows were published again or recovered."""
+        await streams.ensure_groups(self._redis, self._keys)
+        live = await admin.instance_ids(self._redis, self._keys)
+        now = self._clock.now_ms()
+        rows = await self._store.stale(
+            IN_FLIGHT, updated_before_ms=now - self._grace_ms, limit=self._limit
+        )
+        fixed = 0
+        for row in rows:
+            if row.id in live:
+                continue
+            if row.status in (Status.PENDING, Status.DISPATCHED):
+                await self._outbox.publish(row, now_ms=now)
+            elif row.status is Status.TIMEOUT:
+                await self._recovery.leave_timeout(row, reason=LEASE_EXPIRED, now_ms=now)
+            elif row.lease_expires_at_ms is not None and row.lease_expires_at_ms <= now:
+                await self._recovery.time_out(row, reason=LEASE_EXPIRED, now_ms=now)
+            else:
+                continue
+            fixed += 1
+            self._log.info("instance.reconciled", instance_id=row.id, status=row.status)
+        return fixed

@@ -1,0 +1,84 @@
+"""Taking work back from a run that lost its owner or its lease: CAS RUNNING -> TIMEOUT (with
+the run's token), then RETRYING with backoff or FAILED when attempts are spent. Used by the
+sweeper (pending entries) and the reconciler (rows whose entry is gone)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from random import Random
+
+from taskstream.core.definitions import DefinitionCache
+from taskstream.core.logging import get_logger
+from taskstream.core.reasons import OWNER_LOST
+from taskstream.core.spec_parts import RetryPolicy
+from taskstream.core.states import FailClass, Status
+from taskstream.core.store.port import InstanceRow, Store
+from taskstream.executor.retry import Failure, RetryDecision, attempts_used, decide
+
+
+@dataclass(frozen=True, slots=True)
+class Recovered:
+    """What recovery did: `ok` False when the row moved on meanwhile (nothing changed)."""
+
+    ok: bool
+    decision: RetryDecision | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.decision is not None and self.decision.status is Status.FAILED
+
+
+class Recovery:
+    """Times out runs whose owner or lease is gone and decides their retry."""
+
+    def __init__(self, store: Store, defs: DefinitionCache, rng: Random) -> None:
+        self._store, self._defs, self._rng = store, defs, rng
+        self._log = get_logger(role="sweeper")
+
+    async def time_out(self, row: InstanceRow, *, reason: str, now_ms: int) -> Recovered:
+        """RUNNING (attempt = row.attempt) -> TIMEOUT -> RETRYING | FAILED."""
+        cas = await self._store.transition(
+            row.id,
+            Status.RUNNING,
+            Status.TIMEOUT,
+            reason=reason,
+            attempt=row.attempt,
+            owner=row.lease_owner,
+        )
+        if not cas.ok:
+            return Recovered(ok=False)
+        return await self.leave_timeout(row, reason=reason, now_ms=now_ms)
+
+    async def leave_timeout(self, row: InstanceRow, *, reason: str, now_ms: int) -> Recovered:
+        """TIMEOUT -> RETRYING (backoff) or FAILED (exhausted; poison when every run so far
+        lost its owner)."""
+        spec = self._defs.get(row.task_id)
+        policy = spec.retry if spec else RetryPolicy(max_attempts=1)
+        history = [(h.reason, h.attempt) for h in await self._store.history(row.id)]
+        decision = decide(
+            Failure.TIMEOUT,
+            attempts_used=attempts_used(row.attempt, history),
+            policy=policy,
+            now_ms=now_ms,
+            rng=self._rng,
+        )
+        if decision.status is Status.FAILED and reason == OWNER_LOST:
+            decision = RetryDecision(Status.FAILED, fail_class=FailClass.POISON)
+        cas = await self._store.transition(
+            row.id,
+            Status.TIMEOUT,
+            decision.status,
+            reason=f"after_{reason}",
+            attempt=row.attempt,
+            fail_class=decision.fail_class,
+            next_attempt_at_ms=decision.next_attempt_at_ms,
+        )
+        self._log.info(
+            "instance.recovered",
+            instance_id=row.id,
+            attempt=row.attempt,
+            reason=reason,
+            status=decision.status,
+            ok=cas.ok,
+        )
+        return Recovered(ok=cas.ok, decision=decision)

@@ -1,0 +1,63 @@
+"""Running one claimed attempt: params, payload limit, deadline and timeout, the agent call."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from pydantic import ValidationError
+
+from taskstream.agents.base import AgentContext
+from taskstream.core.clock import Clock
+from taskstream.core.logging import get_logger
+from taskstream.core.states import FailClass
+from taskstream.core.store.port import Store
+from taskstream.executor.intake import Run
+from taskstream.executor.outcome import RunEnd, failed, final, succeeded
+
+DEFAULT_TIMEOUT_S = 60.0
+
+
+async def execute(run: Run, *, store: Store, clock: Clock, max_payload_bytes: int) -> RunEnd:
+    """Run the agent of `run` once and say how it ended. Never raises but for cancellation."""
+    row = run.row
+    log = get_logger(instance_id=row.id, task_id=row.task_id, attempt=run.token)
+    if run.attempts_used > run.max_attempts:
+        return final(
+            "attempts_exhausted",
+            FailClass.EXHAUSTED,
+            f"attempt {run.attempts_used} of at most {run.max_attempts}",
+        )
+    size = len(json.dumps(row.payload))
+    if size > max_payload_bytes:
+        return final(
+            "payload_too_large",
+            FailClass.POISON,
+            f"payload is {size} bytes, limit {max_payload_bytes}",
+        )
+    try:
+        params = run.agent.params_model.model_validate(row.payload)
+    except ValidationError as exc:
+        return final("bad_params", FailClass.FATAL, str(exc))
+    timeout_s = run.spec.timeout if run.spec else DEFAULT_TIMEOUT_S
+    if row.deadline_ms is not None:
+        timeout_s = min(timeout_s, (row.deadline_ms - clock.now_ms()) / 1000)
+    if timeout_s <= 0:
+        return failed(TimeoutError("deadline passed before the run started"))
+    ctx = AgentContext(
+        instance_id=row.id,
+        task_id=row.task_id,
+        attempt=run.token,
+        idempotency_key=row.dedupe_key,
+        scheduled_for_ms=row.scheduled_for_ms,
+        log=log,
+        side_effects=run.side_effects,
+        effect_done=store.side_effect_done,
+    )
+    try:
+        async with asyncio.timeout(timeout_s):
+            result = await run.agent.run(ctx, params)
+    except Exception as exc:  # every failure of agent code becomes an outcome
+        log.warning("instance.run_failed", error_type=type(exc).__name__)
+        return failed(exc)
+    return succeeded(result)

@@ -1,0 +1,112 @@
+"""Sweep decision (pure): what to do with one pending stream entry that nobody is progressing.
+
+Inputs are facts gathered by the sweeper: the entry (or why it does not decode), how often it
+was delivered, the instance row as the store has it, whether the owning consumer is alive,
+and the database clock. The decision never depends on the sweeper's own clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from taskstream.core.reasons import LEASE_EXPIRED, OWNER_LOST
+from taskstream.core.states import SETTLED, Status
+
+
+class Action(StrEnum):
+    """What the sweeper does with the entry."""
+
+    ACK = "ack"
+    """Nothing left to do for it (settled instance, or a stale attempt): XACK+XDEL."""
+    LEAVE = "leave"
+    """Its owner is alive and holds a live lease: leave it."""
+    REDELIVER = "redeliver"
+    """Delivered but never claimed by a consumer that is gone: publish it again."""
+    TIMEOUT = "timeout"
+    """Its run lost its owner or its lease: CAS RUNNING -> TIMEOUT, then retry or fail."""
+    DEAD_LETTER = "dead_letter"
+    """It cannot be handled: move it to the dead-letter stream."""
+    POISON = "poison"
+    """It keeps killing its consumers: dead-letter it and fail the instance as poison."""
+
+
+@dataclass(frozen=True, slots=True)
+class RowFacts:
+    """What the store says about the entry's instance."""
+
+    status: Status
+    attempt: int
+    lease_expires_at_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class EntryFacts:
+    """What Redis says about the entry. `attempt` is None when the entry does not decode."""
+
+    attempt: int | None
+    deliveries: int
+    owner_alive: bool
+    owner_losses: int = 0
+    idle_ms: int = 0
+    """How many earlier runs of this instance already lost their owner."""
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    action: Action
+    reason: str
+
+
+def decide(
+    entry: EntryFacts,
+    row: RowFacts | None,
+    *,
+    db_now_ms: int,
+    max_deliveries: int,
+    unclaimed_ms: int = 30_000,
+) -> Verdict:
+    """The action for one pending entry; see `Action` for each outcome. An entry its live
+    owner has not claimed within `unclaimed_ms` (the claim failed, the store was down) is
+    delivered again."""
+    early = _gate(entry, row, max_deliveries)
+    if early is not None or row is None or entry.attempt is None:
+        return early or Verdict(Action.DEAD_LETTER, "unknown_instance")
+    if row.status is Status.RUNNING and row.attempt == entry.attempt + 1:
+        return _running(entry, row, db_now_ms)
+    if row.status is Status.DISPATCHED and row.attempt == entry.attempt:
+        return _dispatched(entry, unclaimed_ms)
+    if row.attempt > entry.attempt:
+        return Verdict(Action.ACK, "entry of an older attempt")
+    return Verdict(Action.LEAVE, f"instance is {row.status}")
+
+
+def _gate(entry: EntryFacts, row: RowFacts | None, max_deliveries: int) -> Verdict | None:
+    """Verdicts that do not depend on the run's state."""
+    if entry.attempt is None:
+        return Verdict(Action.DEAD_LETTER, "undecodable")
+    if row is None:
+        return Verdict(Action.DEAD_LETTER, "unknown_instance")
+    if row.status in SETTLED:
+        return Verdict(Action.ACK, f"instance is {row.status}")
+    crashes = max(entry.deliveries, entry.owner_losses + 1)
+    if crashes > max_deliveries:
+        return Verdict(Action.POISON, f"{crashes} deliveries > {max_deliveries}")
+    return None
+
+
+def _dispatched(entry: EntryFacts, unclaimed_ms: int) -> Verdict:
+    if not entry.owner_alive:
+        return Verdict(Action.REDELIVER, "owner gone before claiming")
+    if entry.idle_ms >= unclaimed_ms:
+        return Verdict(Action.REDELIVER, "owner never claimed it")
+    return Verdict(Action.LEAVE, "owner alive, claim pending")
+
+
+def _running(entry: EntryFacts, row: RowFacts, db_now_ms: int) -> Verdict:
+    if not entry.owner_alive:
+        return Verdict(Action.TIMEOUT, OWNER_LOST)
+    expired = row.lease_expires_at_ms is None or row.lease_expires_at_ms <= db_now_ms
+    if expired:
+        return Verdict(Action.TIMEOUT, LEASE_EXPIRED)
+    return Verdict(Action.LEAVE, "owner alive, lease held")

@@ -1,0 +1,171 @@
+"""The sweeper: finds pending entries nobody is progressing and decides each from the store
+(`sweep.decide`). Entries of a consumer whose liveness key has expired are taken at once;
+others only once idle past `min_idle_ms` (heartbeats keep live runs' entries fresh). Each pass
+also runs the reconciler, prunes dead consumers and trims streams by MINID."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+from random import Random
+
+from taskstream.core import streams
+from taskstream.core import streams_admin as admin
+from taskstream.core.clock import Clock
+from taskstream.core.definitions import DefinitionCache
+from taskstream.core.errors import ProtocolError, StoreUnavailable
+from taskstream.core.logging import get_logger
+from taskstream.core.protocol import Keys, decode
+from taskstream.core.reasons import OWNER_LOST
+from taskstream.core.states import FailClass, Status, can_transition
+from taskstream.core.store.port import InstanceRow, Store
+from taskstream.executor.reconciler import Reconciler
+from taskstream.executor.recovery import Recovery
+from taskstream.executor.sweep import Action, EntryFacts, RowFacts, Verdict, decide
+
+
+@dataclass(frozen=True, slots=True)
+class SweeperConfig:
+    """Intervals and limits, in ms unless named otherwise."""
+
+    interval_s: float = 2.0
+    min_idle_ms: int = 10_000
+    unclaimed_ms: int = 30_000
+    max_deliveries: int = 5
+    batch: int = 500
+    consumer_idle_ms: int = 300_000
+
+
+class Sweeper:
+    """One sweeper process (several may run: every action is a CAS or idempotent)."""
+
+    def __init__(
+        self,
+        store: Store,
+        redis: streams.Redis,
+        keys: Keys,
+        clock: Clock,
+        config: SweeperConfig,
+        rng: Random | None = None,
+    ) -> None:
+        self._store, self._redis, self._keys, self._clock = store, redis, keys, clock
+        self._config = config
+        self._defs = DefinitionCache(store)
+        self._recovery = Recovery(store, self._defs, rng or Random())
+        self._reconciler = Reconciler(store, redis, keys, clock, self._recovery)
+        self._log = get_logger(role="sweeper")
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Sweep every `interval_s` until `stop` is set; a dependency outage pauses a pass."""
+        self._log.info("sweeper.started")
+        while not stop.is_set():
+            try:
+                await self.sweep_once()
+            except (StoreUnavailable, *streams.DRIVER_ERRORS) as exc:
+                self._log.warning("sweeper.dependency_down", error=str(exc)[:300])
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=self._config.interval_s)
+        self._log.info("sweeper.stopped")
+
+    async def sweep_once(self) -> dict[str, int]:
+        """One pass over every work stream; returns how many entries got each action."""
+        await self._defs.refresh()
+        counts: dict[str, int] = {}
+        for stream in self._keys.streams():
+            for action in await self._sweep_stream(stream):
+                counts[action] = counts.get(action, 0) + 1
+            await admin.prune_consumers(
+                self._redis, self._keys, stream, idle_ms=self._config.consumer_idle_ms
+            )
+            await admin.trim(self._redis, stream)
+        counts["republished"] = await self._reconciler.reconcile()
+        return counts
+
+    async def _sweep_stream(self, stream: str) -> list[str]:
+        entries = await admin.pending(self._redis, stream, count=self._config.batch)
+        owners = await admin.alive(self._redis, self._keys, {p.consumer for p in entries})
+        stuck = [
+            p
+            for p in entries
+            if not owners.get(p.consumer) or p.idle_ms >= self._config.min_idle_ms
+        ]
+        if not stuck:
+            return []
+        found = await admin.fetch(self._redis, stream, [p.entry_id for p in stuck])
+        actions: list[str] = []
+        for p in stuck:
+            delivery = found.get(p.entry_id)
+            if delivery is None:
+                await streams.ack(self._redis, stream, p.entry_id)
+                continue
+            actions.append(await self._sweep_entry(p, delivery, owners.get(p.consumer, False)))
+        return actions
+
+    async def _sweep_entry(self, p: admin.Pending, d: streams.Delivery, alive: bool) -> str:
+        try:
+            entry = decode(d.fields)
+        except ProtocolError as exc:
+            await self._dead(d, exc.reason)
+            return Action.DEAD_LETTER.value
+        row = await self._store.get_instance(entry.instance_id)
+        losses = 0
+        if row is not None and row.status is Status.RUNNING and not alive:
+            losses = await self._store.count_history(row.id, reason=f"after_{OWNER_LOST}")
+        facts = EntryFacts(entry.attempt, p.deliveries, alive, losses, p.idle_ms)
+        rowf = RowFacts(row.status, row.attempt, row.lease_expires_at_ms) if row else None
+        verdict = decide(
+            facts,
+            rowf,
+            db_now_ms=self._clock.now_ms(),
+            max_deliveries=self._config.max_deliveries,
+            unclaimed_ms=self._config.unclaimed_ms,
+        )
+        self._log.info(
+            "entry.swept",
+            entry_id=d.entry_id,
+            instance_id=entry.instance_id,
+            action=verdict.action,
+            reason=verdict.reason,
+        )
+        await self._act(verdict, d, row)
+        return verdict.action.value
+
+    async def _act(
+        self, verdict: Verdict, d: streams.Delivery, instance: InstanceRow | None
+    ) -> None:
+        if verdict.action is Action.ACK:
+            await streams.ack(self._redis, d.stream, d.entry_id)
+        elif verdict.action is Action.REDELIVER:
+            await admin.redeliver(self._redis, d)
+        elif verdict.action is Action.DEAD_LETTER:
+            await self._dead(d, verdict.reason)
+        elif verdict.action is Action.POISON and instance is not None:
+            await self._poison(d, instance.id, instance.status, instance.attempt, verdict.reason)
+        elif verdict.action is Action.TIMEOUT and instance is not None:
+            done = await self._recovery.time_out(
+                instance, reason=verdict.reason, now_ms=self._clock.now_ms()
+            )
+            if done.ok and done.decision and done.decision.fail_class is FailClass.POISON:
+                await self._dead(d, "poison")
+            elif done.ok:
+                await streams.ack(self._redis, d.stream, d.entry_id)
+
+    async def _poison(
+        self, d: streams.Delivery, instance_id: str, status: Status, attempt: int, reason: str
+    ) -> None:
+        if can_transition(status, Status.FAILED):
+            await self._store.transition(
+                instance_id,
+                status,
+                Status.FAILED,
+                reason="poison",
+                attempt=attempt,
+                fail_class=FailClass.POISON,
+                error=reason,
+            )
+        await self._dead(d, "poison")
+
+    async def _dead(self, d: streams.Delivery, reason: str) -> None:
+        await streams.dead_letter(self._redis, self._keys, d, reason, "swept")
+        self._log.warning("entry.dead_lettered", entry_id=d.entry_id, reason=reason)

@@ -1,0 +1,62 @@
+"""Agents used by the tests: failures of each class, side effects, and process crashes.
+
+Loaded by executors started in tests through `TASKSTREAM_AGENT_MODULES=tests.agents`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from taskstream.agents.base import AgentContext, FunctionAgent
+from taskstream.agents.errors import FatalError, NeedsReview, RetriableError
+
+
+class Params(BaseModel):
+    """`fail_until`: attempts before this one fail; `kind`: how they fail; `seconds`: sleep."""
+
+    model_config = ConfigDict(extra="allow")
+    fail_until: int = 0
+    kind: str = "retriable"
+    seconds: float = 0.0
+    effect: str = ""
+
+
+async def _flaky(ctx: AgentContext, p: Params) -> dict[str, Any]:
+    if ctx.attempt <= p.fail_until:
+        errors = {
+            "retriable": RetriableError,
+            "fatal": FatalError,
+            "review": NeedsReview,
+            "unexpected": ValueError,
+        }
+        raise errors[p.kind](f"attempt {ctx.attempt} fails")
+    return {"attempt": ctx.attempt}
+
+
+async def _effect(ctx: AgentContext, p: Params) -> dict[str, Any]:
+    performed = await ctx.once(p.effect or "send")
+    await asyncio.sleep(p.seconds)
+    return {"performed": performed, "attempt": ctx.attempt}
+
+
+async def _crash(ctx: AgentContext, p: Params) -> None:
+    """Kills its own process, every time (a poison instance)."""
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+async def _slow(ctx: AgentContext, p: Params) -> dict[str, Any]:
+    await asyncio.sleep(p.seconds)
+    return {"slept": p.seconds, "attempt": ctx.attempt}
+
+
+AGENTS = (
+    FunctionAgent(name="flaky", params_model=Params, fn=_flaky),
+    FunctionAgent(name="effect", params_model=Params, fn=_effect),
+    FunctionAgent(name="crash", params_model=Params, fn=_crash),
+    FunctionAgent(name="slow", params_model=Params, fn=_slow),
+)

@@ -1,0 +1,259 @@
+"""Executor delivery semantics on real Redis and a real store (in-process, clock passed in)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from taskstream.core import streams
+from taskstream.core.protocol import GROUP, Keys, Priority
+from taskstream.core.states import FailClass, Status
+from taskstream.core.store.sql import SqlStore
+from tests.integration.harness import T0, Harness, Running, until
+
+TASKS = """
+tasks:
+  - id: flaky
+    agent: flaky
+    retry: {max_attempts: 3, backoff: {base: 1s, factor: 2, max: 10s}, jitter: 0}
+    payload: {fail_until: 2}
+  - id: hopeless
+    agent: flaky
+    retry: {max_attempts: 3, backoff: {base: 1s}, jitter: 0}
+    payload: {fail_until: 99}
+  - id: fatal
+    agent: flaky
+    payload: {fail_until: 99, kind: fatal}
+  - id: review
+    agent: flaky
+    payload: {fail_until: 99, kind: review}
+  - id: effect
+    agent: effect
+    retry: {max_attempts: 3}
+    payload: {seconds: 0}
+  - id: slow
+    agent: slow
+    timeout: 30s
+    payload: {seconds: 0.5}
+  - id: slow-once
+    agent: slow
+    retry: {max_attempts: 1}
+    payload: {seconds: 0.5}
+  - id: too-slow
+    agent: slow
+    timeout: 0.2s
+    retry: {max_attempts: 2, backoff: {base: 1s}, jitter: 0}
+    payload: {seconds: 5}
+  - id: big
+    agent: slow
+    payload: {seconds: 0, blob: "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}
+"""
+
+
+@pytest.fixture
+async def h(store: SqlStore, redis: streams.Redis, keys: Keys) -> Harness:
+    harness = Harness(store, redis, keys)
+    harness.clock.set(await store.db_now_ms())  # rows are stamped by the database clock
+    await harness.apply(TASKS)
+    return harness
+
+
+async def status_of(h: Harness, instance_id: str) -> Status:
+    row = await h.store.get_instance(instance_id)
+    assert row is not None
+    return row.status
+
+
+async def reach(h: Harness, instance_id: str, *wanted: Status) -> None:
+    async def check() -> bool:
+        return await status_of(h, instance_id) in wanted
+
+    await until(check)
+
+
+async def test_retries_with_backoff_until_success(h: Harness) -> None:
+    row = await h.trigger(TASKS, "flaky")
+    ex = Running(h.executor())
+    try:
+        for attempt, delay_ms in ((1, 1000), (2, 2000)):
+            await reach(h, row.id, Status.RETRYING)
+            current = await h.store.get_instance(row.id)
+            assert current is not None and current.attempt == attempt
+            assert current.next_attempt_at_ms == h.clock.now_ms() + delay_ms
+            await h.scheduler().run_pass()
+            assert await status_of(h, row.id) is Status.RETRYING  # not due yet
+            h.clock.advance(delay_ms)
+            await h.scheduler().run_pass()
+        await reach(h, row.id, Status.SUCCESS)
+    finally:
+        await ex.close()
+    done = await h.store.get_instance(row.id)
+    assert done is not None and done.attempt == 3 and done.result == {"attempt": 3}
+
+
+async def test_attempts_are_never_exceeded(h: Harness) -> None:
+    row = await h.trigger(TASKS, "hopeless")
+    ex = Running(h.executor())
+    try:
+        for _ in range(5):
+            await reach(h, row.id, Status.RETRYING, Status.FAILED)
+            h.clock.advance(60_000)
+            await h.scheduler().run_pass()
+        await reach(h, row.id, Status.FAILED)
+    finally:
+        await ex.close()
+    done = await h.store.get_instance(row.id)
+    assert done is not None
+    assert (done.attempt, done.fail_class) == (3, FailClass.EXHAUSTED)
+    runs = [x for x in await h.store.history(row.id) if x.to_status is Status.RUNNING]
+    assert len(runs) == 3
+
+
+@pytest.mark.parametrize(
+    ("task", "fail_class"), [("fatal", FailClass.FATAL), ("review", FailClass.MANUAL_REVIEW)]
+)
+async def test_fatal_and_review_fail_at_once(h: Harness, task: str, fail_class: FailClass) -> None:
+    row = await h.trigger(TASKS, task)
+    ex = Running(h.executor())
+    try:
+        await reach(h, row.id, Status.FAILED)
+    finally:
+        await ex.close()
+    done = await h.store.get_instance(row.id)
+    assert done is not None and (done.attempt, done.fail_class) == (1, fail_class)
+
+
+async def test_timeout_goes_through_timeout_to_retry(h: Harness) -> None:
+    row = await h.trigger(TASKS, "too-slow")
+    ex = Running(h.executor())
+    try:
+        await reach(h, row.id, Status.RETRYING)
+        h.clock.advance(1000)
+        await h.scheduler().run_pass()
+        await reach(h, row.id, Status.FAILED)
+    finally:
+        await ex.close()
+    path = [x.to_status for x in await h.store.history(row.id)]
+    assert path.count(Status.TIMEOUT) == 2
+    assert path[-2:] == [Status.TIMEOUT, Status.FAILED]
+
+
+async def test_oversize_payload_is_poison(h: Harness) -> None:
+    row = await h.trigger(TASKS, "big")
+    ex = Running(h.executor(max_payload_bytes=50))
+    try:
+        await reach(h, row.id, Status.FAILED)
+    finally:
+        await ex.close()
+    done = await h.store.get_instance(row.id)
+    assert done is not None and done.fail_class is FailClass.POISON
+    dead: Any = await h.redis.xrange(h.keys.dead)
+    assert [f[b"reason"] for _, f in dead] == [b"payload_too_large"]
+
+
+async def test_a_duplicate_delivery_has_one_committed_effect(h: Harness) -> None:
+    row = await h.trigger(TASKS, "effect")
+    stream = h.keys.stream(Priority.DEFAULT)
+    entries: Any = await h.redis.xrange(stream)
+    [(entry_id, fields)] = entries
+    await h.redis.xadd(stream, fields)  # the same entry, twice on the stream
+    ex1 = Running(h.executor("c1"))
+    ex2 = Running(h.executor("c2"))
+    try:
+        await reach(h, row.id, Status.SUCCESS)
+        await h.sweeper(min_idle_ms=0).sweep_once()  # acks a copy another consumer left
+
+        async def drained() -> bool:
+            return await h.redis.xlen(stream) == 0
+
+        await until(drained)
+    finally:
+        await ex1.close()
+        await ex2.close()
+    history = await h.store.history(row.id)
+    assert [x.to_status for x in history].count(Status.SUCCESS) == 1
+    assert await h.store.side_effect_done(f"{row.dedupe_key}:send")
+    assert (await h.redis.xpending(stream, GROUP))["pending"] == 0
+    assert entry_id
+
+
+async def test_a_fenced_zombie_does_not_commit_or_ack(h: Harness) -> None:
+    """Run A is timed out by the sweeper (owner gone), B re-runs and commits; A's late
+    commit is fenced and its entry stays unacked by A."""
+    row = await h.trigger(TASKS, "effect")
+    stream = h.keys.stream(Priority.DEFAULT)
+    [d] = await streams.read(h.redis, h.keys, "zombie", count=1, block_ms=10)
+    from taskstream.core.store.port import ClaimRequest, FinishRequest
+
+    won = await h.store.claim_many([ClaimRequest(row.id, 0, 60)], owner="zombie")
+    token = won[row.id].token
+    counts = await h.sweeper().sweep_once()  # "zombie" has no liveness key: owner lost
+    assert counts.get("timeout") == 1
+    assert await status_of(h, row.id) is Status.RETRYING
+    h.clock.advance(60_000)
+    await h.scheduler().run_pass()
+    ex = Running(h.executor("c2"))
+    try:
+        await reach(h, row.id, Status.SUCCESS)
+    finally:
+        await ex.close()
+    late = await h.store.finish_many([FinishRequest(row.id, token, Status.SUCCESS, "late")])
+    assert not late[row.id].ok
+    history = await h.store.history(row.id)
+    assert [x.to_status for x in history].count(Status.SUCCESS) == 1
+    assert [x.owner for x in history if x.to_status is Status.SUCCESS] == ["c2"]
+    assert d.stream == stream
+
+
+async def test_redis_emptied_in_flight_nothing_is_lost(h: Harness) -> None:
+    rows = [await h.trigger(TASKS, "slow", T0 + i) for i in range(6)]
+    await h.redis.delete(*h.keys.streams())  # what FLUSHDB does to our keys
+    h.clock.advance(60_000)  # past the reconciler's grace
+    counts = await h.sweeper().sweep_once()
+    assert counts["republished"] == 6
+    ex = Running(h.executor(concurrency=8))
+    try:
+        for row in rows:
+            await reach(h, row.id, Status.SUCCESS)
+    finally:
+        await ex.close()
+
+
+async def test_stop_lets_a_run_finish_within_the_grace(h: Harness) -> None:
+    row = await h.trigger(TASKS, "slow")
+    ex = Running(h.executor(grace_s=10))
+    await reach(h, row.id, Status.RUNNING)
+    await ex.close()
+    assert await status_of(h, row.id) is Status.SUCCESS
+
+
+async def test_a_run_past_the_grace_is_released_without_spending_an_attempt(h: Harness) -> None:
+    row = await h.trigger(TASKS, "slow-once")
+    ex = Running(h.executor(grace_s=0.05))
+    await reach(h, row.id, Status.RUNNING)
+    await ex.close()
+    released = await h.store.get_instance(row.id)
+    assert released is not None and released.status is Status.RETRYING
+    assert released.next_attempt_at_ms is not None
+    assert released.next_attempt_at_ms <= h.clock.now_ms()
+    assert (await h.redis.xpending(h.keys.stream(Priority.DEFAULT), GROUP))["pending"] == 0
+    await h.scheduler().run_pass()
+    again = Running(h.executor(grace_s=10))
+    try:
+        await reach(h, row.id, Status.SUCCESS)  # max_attempts is 1: the release did not count
+    finally:
+        await again.close()
+    done = await h.store.get_instance(row.id)
+    assert done is not None and done.attempt == 2
+
+
+async def test_liveness_key_is_set_while_running_and_removed_after(h: Harness) -> None:
+    ex = Running(h.executor("c9"))
+
+    async def alive() -> bool:
+        return bool(await h.redis.exists(h.keys.alive("c9")))
+
+    await until(alive)
+    await ex.close()
+    assert not await alive()
