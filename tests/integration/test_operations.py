@@ -1,0 +1,99 @@
+"""Operator actions on real Redis and a real store: requeue and dead-letter replay."""
+
+from __future__ import annotations
+
+import pytest
+
+from taskstream.core import operations, streams
+from taskstream.core import streams_admin as admin
+from taskstream.core.errors import TaskstreamError
+from taskstream.core.protocol import GROUP, Keys, Priority
+from taskstream.core.states import FailClass, Status
+from taskstream.core.store.sql import SqlStore
+from tests.integration.harness import Harness, Running, until
+
+TASKS = """
+tasks:
+  - id: once-fails
+    agent: flaky
+    retry: {max_attempts: 1}
+    payload: {fail_until: 1}
+  - id: ghost
+    agent: nobody-knows-me
+"""
+
+
+@pytest.fixture
+async def h(store: SqlStore, redis: streams.Redis, keys: Keys) -> Harness:
+    harness = Harness(store, redis, keys)
+    harness.clock.set(await store.db_now_ms())
+    await harness.apply(TASKS.replace("nobody-knows-me", "echo"))
+    return harness
+
+
+async def finished(h: Harness, instance_id: str, *wanted: Status) -> None:
+    async def check() -> bool:
+        row = await h.store.get_instance(instance_id)
+        return row is not None and row.status in wanted
+
+    await until(check)
+
+
+async def test_requeue_gives_a_failed_instance_a_new_budget(h: Harness) -> None:
+    row = await h.trigger(TASKS, "once-fails")
+    ex = Running(h.executor())
+    try:
+        await finished(h, row.id, Status.FAILED)
+        await operations.requeue(
+            h.outbox, row.id, who="ops", why="upstream fixed", now_ms=h.clock.now_ms()
+        )
+        await finished(h, row.id, Status.SUCCESS)
+    finally:
+        await ex.close()
+    history = await h.store.history(row.id)
+    requeue = next(x for x in history if x.reason == "requeued")
+    assert (requeue.from_status, requeue.to_status, requeue.owner) == (
+        Status.FAILED,
+        Status.PENDING,
+        "ops",
+    )
+    with pytest.raises(TaskstreamError, match="only FAILED"):
+        await operations.requeue(h.outbox, row.id, who="ops", why="again", now_ms=0)
+
+
+async def test_dead_letters_are_listed_and_replayed(h: Harness) -> None:
+    row = await h.trigger(TASKS.replace("nobody-knows-me", "no-such-agent"), "ghost")
+    await h.redis.xadd(h.keys.stream(Priority.DEFAULT), {"garbage": "1"})
+    ex = Running(h.executor())
+    try:
+        await finished(h, row.id, Status.FAILED)
+
+        async def two_dead() -> bool:
+            return await h.redis.xlen(h.keys.dead) == 2
+
+        await until(two_dead)
+    finally:
+        await ex.close()
+    failed = await h.store.get_instance(row.id)
+    assert failed is not None and failed.fail_class is FailClass.POISON
+    letters = await operations.dead_letters(h.redis, h.keys.dead, limit=10)
+    assert sorted(x.reason for x in letters) == ["missing_version", "unknown_agent"]
+    garbage = next(x for x in letters if x.reason == "missing_version")
+    with pytest.raises(TaskstreamError, match="names no instance"):
+        await operations.replay(h.outbox, garbage, who="ops", now_ms=0)
+    ghost = next(x for x in letters if x.reason == "unknown_agent")
+    assert await operations.replay(h.outbox, ghost, who="ops", now_ms=0) == "requeued"
+    assert await h.redis.xlen(h.keys.dead) == 1
+    replayed = await h.store.get_instance(row.id)
+    assert replayed is not None and replayed.status is Status.DISPATCHED
+
+
+async def test_sweeper_prunes_dead_consumers_and_trims(h: Harness) -> None:
+    stream = h.keys.stream(Priority.DEFAULT)
+    await h.redis.xadd(stream, {"v": "1"})
+    await streams.read(h.redis, h.keys, "gone-consumer", count=1, block_ms=10)
+    [pending] = await admin.pending(h.redis, stream, count=10)
+    await streams.ack(h.redis, stream, pending.entry_id)
+    assert await admin.prune_consumers(h.redis, h.keys, stream, idle_ms=-1) == ["gone-consumer"]
+    assert await h.redis.xinfo_consumers(stream, GROUP) == []
+    assert await admin.trim(h.redis, stream) == 0
