@@ -4,7 +4,8 @@ Keys (all share one hash tag so a namespace lives in one Redis Cluster slot)::
 
     {prefix}:{{{namespace}}}:stream:high|default|low   work streams, one per priority
     {prefix}:{{{namespace}}}:dead                      dead-letter stream
-    {prefix}:{{{namespace}}}:leader                    scheduler leader lease
+    {prefix}:{{{namespace}}}:leader                    scheduler leader lease ("owner|token")
+    {prefix}:{{{namespace}}}:leader:epoch              fencing token counter of the lease
     {prefix}:{{{namespace}}}:alive:{consumer}          executor liveness (short TTL)
     {prefix}:{{{namespace}}}:limit:{upstream}          sliding-window limiter (sorted set)
     {prefix}:{{{namespace}}}:breaker:{upstream}        circuit breaker state (hash)
@@ -80,6 +81,10 @@ class Keys:
     @property
     def leader(self) -> str:
         return f"{self.base}:leader"
+
+    @property
+    def leader_epoch(self) -> str:
+        return f"{self.base}:leader:epoch"
 
     def alive(self, consumer: str) -> str:
         return f"{self.base}:alive:{consumer}"

@@ -125,3 +125,13 @@ async def test_decisions_since_and_limit(store: SqlStore) -> None:
     assert [d.fire_time_ms for d in since] == [2_000, 3_000]
     assert [d.fire_time_ms for d in latest] == [4_000, 5_000]
     assert await store.decisions("report", since_ms=9_000) == []
+
+
+async def test_cursor_writes_are_fenced_by_the_leader_token(store: SqlStore) -> None:
+    await store.upsert_definitions([DefinitionRecord("fenced", {"id": "fenced"}, "h")])
+    assert await store.set_cursor("fenced", 1000, token=5)
+    assert await store.set_cursor("fenced", 2000, token=5)
+    assert not await store.set_cursor("fenced", 3000, token=4)  # a stale leader
+    assert await store.get_cursor("fenced") == 2000
+    assert await store.set_cursor("fenced", 4000, token=6)
+    assert not await store.set_cursor("nope", 1, token=9)

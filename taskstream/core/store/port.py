@@ -189,7 +189,12 @@ class Store(Protocol):
         """The last fire time (ms) the scheduler has decided for this task."""
         ...
 
-    async def set_cursor(self, task_id: str, fire_time_ms: int) -> None: ...
+    async def set_cursor(
+        self, task_id: str, fire_time_ms: int, *, token: int | None = None
+    ) -> bool:
+        """Store the cursor. With `token` (a leader-lease fencing token) the write is rejected
+        (False) when a newer token has written; False too for an unknown task."""
+        ...
 
     # instances
     async def create_instance(self, new: NewInstance) -> CreateResult: ...

@@ -135,10 +135,12 @@ class SqlStore:
         async with self._read() as conn:
             return await defs.get_cursor(conn, task_id)
 
-    async def set_cursor(self, task_id: str, fire_time_ms: int) -> None:
-        """Store the cursor (a no-op for a task that is not defined)."""
+    async def set_cursor(
+        self, task_id: str, fire_time_ms: int, *, token: int | None = None
+    ) -> bool:
+        """Store the cursor, fenced by `token` when given (see the port)."""
         async with self._write() as conn:
-            await defs.set_cursor(conn, task_id, fire_time_ms)
+            return await defs.set_cursor(conn, task_id, fire_time_ms, token)
 
     # instances
 

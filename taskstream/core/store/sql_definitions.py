@@ -7,7 +7,7 @@ insert, edit and pause even when two changes fall in the same millisecond.
 
 from __future__ import annotations
 
-from sqlalchemy import ColumnElement, case, func, insert, select, update
+from sqlalchemy import ColumnElement, case, func, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from taskstream.core.store import sql_codec as codec
@@ -93,11 +93,19 @@ async def get_cursor(conn: AsyncConnection, task_id: str) -> int | None:
     return None if value is None else int(value)
 
 
-async def set_cursor(conn: AsyncConnection, task_id: str, fire_time_ms: int) -> None:
-    """Store the cursor. Not a definition change: the version does not move. A task that is
-    not defined has no cursor, and the call does nothing."""
-    stmt = update(defs).where(defs.c.task_id == task_id).values(cursor_ms=fire_time_ms)
-    await conn.execute(stmt)
+async def set_cursor(
+    conn: AsyncConnection, task_id: str, fire_time_ms: int, token: int | None
+) -> bool:
+    """Store the cursor. Not a definition change: the version does not move. With a `token`
+    (the writer's leader-lease token) the write happens only if no newer token wrote before;
+    False when rejected or the task is not defined."""
+    stmt = update(defs).where(defs.c.task_id == task_id)
+    if token is not None:
+        stmt = stmt.where(or_(defs.c.cursor_token.is_(None), defs.c.cursor_token <= token))
+        stmt = stmt.values(cursor_ms=fire_time_ms, cursor_token=token)
+    else:
+        stmt = stmt.values(cursor_ms=fire_time_ms)
+    return (await conn.execute(stmt)).rowcount == 1
 
 
 async def record_decision(conn: AsyncConnection, row: DecisionRow) -> None:

@@ -69,6 +69,7 @@ task_definitions = Table(
     Column("spec_hash", String(128), nullable=False),
     Column("paused", Boolean(), nullable=False),
     _ms("cursor_ms", nullable=True),
+    Column("cursor_token", BigInteger(), nullable=True),
     _ms("created_at_ms"),
     _ms("updated_at_ms"),
     **MYSQL_OPTIONS,

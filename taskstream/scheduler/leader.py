@@ -1,0 +1,74 @@
+"""Leader lease for schedulers: one active scheduler, the others hot standbys.
+
+The lease is one Redis key holding `owner|token`, set with a TTL by one Lua script (the Redis
+server's clock, so host clock skew cannot stretch it). Each new holder gets a fencing token
+from a counter that only grows; the scheduler conditions its cursor writes on that token, so a
+stale leader (paused past its lease) has its writes rejected and steps down. Correctness never
+depends on the lease: the store's UNIQUE dedupe key makes a double fire harmless.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from taskstream.core import streams
+from taskstream.core.protocol import Keys
+
+_ACQUIRE: Final = """
+local cur = redis.call('GET', KEYS[1])
+if not cur then
+  local token = redis.call('INCR', KEYS[2])
+  redis.call('SET', KEYS[1], ARGV[1] .. '|' .. token, 'PX', ARGV[2])
+  return token
+end
+local sep = string.find(cur, '|', 1, true)
+if sep and string.sub(cur, 1, sep - 1) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return tonumber(string.sub(cur, sep + 1))
+end
+return -1
+"""
+
+_RELEASE: Final = """
+local cur = redis.call('GET', KEYS[1])
+if cur and cur == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+
+class LeaderLease:
+    """Acquire-or-renew and release of the scheduler lease for one owner."""
+
+    def __init__(self, redis: streams.Redis, keys: Keys, owner: str, *, lease_ms: int) -> None:
+        if "|" in owner:
+            raise ValueError("owner must not contain '|'")
+        self._redis, self._keys, self.owner, self.lease_ms = redis, keys, owner, lease_ms
+        self._acquire: Any = redis.register_script(_ACQUIRE)
+        self._release: Any = redis.register_script(_RELEASE)
+        self.token: int | None = None
+
+    async def hold(self) -> int | None:
+        """Acquire the lease or renew ours; returns our fencing token, or None (standby)."""
+        got = int(
+            await self._acquire(
+                keys=[self._keys.leader, self._keys.leader_epoch], args=[self.owner, self.lease_ms]
+            )
+        )
+        self.token = got if got > 0 else None
+        return self.token
+
+    async def release(self) -> None:
+        """Give the lease up now (if still ours) so a standby takes over without waiting."""
+        if self.token is not None:
+            await self._release(keys=[self._keys.leader], args=[f"{self.owner}|{self.token}"])
+        self.token = None
+
+    async def holder(self) -> tuple[str, int] | None:
+        """Who holds the lease now, and with which token."""
+        raw = await self._redis.get(self._keys.leader)
+        if raw is None:
+            return None
+        owner, _, token = streams.as_text(raw).rpartition("|")
+        return owner, int(token)
