@@ -3,6 +3,7 @@ cache that reloads only when the store says definitions changed."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from taskstream.core.errors import ConfigError
@@ -44,9 +45,16 @@ class DefinitionCache:
     store: Store
     version: str | None = None
     current: LoadedDefinitions = field(default_factory=LoadedDefinitions)
+    min_interval_s: float = 0.0
+    """Checks closer together than this are skipped (hot loops check at most this often)."""
+    _checked_at: float = float("-inf")
 
     async def refresh(self) -> bool:
         """Reload if the store's version moved. Returns True when something was reloaded."""
+        now = time.monotonic()
+        if now - self._checked_at < self.min_interval_s:
+            return False
+        self._checked_at = now
         version = await self.store.definitions_version()
         if version == self.version:
             return False

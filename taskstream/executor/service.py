@@ -34,6 +34,7 @@ from taskstream.executor.outcome import Plan
 from taskstream.executor.runner import execute
 
 ERROR_PAUSE_S = 1.0
+DEFINITIONS_CHECK_S = 1.0
 
 
 def consumer_name(start_ms: int) -> str:
@@ -72,7 +73,7 @@ class Executor:
 
     def __init__(self, deps: ExecutorDeps, config: ExecutorConfig) -> None:
         self._deps, self._config = deps, config
-        self._defs = DefinitionCache(deps.store)
+        self._defs = DefinitionCache(deps.store, min_interval_s=DEFINITIONS_CHECK_S)
         self._intake = Intake(
             deps.store, deps.redis, deps.keys, deps.registry, self._defs, config.consumer
         )

@@ -1,33 +1,287 @@
-"""Trigger decision for one tick (pure): is the fire time still inside its trigger window?
+"""Trigger decision for one tick (pure). Decision names are the explain log's vocabulary
+(DESIGN.md §7).
 
-Decision names are the explain log's vocabulary (DESIGN.md §7).
+`decide_tick` evaluates the rules in this order and reports the first one that stops the tick:
+
+1. window: the start must happen by `fire + window` (`skip_window`). A tick that was waiting
+   for its dependencies (`previous == "wait_dep"`) and is still not ready when the window
+   closes is `skip_dep` instead: the wait, not lateness, is why it never ran. A catch-up tick
+   (admitted by `catchup.plan_catchup`) is bounded by `fire + max(window, catchup.max_delay)`
+   and is `missed` past it.
+2. calendar: the fire time, and the start instant when it is later, must not fall on a weekend
+   (when disallowed), an excluded date or inside a maintenance window (`skip_calendar`).
+3. deferral: `not_before` / `off_peak` may hold the start (`deferred`, re-decide at `until_ms`)
+   as long as the held start is still inside the window; else `skip_window`.
+4. overlap with a still-active previous instance: `forbid` skips (`skip_overlap`), `allow`
+   runs, `replace` runs with `details["replace"]` naming the instance the caller cancels.
+5. dependencies: a failed precondition is `skip_dep`. Missing markers or unavailable checks wait
+   (`wait_dep`, until the window closes: see 1); a catch-up tick checks them only under
+   `catchup.only_if_ready` and is `skip_dep` at once when not ready.
+6. otherwise `should_run`. Dedupe is the store's UNIQUE key: the caller turns a duplicate insert
+   into `skip_duplicated`.
+
+All instants are UTC epoch milliseconds; `now_ms` is passed in. `start_ms = max(fire, now)` is
+when a start decided now would happen.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from types import MappingProxyType
+from typing import Any, Final, Literal
+
+from taskstream.core.spec import TaskSpec
+from taskstream.scheduler.calendar import calendar_block, defer_until, local_iso, zone_of
 
 SHOULD_RUN: Final = "should_run"
+SKIP_WINDOW: Final = "skip_window"
+SKIP_CALENDAR: Final = "skip_calendar"
+SKIP_OVERLAP: Final = "skip_overlap"
+SKIP_DEP: Final = "skip_dep"
 SKIP_DUPLICATED: Final = "skip_duplicated"
 MISSED: Final = "missed"
+COALESCED: Final = "coalesced"
+DEFERRED: Final = "deferred"
+WAIT_DEP: Final = "wait_dep"
+NOT_FINAL: Final = frozenset({DEFERRED, WAIT_DEP})
+"""Decisions after which the tick is decided again later; every other one is final."""
+
+CheckResult = Literal["pass", "fail", "unavailable"]
+_CHECK_RESULTS: Final = frozenset({"pass", "fail", "unavailable"})
 
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """What to do with one fire time, why, and the values the rule saw."""
+    """What to do with one fire time, why (`reason` names the rule), and the values it saw.
+
+    `until_ms` is set on the non-final decisions: for `deferred` the instant to decide again
+    (the held start); for `wait_dep` the instant the window closes. Decide a waiting tick again
+    (with `TickFacts.previous="wait_dep"`) on each pass or when a marker appears; once the
+    window has closed it becomes `skip_dep` if still not ready.
+    """
 
     decision: str
     reason: str
     details: dict[str, Any] = field(default_factory=dict)
+    until_ms: int | None = None
 
     @property
     def runs(self) -> bool:
+        """True for `should_run`: the caller creates the instance."""
         return self.decision == SHOULD_RUN
+
+    @property
+    def final(self) -> bool:
+        """False for `wait_dep` and `deferred`, which are decided again later."""
+        return self.decision not in NOT_FINAL
+
+
+@dataclass(frozen=True, slots=True)
+class ActiveInstance:
+    """A previous instance of the same task that is still active (not settled)."""
+
+    id: str
+    status: str
+
+
+@dataclass(frozen=True, slots=True)
+class TickFacts:
+    """What the caller gathered about one tick before deciding it.
+
+    `missing_markers`: `depends_on` markers not set for this tick's business date.
+    `preconditions`: results by check name; a declared check with no result is `unavailable`.
+    `catchup`: the tick was admitted by the catch-up policy after its window closed.
+    `previous`: the tick's last decision when it was non-final (`wait_dep`, `deferred`), else
+    None (first decision).
+    """
+
+    fire_ms: int
+    active_instance: ActiveInstance | None = None
+    missing_markers: tuple[str, ...] = ()
+    preconditions: Mapping[str, CheckResult] = field(default_factory=lambda: MappingProxyType({}))
+    catchup: bool = False
+    previous: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.previous is not None and self.previous not in NOT_FINAL:
+            raise ValueError(f"previous must be None, wait_dep or deferred, got {self.previous!r}")
+        bad = {k: v for k, v in self.preconditions.items() if v not in _CHECK_RESULTS}
+        if bad:
+            raise ValueError(f"precondition results must be pass|fail|unavailable, got {bad}")
+
+
+@dataclass(frozen=True, slots=True)
+class _Tick:
+    facts: TickFacts
+    spec: TaskSpec
+    now_ms: int
+    open_until_ms: int
+
+    @property
+    def start_ms(self) -> int:
+        return max(self.facts.fire_ms, self.now_ms)
+
+    @property
+    def closed(self) -> bool:
+        return self.now_ms > self.open_until_ms
+
+
+@dataclass(frozen=True, slots=True)
+class _Step:
+    """One rule's outcome: the values it saw, and a decision when it stops the tick."""
+
+    seen: dict[str, Any]
+    decision: str | None = None
+    reason: str = ""
+    until_ms: int | None = None
+
+
+def decide_tick(facts: TickFacts, spec: TaskSpec, now_ms: int) -> Decision:
+    """Decide one tick of `spec` at `now_ms` (UTC epoch ms); see the module docstring for the
+    order. `details` holds every value each evaluated rule saw."""
+    tick = _Tick(facts, spec, now_ms, _open_until_ms(facts, spec))
+    seen = _base_details(tick)
+    for rule in _RULES:
+        step = rule(tick)
+        seen.update(step.seen)
+        if step.decision is not None:
+            return Decision(step.decision, step.reason, seen, step.until_ms)
+    active = facts.active_instance
+    if active is not None and spec.concurrency == "replace":
+        seen["replace"] = active.id
+        return Decision(SHOULD_RUN, f"every rule passed; replaces {active.id}", seen)
+    return Decision(SHOULD_RUN, "every rule passed", seen)
+
+
+def _open_until_ms(facts: TickFacts, spec: TaskSpec) -> int:
+    window_ms = round(spec.window * 1000)
+    if facts.catchup:
+        window_ms = max(window_ms, round(spec.catchup.max_delay * 1000))
+    return facts.fire_ms + window_ms
+
+
+def _base_details(tick: _Tick) -> dict[str, Any]:
+    zone = zone_of(tick.spec.timezone)
+    fire_ms = tick.facts.fire_ms
+    return {
+        "fire_time_ms": fire_ms,
+        "now_ms": tick.now_ms,
+        "timezone": str(zone),
+        "fire_local": local_iso(fire_ms, zone),
+        "now_local": local_iso(tick.now_ms, zone),
+        "late_ms": max(0, tick.now_ms - fire_ms),
+        "window_ms": round(tick.spec.window * 1000),
+        "open_until_ms": tick.open_until_ms,
+        "catchup": tick.facts.catchup,
+        "previous": tick.facts.previous,
+    }
+
+
+def _window(tick: _Tick) -> _Step:
+    catchup = tick.spec.catchup
+    if tick.facts.catchup:
+        seen = {"max_delay_ms": round(catchup.max_delay * 1000), "catchup_enabled": catchup.enabled}
+        if not catchup.enabled:
+            return _Step(seen, MISSED, "catch-up is disabled")
+        if tick.closed:
+            return _Step(seen, MISSED, "older than catchup.max_delay")
+        return _Step(seen)
+    if not tick.closed:
+        return _Step({})
+    late = tick.now_ms - tick.facts.fire_ms
+    if tick.facts.previous == WAIT_DEP:
+        readiness = _readiness(tick)
+        if readiness.failed or readiness.waiting:
+            names = ", ".join(readiness.failed + readiness.waiting)
+            return _Step(readiness.seen, SKIP_DEP, f"window closed waiting for {names}")
+    return _Step({}, SKIP_WINDOW, f"trigger window closed: late by {late} ms")
+
+
+def _calendar(tick: _Tick) -> _Step:
+    instants = [("fire", tick.facts.fire_ms)]
+    if tick.start_ms != tick.facts.fire_ms:
+        instants.append(("start", tick.start_ms))
+    for label, at_ms in instants:
+        block = calendar_block(tick.spec, at_ms)
+        if block is not None:
+            seen = {"calendar": {**block.details, "rule": block.rule, "checked": label}}
+            return _Step(seen, SKIP_CALENDAR, f"calendar: {block.reason}")
+    return _Step({"calendar": None})
+
+
+def _deferral(tick: _Tick) -> _Step:
+    held = defer_until(tick.spec, tick.start_ms)
+    if held is None:
+        return _Step({"deferral": None})
+    seen = {"deferral": held.details}
+    if held.until_ms is None:
+        return _Step(seen, SKIP_WINDOW, held.reason)
+    if held.until_ms > tick.open_until_ms:
+        reason = f"{held.reason}, after the window closes"
+        return _Step(seen, SKIP_WINDOW, reason)
+    return _Step(seen, DEFERRED, held.reason, held.until_ms)
+
+
+def _overlap(tick: _Tick) -> _Step:
+    active, policy = tick.facts.active_instance, tick.spec.concurrency
+    if active is None:
+        return _Step({"overlap": None})
+    seen = {"overlap": {"policy": policy, "active_id": active.id, "active_status": active.status}}
+    if policy == "forbid":
+        return _Step(seen, SKIP_OVERLAP, f"{active.id} is still {active.status} (forbid)")
+    return _Step(seen)
+
+
+@dataclass(frozen=True, slots=True)
+class _Readiness:
+    seen: dict[str, Any]
+    failed: list[str]
+    waiting: list[str]
+
+
+def _readiness(tick: _Tick) -> _Readiness:
+    """Failed checks, and markers or checks not ready yet (a declared check with no result is
+    `unavailable`), with the values seen."""
+    facts, spec = tick.facts, tick.spec
+    results: dict[str, str] = dict.fromkeys(spec.preconditions, "unavailable")
+    results.update(facts.preconditions)
+    seen: dict[str, Any] = {
+        "depends_on": list(spec.depends_on),
+        "markers_missing": list(facts.missing_markers),
+        "preconditions": results,
+    }
+    failed = sorted(name for name, result in results.items() if result == "fail")
+    unavailable = sorted(name for name, result in results.items() if result == "unavailable")
+    return _Readiness(seen, failed, [*facts.missing_markers, *unavailable])
+
+
+def _dependencies(tick: _Tick) -> _Step:
+    if tick.facts.catchup and not tick.spec.catchup.only_if_ready:
+        return _Step({"dependencies_checked": False})
+    ready = _readiness(tick)
+    if ready.failed:
+        return _Step(ready.seen, SKIP_DEP, f"preconditions failed: {', '.join(ready.failed)}")
+    if not ready.waiting:
+        return _Step(ready.seen)
+    names = ", ".join(ready.waiting)
+    if tick.facts.catchup:
+        return _Step(ready.seen, SKIP_DEP, f"catch-up needs readiness: {names} not ready")
+    return _Step(ready.seen, WAIT_DEP, f"waiting for {names}", tick.open_until_ms)
+
+
+_RULES: Final[tuple[Callable[[_Tick], _Step], ...]] = (
+    _window,
+    _calendar,
+    _deferral,
+    _overlap,
+    _dependencies,
+)
 
 
 def decide_window(fire_ms: int, now_ms: int, window_ms: int) -> Decision:
-    """Run while `now_ms <= fire_ms + window_ms`; later than that the tick was missed."""
+    """The window rule alone, as the scheduler loop applies it before catch-up is wired in:
+    run while `now_ms <= fire_ms + window_ms` (ms); later than that the tick was `missed`."""
     late_ms = max(0, now_ms - fire_ms)
     details = {
         "fire_time_ms": fire_ms,

@@ -36,7 +36,9 @@ def trigger_of(spec: TaskSpec) -> Trigger | None:
     if sched is None or (sched.cron is None and sched.every is None):
         return None
     if sched.cron is not None:
-        return Trigger(cron=sched.cron, timezone=sched.timezone)
+        return Trigger(
+            cron=sched.cron, timezone=sched.timezone, gap=sched.dst.gap, fold=sched.dst.fold
+        )
     return Trigger(every_ms=round((sched.every or 0) * 1000))
 
 

@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from taskstream.scheduler.ticks import Trigger, fire_times, next_fire
+from taskstream.scheduler.ticks import PlannedFire, Trigger, fire_times, next_fire, plan
 
 
 def ms(text: str) -> int:
@@ -67,8 +67,53 @@ def test_cron_fire_times_in_zone() -> None:
         {"cron": "* * * * *"},
         {"cron": "* * * * *", "every_ms": 5, "timezone": "UTC"},
         {"every_ms": 0},
+        {"every_ms": -1000},
+        {"cron": "* * * *", "timezone": "UTC"},
+        {"cron": "0 0 0 * * * *", "timezone": "UTC"},
+        {"cron": "* * * * *", "timezone": "Mars/Olympus_Mons"},
+        {"cron": "* * * * *", "timezone": "localtime"},
+        {"cron": "* * * * *", "timezone": "UTC", "gap": "later"},
+        {"cron": "* * * * *", "timezone": "UTC", "fold": "second"},
     ],
 )
 def test_invalid_triggers(kwargs: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         Trigger(**kwargs)  # type: ignore[arg-type]
+
+
+def test_dst_policy_defaults_to_shift_and_first() -> None:
+    trig = Trigger(cron="30 2 * * *", timezone="Europe/Berlin")
+    assert (trig.gap, trig.fold) == ("shift", "first")
+
+
+def test_plan_of_an_interval_lists_its_fires_in_utc() -> None:
+    got = plan(
+        Trigger(every_ms=30_000),
+        ms("2026-01-01T00:00:00+00:00"),
+        ms("2026-01-01T00:01:00+00:00"),
+        limit=10,
+    )
+    assert got == [
+        PlannedFire(ms("2026-01-01T00:00:30+00:00"), "2026-01-01T00:00:30+00:00", "UTC"),
+        PlannedFire(ms("2026-01-01T00:01:00+00:00"), "2026-01-01T00:01:00+00:00", "UTC"),
+    ]
+
+
+def test_plan_shows_milliseconds_only_when_there_are_some() -> None:
+    got = plan(Trigger(every_ms=1500), 0, 3000, limit=10)
+    assert [line.local for line in got] == [
+        "1970-01-01T00:00:01.500+00:00",
+        "1970-01-01T00:00:03+00:00",
+    ]
+
+
+def test_limit_bounds_fire_times_and_plan() -> None:
+    trig = Trigger(cron="* * * * * *", timezone="Asia/Tokyo")
+    start = ms("2026-11-30T00:00:00+00:00")
+    assert fire_times(trig, start, start + 86_400_000, limit=3) == [
+        start + 1000,
+        start + 2000,
+        start + 3000,
+    ]
+    assert len(plan(trig, start, start + 86_400_000, limit=3)) == 3
+    assert fire_times(trig, start, start + 86_400_000, limit=0) == []

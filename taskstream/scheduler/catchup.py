@@ -1,0 +1,166 @@
+"""Catch-up after downtime (pure): what happens to fire times whose trigger window closed
+before the scheduler could decide them.
+
+Each missed fire time gets one decision, checked in this order:
+
+1. `catchup.enabled: false` -> `missed`.
+2. older than `catchup.max_delay` (`now - fire > max_delay`) -> `missed`; the caller records
+   it as a SKIPPED instance with reason `missed`.
+3. the calendar forbids its fire time -> `skip_calendar` (so `latest` picks the newest tick
+   that may run at all, not one the calendar would then drop).
+4. selection among the rest: `mode: latest` runs only the newest (with its own scheduled_for
+   and business date) and marks the older ones `coalesced`; `mode: all` runs each, but at most
+   `max_burst` of them: the newest `max_burst` run, the older excess is `coalesced`.
+
+A `should_run` here is provisional: the caller decides each one again with
+`decide_tick(TickFacts(fire_ms, catchup=True, ...), spec, now_ms)`, which applies the start
+instant's calendar, deferral, overlap and, when `CatchupPlan.require_ready` is set
+(`only_if_ready`), dependencies: a catch-up tick that is not ready is `skip_dep`, never waits.
+
+Bounds: `plan_catchup` is O(n) in the fire times it is given and returns at most `max_burst`
+(default 100) runs, so a week of per-minute ticks cannot flood the queue. The expensive part
+is recording one row per tick; fire times before `catchup_horizon_ms` are `missed` whatever the
+mode, so the caller need not enumerate them and may record one `bound_missed` summary for that
+range instead. All instants are UTC epoch milliseconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from taskstream.core.spec import TaskSpec
+from taskstream.scheduler.calendar import calendar_block
+from taskstream.scheduler.decide import COALESCED, MISSED, SHOULD_RUN, SKIP_CALENDAR, Decision
+
+DEFAULT_MAX_BURST: Final = 100
+"""Most catch-up runs one plan may start (per task, per pass)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CatchupPlan:
+    """One decision per missed fire time, oldest first.
+
+    `require_ready` (the task's `only_if_ready`): the caller must gather marker and
+    precondition facts for the `should_run` entries and decide them with `decide_tick`.
+    """
+
+    entries: tuple[tuple[int, Decision], ...]
+    require_ready: bool
+
+    @property
+    def runs(self) -> list[int]:
+        """The fire times (ms) that run, oldest first; at most `max_burst` of them."""
+        return [fire_ms for fire_ms, decision in self.entries if decision.runs]
+
+
+def _ms(seconds: float) -> int:
+    return round(seconds * 1000)
+
+
+def catchup_horizon_ms(spec: TaskSpec, now_ms: int) -> int:
+    """The oldest fire time (ms) that can still start at `now_ms`, on time or by catch-up.
+
+    Every earlier fire time is `missed` whatever the mode: `now - max(window, max_delay)`, or
+    `now - window` when catch-up is disabled.
+    """
+    reach_ms = _ms(spec.window)
+    if spec.catchup.enabled:
+        reach_ms = max(reach_ms, _ms(spec.catchup.max_delay))
+    return now_ms - reach_ms
+
+
+def bound_missed(first_ms: int, last_ms: int, count: int | None) -> Decision:
+    """One `missed` decision standing for the fire times in `[first_ms, last_ms]` (ms), all
+    before the catch-up horizon, that the caller chose not to enumerate; `count` of them, or
+    None when counting them would mean enumerating them."""
+    if last_ms < first_ms or (count is not None and count < 1):
+        raise ValueError("need first_ms <= last_ms and count >= 1")
+    details = {"first_fire_ms": first_ms, "last_fire_ms": last_ms, "count": count}
+    many = "fire times" if count is None else f"{count} fire time(s)"
+    return Decision(MISSED, f"{many} older than the catch-up horizon", details)
+
+
+def plan_catchup(
+    missed_ms: Sequence[int], now_ms: int, spec: TaskSpec, *, max_burst: int = DEFAULT_MAX_BURST
+) -> CatchupPlan:
+    """Decide every fire time in `missed_ms` (strictly ascending, each with its trigger window
+    closed at `now_ms`) per `spec.catchup`; see the module docstring for the order.
+
+    ValueError when `max_burst < 1`, the times are not ascending, or one is still on time.
+    """
+    _check_missed(missed_ms, now_ms, _ms(spec.window), max_burst)
+    gates = [_gate(fire_ms, now_ms, spec) for fire_ms in missed_ms]
+    eligible = [i for i, gate in enumerate(gates) if gate is None]
+    keep = 1 if spec.catchup.mode == "latest" else max_burst
+    running = eligible[-keep:]
+    first_run = running[0] if running else len(missed_ms)
+    newest_ms = missed_ms[running[-1]] if running else 0
+    entries: list[tuple[int, Decision]] = []
+    for i, fire_ms in enumerate(missed_ms):
+        decision = gates[i]
+        if decision is None and i >= first_run:
+            decision = _run(fire_ms, now_ms, spec)
+        elif decision is None:
+            oldest_run_ms = missed_ms[first_run]
+            decision = _coalesced(fire_ms, now_ms, spec, newest_ms, oldest_run_ms, max_burst)
+        entries.append((fire_ms, decision))
+    return CatchupPlan(tuple(entries), spec.catchup.only_if_ready)
+
+
+def _check_missed(missed_ms: Sequence[int], now_ms: int, window_ms: int, max_burst: int) -> None:
+    if max_burst < 1:
+        raise ValueError(f"max_burst must be >= 1, got {max_burst}")
+    previous: int | None = None
+    for fire_ms in missed_ms:
+        if previous is not None and fire_ms <= previous:
+            raise ValueError(f"fire times must be strictly ascending: {fire_ms} after {previous}")
+        if now_ms <= fire_ms + window_ms:
+            raise ValueError(f"fire time {fire_ms} is still on time: decide it with decide_tick")
+        previous = fire_ms
+
+
+def _seen(fire_ms: int, now_ms: int, spec: TaskSpec) -> dict[str, Any]:
+    policy = spec.catchup
+    return {
+        "fire_time_ms": fire_ms,
+        "now_ms": now_ms,
+        "late_ms": now_ms - fire_ms,
+        "catchup_enabled": policy.enabled,
+        "max_delay_ms": _ms(policy.max_delay),
+        "mode": policy.mode,
+        "only_if_ready": policy.only_if_ready,
+        "catchup": True,
+    }
+
+
+def _gate(fire_ms: int, now_ms: int, spec: TaskSpec) -> Decision | None:
+    """`missed` or `skip_calendar` for one fire time, or None when it may be selected."""
+    policy, seen = spec.catchup, _seen(fire_ms, now_ms, spec)
+    if not policy.enabled:
+        return Decision(MISSED, "catch-up is disabled", seen)
+    if now_ms - fire_ms > _ms(policy.max_delay):
+        late = now_ms - fire_ms
+        return Decision(MISSED, f"late by {late} ms, older than catchup.max_delay", seen)
+    block = calendar_block(spec, fire_ms)
+    if block is not None:
+        seen["calendar"] = {**block.details, "rule": block.rule, "checked": "fire"}
+        return Decision(SKIP_CALENDAR, f"calendar: {block.reason}", seen)
+    return None
+
+
+def _coalesced(
+    fire_ms: int, now_ms: int, spec: TaskSpec, newest_ms: int, oldest_run_ms: int, burst: int
+) -> Decision:
+    seen = _seen(fire_ms, now_ms, spec)
+    if spec.catchup.mode == "latest":
+        seen["coalesced_into_ms"] = newest_ms
+        return Decision(COALESCED, f"coalesced into the newest missed tick {newest_ms}", seen)
+    seen |= {"max_burst": burst, "oldest_run_ms": oldest_run_ms}
+    return Decision(COALESCED, f"over the catch-up burst: only the newest {burst} run", seen)
+
+
+def _run(fire_ms: int, now_ms: int, spec: TaskSpec) -> Decision:
+    seen = _seen(fire_ms, now_ms, spec) | {"require_ready": spec.catchup.only_if_ready}
+    return Decision(SHOULD_RUN, f"catch-up (mode {spec.catchup.mode})", seen)
