@@ -11,6 +11,7 @@ Invariants every adapter keeps:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -291,6 +292,20 @@ class Store(Protocol):
 
     async def add_review(self, instance_id: str, reason: str) -> None:
         """Put an instance in the human review queue (once: a second add is a no-op)."""
+        ...
+
+    # scheduling
+
+    async def mark_ready(self, name: str, business_date: str) -> bool:
+        """Set a readiness marker for a business date (ISO date); False if already set."""
+        ...
+
+    async def ready_markers(self, names: Sequence[str], business_date: str) -> set[str]:
+        """Which of `names` are set for `business_date`."""
+        ...
+
+    async def active_instances(self, task_id: str, *, limit: int = 10) -> list[InstanceRow]:
+        """Instances of the task not yet settled, oldest fire time first."""
         ...
 
     # explain log

@@ -44,12 +44,13 @@ from taskstream.core.store.sql_engine import (
     make_engine,
     translate_errors,
 )
+from taskstream.core.store.sql_scheduling import SchedulingMethods
 from taskstream.core.store.urls import normalize_url, redact_url
 
 _CREATE_TRIES = 3
 
 
-class SqlStore:
+class SqlStore(SchedulingMethods):
     """The SQL adapter of `taskstream.core.store.port.Store`. Build it with `connect`."""
 
     def __init__(self, engine: AsyncEngine, *, display_url: str) -> None:

@@ -1,0 +1,64 @@
+"""Store operations the scheduler needs beyond instances: readiness markers and the active
+instances of a task (for overlap policies)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from taskstream.core.states import Status
+from taskstream.core.store import sql_codec as codec
+from taskstream.core.store.dbclock import db_now_ms
+from taskstream.core.store.port import InstanceRow
+from taskstream.core.store.sql_engine import ConstraintViolation
+from taskstream.core.store.tables import readiness_markers as markers
+from taskstream.core.store.tables import task_instances as inst
+
+ACTIVE = (Status.PENDING, Status.DISPATCHED, Status.RUNNING, Status.RETRYING, Status.TIMEOUT)
+
+
+class SchedulingMethods:
+    """Mixed into `SqlStore`; relies on its `_read` / `_write` transaction helpers."""
+
+    def _read(self) -> AbstractAsyncContextManager[AsyncConnection]:
+        raise NotImplementedError
+
+    def _write(self) -> AbstractAsyncContextManager[AsyncConnection]:
+        raise NotImplementedError
+
+    async def mark_ready(self, name: str, business_date: str) -> bool:
+        """Set the readiness marker `name` for a business date; False when it was already set."""
+        try:
+            async with self._write() as conn:
+                await conn.execute(
+                    markers.insert().values(
+                        name=name, business_date=business_date, created_at_ms=db_now_ms()
+                    )
+                )
+        except ConstraintViolation:
+            return False
+        return True
+
+    async def ready_markers(self, names: Sequence[str], business_date: str) -> set[str]:
+        """Which of `names` are set for `business_date`."""
+        if not names:
+            return set()
+        stmt = select(markers.c.name).where(
+            markers.c.name.in_(list(names)), markers.c.business_date == business_date
+        )
+        async with self._read() as conn:
+            return {str(n) for n in (await conn.execute(stmt)).scalars().all()}
+
+    async def active_instances(self, task_id: str, *, limit: int = 10) -> list[InstanceRow]:
+        """Instances of `task_id` not yet settled, oldest fire time first."""
+        stmt = (
+            select(inst)
+            .where(inst.c.task_id == task_id, inst.c.status.in_([s.value for s in ACTIVE]))
+            .order_by(inst.c.scheduled_for_ms, inst.c.id)
+            .limit(limit)
+        )
+        async with self._read() as conn:
+            return [codec.instance_row(m) for m in (await conn.execute(stmt)).mappings().all()]

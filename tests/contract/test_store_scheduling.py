@@ -1,0 +1,29 @@
+"""Readiness markers and active instances, on every dialect."""
+
+from __future__ import annotations
+
+from taskstream.core.states import FailClass, Status
+from taskstream.core.store.sql import SqlStore
+from tests.contract.conftest import MakeNew
+
+
+async def test_markers_are_set_once_per_business_date(store: SqlStore) -> None:
+    assert await store.mark_ready("raw.ready", "2026-11-30")
+    assert not await store.mark_ready("raw.ready", "2026-11-30")
+    assert await store.mark_ready("raw.ready", "2026-12-01")
+    found = await store.ready_markers(["raw.ready", "other.ready"], "2026-11-30")
+    assert found == {"raw.ready"}
+    assert await store.ready_markers([], "2026-11-30") == set()
+
+
+async def test_active_instances_exclude_settled_ones(store: SqlStore, make_new: MakeNew) -> None:
+    for name in ("a", "b", "c"):
+        await store.create_instance(make_new(name))
+    await store.transition("inst-b", Status.PENDING, Status.SKIPPED, reason="t")
+    await store.transition("inst-c", Status.PENDING, Status.DISPATCHED, reason="t")
+    await store.transition(
+        "inst-c", Status.DISPATCHED, Status.FAILED, reason="t", fail_class=FailClass.FATAL
+    )
+    active = await store.active_instances("report")
+    assert [r.id for r in active] == ["inst-a"]
+    assert await store.active_instances("nothing") == []
