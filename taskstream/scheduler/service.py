@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import uuid
 from dataclasses import dataclass
+from typing import Any
 from datetime import UTC, datetime
 
 from taskstream.core.clock import Clock
@@ -42,10 +43,18 @@ def trigger_of(spec: TaskSpec) -> Trigger | None:
     return Trigger(every_ms=round((sched.every or 0) * 1000))
 
 
-def new_instance(spec: TaskSpec, fire_ms: int, *, reason: str = "scheduled") -> NewInstance:
-    """The PENDING row for one fire time of `spec`. Its id derives from the dedupe key."""
+def new_instance(
+    spec: TaskSpec,
+    fire_ms: int,
+    *,
+    reason: str = "scheduled",
+    payload: dict[str, Any] | None = None,
+) -> NewInstance:
+    """The PENDING row for one fire time of `spec` (with `payload` instead of the spec's when
+    given). Its id derives from the dedupe key, so the same fire time is the same instance."""
     tz = spec.schedule.timezone if spec.schedule else None
-    key = render_dedupe_key(spec, fire_ms, dict(spec.payload))
+    body = dict(spec.payload) if payload is None else dict(payload)
+    key = render_dedupe_key(spec, fire_ms, body)
     return NewInstance(
         id=instance_id_for(key),
         task_id=spec.id,
@@ -54,7 +63,7 @@ def new_instance(spec: TaskSpec, fire_ms: int, *, reason: str = "scheduled") -> 
         scheduled_for_ms=fire_ms,
         priority=spec.priority.value,
         business_date=business_date(datetime.fromtimestamp(fire_ms / 1000, tz=UTC), tz),
-        payload=dict(spec.payload),
+        payload=body,
         max_attempts=spec.retry.max_attempts,
         deadline_ms=None if spec.deadline is None else fire_ms + round(spec.deadline * 1000),
         trace_id=uuid.uuid4().hex,
