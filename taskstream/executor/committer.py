@@ -71,7 +71,13 @@ class Committer:
             batch = [first]
             while len(batch) < MAX_BATCH and not self._queue.empty():
                 batch.append(self._queue.get_nowait())
-            await self._commit(batch)
+            try:
+                await self._commit(batch)
+            except Exception as exc:  # the loop must outlive any one batch
+                self._log.warning("commit.failed", error=str(exc)[:300], runs=len(batch))
+                for item in batch:
+                    if not item.done.done():
+                        item.done.set_exception(exc)
 
     async def _commit(self, batch: list[_Item]) -> None:
         try:

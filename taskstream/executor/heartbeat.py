@@ -12,8 +12,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+from redis.exceptions import ResponseError
+
 from taskstream.core import streams
 from taskstream.core.clock import Clock
+from taskstream.core.errors import StoreUnavailable
 from taskstream.core.logging import get_logger
 from taskstream.core.protocol import Keys
 from taskstream.core.store.port import Store
@@ -53,7 +56,14 @@ class Heartbeat:
     async def run(self, stop: asyncio.Event) -> None:
         """Beat until `stop` is set. The liveness key is removed on the way out."""
         while not stop.is_set():
-            await self.beat()
+            try:
+                await self.beat()
+            except (StoreUnavailable, *streams.DRIVER_ERRORS) as exc:
+                self._log.warning("heartbeat.dependency_down", error=str(exc)[:300])
+            except ResponseError as exc:
+                if "NOGROUP" not in str(exc):
+                    raise
+                await streams.ensure_groups(self._redis, self._keys)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=self.interval_s)
 

@@ -1,0 +1,54 @@
+"""SIGTERM while a run is in flight: the executor stops reading, lets the run finish within
+`TASKSTREAM_SHUTDOWN_GRACE_S`, commits and acks it, and exits 0."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+
+from taskstream.core.states import Status
+from tests.fault.conftest import Cluster, RecordProperty, rows_to
+
+log = logging.getLogger(__name__)
+
+GRACE_S = 10
+TASKS = """
+tasks:
+  - id: five
+    agent: slow
+    payload: {seconds: 5}
+"""
+
+
+async def test_sigterm_lets_the_running_task_finish_and_exits_zero(
+    cluster: Cluster, record_property: RecordProperty
+) -> None:
+    await cluster.apply(TASKS)
+    executor = cluster.start("executor", {"TASKSTREAM_SHUTDOWN_GRACE_S": str(GRACE_S)})
+    await cluster.ready()
+    instance = await cluster.emit("five")
+    await cluster.reach(instance, Status.RUNNING)
+
+    executor.send(signal.SIGTERM)
+    signalled = time.monotonic()
+
+    async def exited() -> bool:
+        return not executor.alive
+
+    await cluster.until(exited, timeout_s=GRACE_S + 20, what="executor exited")
+    stop_s = round(time.monotonic() - signalled, 2)
+    record_property("sigterm_exit_s", stop_s)
+    log.info("executor.exited after_s=%s", stop_s)
+
+    assert executor.proc.returncode == 0
+    row = await cluster.store.get_instance(instance)
+    assert row is not None and row.status is Status.SUCCESS
+    [success] = rows_to(await cluster.store.history(instance), Status.SUCCESS)
+    assert success.owner == executor.consumer
+    assert executor.logged("executor.draining", in_flight=1)
+    assert not executor.logged("instance.released")
+    assert executor.logged("executor.stopped")
+    assert await cluster.backlog() == (0, 0)
+    alive_key: int = await cluster.redis.exists(cluster.keys.alive(executor.consumer))
+    assert alive_key == 0
