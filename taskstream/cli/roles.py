@@ -15,7 +15,7 @@ import typer
 
 from taskstream.agents.registry import default_registry
 from taskstream.cli.common import Cluster, err_console, open_cluster, run_async, settings
-from taskstream.core import streams
+from taskstream.core import preconditions, streams
 from taskstream.core.clock import Clock, SystemClock
 from taskstream.core.outbox import Outbox
 from taskstream.core.settings import Settings
@@ -25,6 +25,7 @@ from taskstream.executor.service import Executor, ExecutorConfig, ExecutorDeps, 
 from taskstream.executor.sweeper import Sweeper, SweeperConfig
 from taskstream.runtime import endpoint
 from taskstream.runtime.supervisor import install_stop_signals
+from taskstream.scheduler.leader import LeaderLease
 from taskstream.scheduler.service import Scheduler, SchedulerConfig
 
 
@@ -57,10 +58,16 @@ def scheduler_cmd() -> None:
     """Run one scheduler until SIGINT/SIGTERM."""
     s = settings()
 
+    checks = preconditions.load(s.precondition_modules)
+    owner = consumer_name(SystemClock().now_ms())
+
     def build(cluster: Cluster, clock: Clock) -> Service:
         outbox = Outbox(cluster.store, cluster.queue, cluster.keys)
         config = SchedulerConfig(max_sleep_s=s.scheduler_max_sleep_s)
-        return Scheduler(cluster.store, outbox, clock, config)
+        lease = LeaderLease(
+            cluster.queue, cluster.keys, owner, lease_ms=round(s.scheduler_lease_s * 1000)
+        )
+        return Scheduler(cluster.store, outbox, clock, config, leader=lease, checks=checks)
 
     run_async(_serve(s, build))
 

@@ -1,7 +1,7 @@
 """The outbox (DESIGN.md §6.1): INSERT PENDING -> XADD -> CAS PENDING->DISPATCHED.
 
-A crash between the steps leaves a PENDING row; emitting the same instance again (same dedupe
-key) finds that row and publishes it, so no fire time is lost and none is doubled.
+A crash between the steps leaves a PENDING row; the reconciler publishes such rows again, so
+no fire time is lost, and the UNIQUE dedupe key makes sure none is doubled.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from taskstream.core.protocol import Keys, Priority, WorkEntry
 from taskstream.core.states import Status
 from taskstream.core.store.port import InstanceRow, NewInstance, Store
 
-EmitOutcome = Literal["published", "republished", "duplicate"]
+EmitOutcome = Literal["published", "duplicate"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,21 +36,15 @@ class Outbox:
     keys: Keys
 
     async def emit(self, new: NewInstance, *, now_ms: int) -> Emitted:
-        """Create the instance and publish it; a duplicate that is still PENDING is published."""
+        """Create the instance and publish it. A duplicate dedupe key publishes nothing, even
+        when the existing row is still PENDING: its creator is publishing it right now, or
+        crashed, and then the reconciler publishes it once it is older than its grace."""
         created = await self.store.create_instance(new)
-        if created.created:
-            row = await self.store.get_instance(created.instance_id)
-            outcome: EmitOutcome = "published"
-        else:
-            row = await self.store.get_instance(created.instance_id)
-            outcome = "republished"
-            if row is None or row.status is not Status.PENDING:
-                status = row.status if row else None
-                return Emitted("duplicate", created.instance_id, status)
-        if row is None:
-            return Emitted("duplicate", created.instance_id, None)
+        row = await self.store.get_instance(created.instance_id)
+        if not created.created or row is None:
+            return Emitted("duplicate", created.instance_id, row.status if row else None)
         await self.publish(row, now_ms=now_ms)
-        return Emitted(outcome, row.id, Status.DISPATCHED)
+        return Emitted("published", row.id, Status.DISPATCHED)
 
     async def publish(self, row: InstanceRow, *, now_ms: int) -> None:
         """XADD the row's entry, then move it to DISPATCHED: CAS PENDING or RETRYING ->

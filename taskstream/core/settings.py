@@ -37,10 +37,14 @@ class Settings(BaseSettings):
     shutdown_grace_s: float = Field(default=8.0, ge=0.0)
     agent_modules: tuple[str, ...] = ()
     """Modules whose `AGENTS` are registered next to the built-ins (comma list in the env)."""
+    precondition_modules: tuple[str, ...] = ()
+    """Modules whose `PRECONDITIONS` the scheduler evaluates (comma list in the env)."""
+    scheduler_lease_s: float = Field(default=10.0, ge=1.0, le=300.0)
+    """Leader lease: a standby takes over at most this long after the leader stops."""
     liveness_ttl_s: float = Field(default=6.0, ge=1.0, le=300.0)
     sweep_interval_s: float = Field(default=2.0, gt=0.0, le=300.0)
 
-    @field_validator("agent_modules", mode="before")
+    @field_validator("agent_modules", "precondition_modules", mode="before")
     @classmethod
     def _split(cls, value: object) -> object:
         if isinstance(value, str):

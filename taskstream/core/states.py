@@ -31,6 +31,8 @@ class FailClass(StrEnum):
     MANUAL_REVIEW = "manual_review"
     POISON = "poison"
     LOW_QUALITY = "low_quality"
+    REPLACED = "replaced"
+    """Cancelled by a newer run of the same task (overlap policy `replace`)."""
 
 
 TRANSITIONS: dict[Status, frozenset[Status]] = {

@@ -111,19 +111,39 @@ async def test_two_schedulers_on_one_tick_make_one_instance(
     assert await redis.xlen(keys.stream(Priority.DEFAULT)) == 1
 
 
-async def test_a_tick_past_its_window_is_recorded_missed(
+async def test_a_late_tick_is_caught_up_by_default(
     store: SqlStore, redis: streams.Redis, keys: Keys
 ) -> None:
     await apply(store)
     clock = FixedClock(T0 + 1)
     sched = scheduler(store, redis, keys, clock)
     await sched.run_pass()
+    clock.set(T0 + 10_000 + 5_001)  # window (5 s) closed, within catchup.max_delay (1 h)
+    await sched.run_pass()
+    [row] = await store.list_instances(task_id="every10")
+    assert row.scheduled_for_ms == T0 + 10_000
+    [decision] = await store.decisions("every10")
+    assert decision.decision == "should_run"
+    assert decision.details["catchup"]
+
+
+async def test_a_late_tick_without_catchup_is_missed_and_skipped(
+    store: SqlStore, redis: streams.Redis, keys: Keys
+) -> None:
+    await apply(
+        store, TASKS.replace("    window: 5s", "    window: 5s\n    catchup: {enabled: false}")
+    )
+    clock = FixedClock(T0 + 1)
+    sched = scheduler(store, redis, keys, clock)
+    await sched.run_pass()
     clock.set(T0 + 10_000 + 5_001)
     await sched.run_pass()
-    assert await store.list_instances() == []
+    [row] = await store.list_instances(task_id="every10")
+    assert row.status is Status.SKIPPED
     [decision] = await store.decisions("every10")
     assert decision.decision == "missed"
-    assert decision.details["late_ms"] == 5_001
+    assert decision.instance_id == row.id
+    assert await redis.xlen(keys.stream(Priority.DEFAULT)) == 0
 
 
 async def test_undecodable_entries_are_dead_lettered_and_work_keeps_flowing(

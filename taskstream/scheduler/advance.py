@@ -1,0 +1,230 @@
+"""Deciding the due fire times of one task: catch-up for ticks whose window closed while no
+scheduler ran, `decide_tick` for the rest, ticks that wait (dependencies, deferral) kept until
+they are final, and every decision recorded with the values it saw.
+
+The task's cursor (last fire time fully decided) is written with the leader's fencing token;
+a rejected write means another scheduler leads now and raises `Fenced`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from taskstream.core.errors import TaskstreamError
+from taskstream.core.logging import get_logger
+from taskstream.core.outbox import Outbox
+from taskstream.core.preconditions import Check, CheckResult, evaluate
+from taskstream.core.spec import TaskSpec
+from taskstream.core.states import Status
+from taskstream.core.store.port import DecisionRow, Store
+from taskstream.scheduler.catchup import bound_missed, catchup_horizon_ms, plan_catchup
+from taskstream.scheduler.decide import (
+    COALESCED,
+    MISSED,
+    SKIP_DUPLICATED,
+    ActiveInstance,
+    Decision,
+    TickFacts,
+    decide_tick,
+)
+from taskstream.scheduler.instances import business_date_of, new_instance
+from taskstream.scheduler.replace import cancel_previous
+from taskstream.scheduler.ticks import Trigger, fire_times, next_fire
+
+MAX_TICKS_PER_PASS = 1000
+"""Bound on fire times one pass decides per task; older ones wait for the next pass."""
+MISSED_ROWS = 100
+"""Missed fire times recorded one by one before an outage is summarised instead."""
+
+
+class Fenced(TaskstreamError):
+    """Another scheduler holds the lease now: this one must stop deciding."""
+
+
+@dataclass(slots=True)
+class TaskState:
+    """What one scheduler remembers about a task between passes."""
+
+    cursor: int | None = None
+    waiting: dict[int, Decision] = field(default_factory=dict)
+    decided: set[int] = field(default_factory=set)
+
+
+class Advancer:
+    """Decides ticks for every task; one per scheduler process."""
+
+    def __init__(self, store: Store, outbox: Outbox, checks: dict[str, Check]) -> None:
+        self._store, self._outbox, self._checks = store, outbox, checks
+        self._states: dict[str, TaskState] = {}
+        self._log = get_logger(role="scheduler")
+
+    def forget(self) -> None:
+        """Drop cached cursors (another scheduler may have moved them)."""
+        self._states.clear()
+
+    async def advance(
+        self, spec: TaskSpec, trigger: Trigger, now_ms: int, token: int | None
+    ) -> int:
+        """Decide every due tick of `spec`; returns its next fire time (ms)."""
+        state = self._states.setdefault(spec.id, TaskState())
+        cursor = await self._cursor(spec, state, now_ms, token)
+        cursor = await self._beyond_horizon(spec, trigger, cursor, now_ms)
+        due = [
+            f
+            for f in fire_times(trigger, cursor, now_ms, limit=MAX_TICKS_PER_PASS)
+            if f not in state.decided
+        ]
+        window_ms = round(spec.window * 1000)
+        closed = [f for f in due if f + window_ms < now_ms and f not in state.waiting]
+        if closed:
+            on_time = len(closed) < len(due)
+            await self._catch_up(spec, closed, now_ms, state, newer_on_time=on_time)
+        for fire in sorted(set(due) - set(closed)):
+            decision = await self._decide(spec, fire, now_ms, previous=state.waiting.get(fire))
+            await self._apply(spec, fire, decision, now_ms, state)
+        last = due[-1] if due else cursor
+        await self._move(spec, state, min([last, *(f - 1 for f in state.waiting)]), token)
+        return next_fire(trigger, max(last, cursor))
+
+    async def _catch_up(
+        self,
+        spec: TaskSpec,
+        closed: list[int],
+        now_ms: int,
+        state: TaskState,
+        *,
+        newer_on_time: bool,
+    ) -> None:
+        """Ticks whose window closed before anyone decided them follow the catch-up policy.
+        With `mode: latest` and a newer tick still on time, that tick is the one that runs."""
+        plan = plan_catchup(closed, now_ms, spec)
+        for fire, planned in plan.entries:
+            decision = planned
+            if planned.runs and newer_on_time and spec.catchup.mode == "latest":
+                decision = Decision(
+                    COALESCED, "coalesced into a newer tick that is on time", planned.details
+                )
+            elif planned.runs:
+                decision = await self._decide(
+                    spec, fire, now_ms, catchup=True, ready=plan.require_ready
+                )
+            await self._apply(spec, fire, decision, now_ms, state)
+
+    async def _cursor(
+        self, spec: TaskSpec, state: TaskState, now_ms: int, token: int | None
+    ) -> int:
+        if state.cursor is None:
+            state.cursor = await self._store.get_cursor(spec.id)
+        if state.cursor is None:
+            await self._move(spec, state, now_ms - 1, token)
+        return state.cursor if state.cursor is not None else now_ms - 1
+
+    async def _move(self, spec: TaskSpec, state: TaskState, cursor: int, token: int | None) -> None:
+        if cursor == state.cursor:
+            return
+        if not await self._store.set_cursor(spec.id, cursor, token=token):
+            raise Fenced(f"cursor of {spec.id} was written under a newer leader token")
+        state.cursor = cursor
+        state.decided = {f for f in state.decided if f > cursor}
+
+    async def _beyond_horizon(
+        self, spec: TaskSpec, trigger: Trigger, cursor: int, now_ms: int
+    ) -> int:
+        """Fire times older than the catch-up horizon are `missed`. Up to `MISSED_ROWS` of
+        them are decided one by one (each leaves a SKIPPED instance); more than that (a long
+        outage) are summarised in one record and skipped over."""
+        horizon = catchup_horizon_ms(spec, now_ms)
+        old = fire_times(trigger, cursor, horizon - 1, limit=MISSED_ROWS + 1)
+        if len(old) <= MISSED_ROWS:
+            return cursor
+        decision = bound_missed(old[0], horizon - 1, None)
+        await self._record(spec, old[0], decision, None, now_ms)
+        return horizon - 1
+
+    async def _decide(
+        self,
+        spec: TaskSpec,
+        fire_ms: int,
+        now_ms: int,
+        *,
+        catchup: bool = False,
+        ready: bool = True,
+        previous: Decision | None = None,
+    ) -> Decision:
+        active = None
+        if spec.concurrency != "allow":
+            rows = await self._store.active_instances(spec.id, limit=3)
+            other = next((r for r in rows if r.scheduled_for_ms != fire_ms), None)
+            active = ActiveInstance(other.id, other.status.value) if other else None
+        missing: tuple[str, ...] = ()
+        checks: dict[str, CheckResult] = dict.fromkeys(spec.preconditions, "pass")
+        if ready and not (catchup and not spec.catchup.only_if_ready):
+            day = business_date_of(spec, fire_ms)
+            found = await self._store.ready_markers(list(spec.depends_on), day)
+            missing = tuple(m for m in spec.depends_on if m not in found)
+            checks = await evaluate(self._checks, list(spec.preconditions), spec.id, day)
+        facts = TickFacts(
+            fire_ms, active, missing, checks, catchup, previous.decision if previous else None
+        )
+        return decide_tick(facts, spec, now_ms)
+
+    async def _apply(
+        self, spec: TaskSpec, fire_ms: int, decision: Decision, now_ms: int, state: TaskState
+    ) -> None:
+        if not decision.final:
+            before = state.waiting.get(fire_ms)
+            state.waiting[fire_ms] = decision
+            if before is None or before.decision != decision.decision:
+                await self._record(spec, fire_ms, decision, None, now_ms)
+            return
+        state.waiting.pop(fire_ms, None)
+        state.decided.add(fire_ms)
+        instance_id = None
+        if decision.runs:
+            decision, instance_id = await self._run(spec, fire_ms, decision, now_ms)
+        elif decision.decision == MISSED:
+            instance_id = await self._skipped(spec, fire_ms, now_ms)
+        await self._record(spec, fire_ms, decision, instance_id, now_ms)
+
+    async def _run(
+        self, spec: TaskSpec, fire_ms: int, decision: Decision, now_ms: int
+    ) -> tuple[Decision, str]:
+        replaced = decision.details.get("replace")
+        if isinstance(replaced, str):
+            await cancel_previous(self._store, replaced, by_fire_ms=fire_ms)
+        emitted = await self._outbox.emit(new_instance(spec, fire_ms), now_ms=now_ms)
+        if emitted.outcome == "duplicate":
+            details = {**decision.details, "existing_status": str(emitted.status)}
+            decision = Decision(SKIP_DUPLICATED, "an instance with this dedupe key exists", details)
+        return decision, emitted.instance_id
+
+    async def _skipped(self, spec: TaskSpec, fire_ms: int, now_ms: int) -> str | None:
+        """A missed fire time leaves a SKIPPED instance (reason `missed`) for the record."""
+        new = new_instance(spec, fire_ms, reason=MISSED)
+        created = await self._store.create_instance(new)
+        if created.created:
+            await self._store.transition(
+                created.instance_id, Status.PENDING, Status.SKIPPED, reason=MISSED
+            )
+        return created.instance_id
+
+    async def _record(
+        self, spec: TaskSpec, fire_ms: int, decision: Decision, instance_id: str | None, now_ms: int
+    ) -> None:
+        row = DecisionRow(
+            spec.id,
+            fire_ms,
+            decision.decision,
+            decision.reason,
+            decision.details,
+            instance_id,
+            now_ms,
+        )
+        await self._store.record_decision(row)
+        self._log.info(
+            "trigger.decided",
+            task_id=spec.id,
+            fire_time_ms=fire_ms,
+            decision=decision.decision,
+            instance_id=instance_id,
+        )

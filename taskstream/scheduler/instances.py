@@ -1,0 +1,57 @@
+"""What a fire time becomes: its trigger and its instance row (pure)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from taskstream.core.spec import TaskSpec, business_date, instance_id_for, render_dedupe_key
+from taskstream.core.store.port import NewInstance
+from taskstream.scheduler.ticks import Trigger
+
+
+def trigger_of(spec: TaskSpec) -> Trigger | None:
+    """The fire-time trigger of a spec; None for on-demand tasks."""
+    sched = spec.schedule
+    if sched is None or (sched.cron is None and sched.every is None):
+        return None
+    if sched.cron is not None:
+        return Trigger(
+            cron=sched.cron, timezone=sched.timezone, gap=sched.dst.gap, fold=sched.dst.fold
+        )
+    return Trigger(every_ms=round((sched.every or 0) * 1000))
+
+
+def new_instance(
+    spec: TaskSpec,
+    fire_ms: int,
+    *,
+    reason: str = "scheduled",
+    payload: dict[str, Any] | None = None,
+) -> NewInstance:
+    """The PENDING row for one fire time of `spec` (with `payload` instead of the spec's when
+    given). Its id derives from the dedupe key, so the same fire time is the same instance."""
+    tz = spec.schedule.timezone if spec.schedule else None
+    body = dict(spec.payload) if payload is None else dict(payload)
+    key = render_dedupe_key(spec, fire_ms, body)
+    return NewInstance(
+        id=instance_id_for(key),
+        task_id=spec.id,
+        agent=spec.agent,
+        dedupe_key=key,
+        scheduled_for_ms=fire_ms,
+        priority=spec.priority.value,
+        business_date=business_date(datetime.fromtimestamp(fire_ms / 1000, tz=UTC), tz),
+        payload=body,
+        max_attempts=spec.retry.max_attempts,
+        deadline_ms=None if spec.deadline is None else fire_ms + round(spec.deadline * 1000),
+        trace_id=uuid.uuid4().hex,
+        reason=reason,
+    )
+
+
+def business_date_of(spec: TaskSpec, fire_ms: int) -> str:
+    """The business date (ISO) of a fire time in the task's timezone (UTC without one)."""
+    tz = spec.schedule.timezone if spec.schedule else None
+    return business_date(datetime.fromtimestamp(fire_ms / 1000, tz=UTC), tz)

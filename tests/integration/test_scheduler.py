@@ -1,0 +1,187 @@
+"""The scheduler on real Redis and a real store, clock passed in: leadership, dedupe under two
+schedulers, dependencies, overlap, catch-up."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from taskstream.core import streams
+from taskstream.core.clock import FixedClock
+from taskstream.core.protocol import Keys
+from taskstream.core.states import FailClass, Status
+from taskstream.core.store.sql import SqlStore
+from taskstream.scheduler.leader import LeaderLease
+from taskstream.scheduler.service import Scheduler, SchedulerConfig
+from tests.integration.harness import T0, Harness
+from tests.support.databases import temp_database
+
+M0 = 1_780_000_020_000
+"""A whole minute (epoch ms), so `every: 1m` fires at M0 + k minutes."""
+EVERY_SECOND = "\n".join(
+    f"  - {{id: t{i}, agent: echo, schedule: {{every: 1s}}, window: 1h}}" for i in range(20)
+)
+
+
+def make(h: Harness, owner: str | None = None, lease_ms: int = 10_000) -> Scheduler:
+    lease = LeaderLease(h.redis, h.keys, owner, lease_ms=lease_ms) if owner else None
+    return Scheduler(h.store, h.outbox, h.clock, SchedulerConfig(), leader=lease)
+
+
+@pytest.fixture
+async def maria(redis: streams.Redis, keys: Keys) -> AsyncIterator[Harness]:
+    async with temp_database("mariadb") as url:
+        store = await SqlStore.connect(url)
+        try:
+            yield Harness(store, redis, keys, FixedClock(T0 + 1))
+        finally:
+            await store.close()
+
+
+async def test_two_schedulers_on_1000_fires_make_no_duplicate(maria: Harness) -> None:
+    h = maria
+    await h.apply("tasks:\n" + EVERY_SECOND)
+    a, b = make(h), make(h)  # no lease: both decide every tick
+    await asyncio.gather(a.run_pass(), b.run_pass())
+    for _ in range(50):
+        h.clock.advance(1000)
+        await asyncio.gather(a.run_pass(), b.run_pass())
+    rows = await h.store.list_instances(limit=5000)
+    assert len(rows) == 1000
+    assert len({(r.task_id, r.scheduled_for_ms) for r in rows}) == 1000
+    total = sum([await h.redis.xlen(s) for s in h.keys.streams()])
+    assert total == 1000
+
+
+async def test_the_standby_fires_the_next_tick_when_the_leader_dies(
+    store: SqlStore, redis: streams.Redis, keys: Keys
+) -> None:
+    h = Harness(store, redis, keys, FixedClock(T0 + 1))
+    await h.apply("tasks:\n  - {id: tick, agent: echo, schedule: {every: 1s}, window: 1m}")
+    leader, standby = make(h, "leader"), make(h, "standby")
+    assert await leader._step() >= 0
+    await standby._step()
+    h.clock.advance(1000)
+    await leader._step()
+    await standby._step()
+    assert len(await store.list_instances()) == 1
+    await redis.delete(keys.leader)  # the leader died: its lease expired
+    h.clock.advance(1000)
+    await standby._step()
+    rows = await store.list_instances()
+    assert [r.scheduled_for_ms for r in rows] == [T0 + 1000, T0 + 2000]
+    # The old leader comes back: its cursor writes carry an old token and are rejected.
+    h.clock.advance(1000)
+    await leader._step()
+    assert len(await store.list_instances()) == 2
+    await standby._step()
+    assert len(await store.list_instances()) == 3
+
+
+DEPS = """
+tasks:
+  - id: report
+    agent: echo
+    schedule: {every: 1m}
+    window: 10m
+    depends_on: [raw.ready]
+"""
+
+
+async def test_a_tick_waits_for_its_marker_then_runs(
+    store: SqlStore, redis: streams.Redis, keys: Keys
+) -> None:
+    h = Harness(store, redis, keys, FixedClock(M0 + 1))
+    await h.apply(DEPS)
+    s = make(h)
+    await s.run_pass()
+    h.clock.advance(60_000)
+    await s.run_pass()
+    await s.run_pass()
+    assert await store.list_instances() == []
+    decisions = [d.decision for d in await store.decisions("report")]
+    assert decisions == ["wait_dep"]
+    await store.mark_ready("raw.ready", "2026-05-28")
+    h.clock.advance(5_000)
+    await s.run_pass()
+    [row] = await store.list_instances()
+    assert row.scheduled_for_ms == M0 + 60_000
+    assert [d.decision for d in await store.decisions("report")] == ["wait_dep", "should_run"]
+
+
+async def test_a_marker_that_never_comes_skips_the_tick_at_window_close(
+    store: SqlStore, redis: streams.Redis, keys: Keys
+) -> None:
+    h = Harness(store, redis, keys, FixedClock(M0 + 1))
+    await h.apply(DEPS)
+    s = make(h)
+    await s.run_pass()
+    h.clock.advance(60_000)
+    await s.run_pass()
+    h.clock.advance(10 * 60_000 + 1)
+    await s.run_pass()
+    first = [d for d in await store.decisions("report") if d.fire_time_ms == M0 + 60_000]
+    assert [d.decision for d in first] == ["wait_dep", "skip_dep"]
+    assert "raw.ready" in str(first[-1].details)
+
+
+OVERLAP = """
+tasks:
+  - {{id: job, agent: echo, schedule: {{every: 1m}}, window: 10m, concurrency: {policy}}}
+"""
+
+
+@pytest.mark.parametrize("policy", ["forbid", "replace"])
+async def test_overlap_policies(
+    store: SqlStore, redis: streams.Redis, keys: Keys, policy: str
+) -> None:
+    h = Harness(store, redis, keys, FixedClock(M0 + 1))
+    await h.apply(OVERLAP.format(policy=policy))
+    s = make(h)
+    await s.run_pass()
+    h.clock.advance(60_000)
+    await s.run_pass()  # first run: DISPATCHED, nobody executes it
+    h.clock.advance(60_000)
+    await s.run_pass()
+    rows = {r.scheduled_for_ms: r for r in await store.list_instances()}
+    last = [d.decision for d in await store.decisions("job")][-1]
+    if policy == "forbid":
+        assert last == "skip_overlap"
+        assert list(rows) == [M0 + 60_000]
+    else:
+        assert last == "should_run"
+        first = rows[M0 + 60_000]
+        assert (first.status, first.fail_class) == (Status.FAILED, FailClass.REPLACED)
+        assert rows[M0 + 120_000].status is Status.DISPATCHED
+
+
+async def test_downtime_catch_up_latest_runs_only_the_newest(
+    store: SqlStore, redis: streams.Redis, keys: Keys
+) -> None:
+    h = Harness(store, redis, keys, FixedClock(M0 + 1))
+    await h.apply("""
+tasks:
+  - {id: latest, agent: echo, schedule: {every: 1m}, window: 30s,
+     catchup: {max_delay: 10m, mode: latest}}
+  - {id: all, agent: echo, schedule: {every: 1m}, window: 30s,
+     catchup: {max_delay: 10m, mode: all}}
+""")
+    s = make(h)
+    await s.run_pass()
+    h.clock.advance(15 * 60_000)  # down for 15 minutes
+    await s.run_pass()
+    latest = [d.decision for d in await store.decisions("latest", limit=100)]
+    every = [d.decision for d in await store.decisions("all", limit=100)]
+    assert latest.count("missed") == 5 and every.count("missed") == 5
+    # 5 missed (older than max_delay), 9 caught up per mode, the 15th tick is on time.
+    assert latest.count("should_run") == 1 and latest.count("coalesced") == 9
+    assert every.count("should_run") == 10
+    runs = await store.list_instances(task_id="latest", status=Status.DISPATCHED)
+    assert [r.scheduled_for_ms for r in runs] == [M0 + 15 * 60_000]
+    h.clock.advance(45_000)  # the 15th tick's window closes; nothing new was missed
+    await s.run_pass()
+    assert len(await store.list_instances(task_id="latest", status=Status.DISPATCHED)) == 1
+    skipped = await store.list_instances(task_id="latest", status=Status.SKIPPED)
+    assert len(skipped) == 5
