@@ -18,6 +18,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from taskstream.core.errors import QueueUnavailable
 from taskstream.core.protocol import (
     GROUP,
+    PRIORITY_ORDER,
     Keys,
     Priority,
     RawFields,
@@ -62,15 +63,21 @@ async def publish(redis: Redis, keys: Keys, priority: Priority, entry: WorkEntry
 
 
 async def read(
-    redis: Redis, keys: Keys, consumer: str, *, count: int, block_ms: int
+    redis: Redis,
+    keys: Keys,
+    consumer: str,
+    *,
+    count: int,
+    block_ms: int,
+    order: tuple[Priority, ...] = PRIORITY_ORDER,
 ) -> list[Delivery]:
-    """Read up to `count` new entries, higher priority streams first.
+    """Read up to `count` new entries, walking the streams in `order` (see `read_order`).
 
     Non-blocking reads walk the priorities in order; only when all are empty does one blocking
     read wait on every stream (COUNT 1 each, so it returns at most one entry per stream).
     """
     out: list[Delivery] = []
-    for stream in keys.streams():
+    for stream in keys.streams(order):
         if len(out) >= count:
             return out
         out += await _xreadgroup(redis, {stream: ">"}, consumer, count - len(out), None)

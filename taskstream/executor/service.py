@@ -23,7 +23,7 @@ from taskstream.core.clock import Clock, SystemClock
 from taskstream.core.definitions import DefinitionCache
 from taskstream.core.errors import StoreUnavailable
 from taskstream.core.logging import get_logger
-from taskstream.core.protocol import Keys
+from taskstream.core.protocol import Keys, read_order
 from taskstream.core.reasons import RELEASED
 from taskstream.core.states import Status
 from taskstream.core.store.port import FinishRequest, Store
@@ -88,6 +88,7 @@ class Executor:
         )
         self._running: set[asyncio.Task[None]] = set()
         self._stopping = False
+        self._turn = 0
         self._log = get_logger(role="executor", consumer=config.consumer)
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -118,12 +119,14 @@ class Executor:
             return
         try:
             await self._defs.refresh()
+            self._turn += 1
             deliveries = await streams.read(
                 self._deps.redis,
                 self._deps.keys,
                 self._config.consumer,
                 count=free,
                 block_ms=self._config.block_ms,
+                order=read_order(self._turn),
             )
             runs = await self._intake.admit(deliveries)
         except ResponseError as exc:

@@ -64,3 +64,12 @@ async def test_dead_letter_moves_the_entry_with_its_reason(
 async def test_blocking_read_returns_when_empty(redis: streams.Redis, keys: Keys) -> None:
     await streams.ensure_groups(redis, keys)
     assert await streams.read(redis, keys, "c1", count=3, block_ms=20) == []
+
+
+async def test_read_order_lets_low_go_first(redis: streams.Redis, keys: Keys) -> None:
+    await streams.ensure_groups(redis, keys)
+    await streams.publish(redis, keys, Priority.HIGH, entry(1))
+    await streams.publish(redis, keys, Priority.LOW, entry(2))
+    low_first = (Priority.LOW, Priority.HIGH, Priority.DEFAULT)
+    got = await streams.read(redis, keys, "c1", count=1, block_ms=10, order=low_first)
+    assert [decode(d.fields).instance_id for d in got] == ["i_2"]

@@ -85,3 +85,13 @@ def test_dead_fields_keep_the_original_and_the_reason() -> None:
     assert out["reason"] == "bad_encoding"
     assert out["source_id"] == "1-0"
     assert out["orig.v"] == "\ufffd"
+
+
+def test_read_order_prefers_high_without_starving_low() -> None:
+    from collections import Counter
+
+    from taskstream.core.protocol import read_order
+
+    firsts = Counter(read_order(turn)[0] for turn in range(1000))
+    assert firsts == {Priority.HIGH: 700, Priority.DEFAULT: 200, Priority.LOW: 100}
+    assert all(sorted(read_order(t)) == sorted(Priority) for t in range(10))
