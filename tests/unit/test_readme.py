@@ -1,0 +1,35 @@
+"""The README's code examples run, so they cannot rot."""
+
+from __future__ import annotations
+
+import re
+import types
+from pathlib import Path
+
+from taskstream.agents.base import FunctionAgent
+from taskstream.agents.registry import Registry
+from taskstream.core.specfile import parse_task_file_text
+
+README = (Path(__file__).parents[2] / "README.md").read_text()
+
+
+def blocks(lang: str) -> list[str]:
+    return re.findall(rf"```{lang}\n(.*?)```", README, flags=re.DOTALL)
+
+
+def test_the_agent_example_defines_a_registrable_agent() -> None:
+    [source] = blocks("python")
+    module = types.ModuleType("readme_agents")
+    exec(compile(source, "README.md", "exec"), module.__dict__)
+    agents = module.__dict__["AGENTS"]
+    assert [type(a) for a in agents] == [FunctionAgent]
+    registry = Registry()
+    for agent in agents:
+        registry.register(agent)
+    assert registry.names() == {"ping"}
+
+
+def test_the_task_example_validates() -> None:
+    [source] = blocks("yaml")
+    taskfile = parse_task_file_text(source, "README.md", known_agents={"echo"})
+    assert [t.id for t in taskfile.tasks] == ["daily-report"]
