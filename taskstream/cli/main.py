@@ -10,7 +10,7 @@ import sys
 
 import typer
 
-from taskstream.cli import ops_cmds, query_cmds, roles, up
+from taskstream.cli import explain_cmd, ops_cmds, query_cmds, roles, sched_cmds, up
 from taskstream.cli.tasks_cmds import tasks_app
 from taskstream.core.errors import ConfigError, TaskstreamError
 from taskstream.core.logging import configure
@@ -33,6 +33,13 @@ app.command("status")(query_cmds.status_cmd)
 app.command("instances")(query_cmds.instances_cmd)
 app.command("inspect")(query_cmds.inspect_cmd)
 app.command("url")(query_cmds.url_cmd)
+app.command("plan")(sched_cmds.plan_cmd)
+app.command("explain")(explain_cmd.explain_cmd)
+app.command("trigger")(sched_cmds.trigger_cmd)
+app.command("backfill")(sched_cmds.backfill_cmd)
+app.command("pause")(sched_cmds.pause_cmd)
+app.command("resume")(sched_cmds.resume_cmd)
+app.command("mark")(sched_cmds.mark_cmd)
 
 
 def run() -> None:

@@ -8,13 +8,13 @@ a rejected write means another scheduler leads now and raises `Fenced`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from taskstream.core.errors import TaskstreamError
 from taskstream.core.logging import get_logger
 from taskstream.core.outbox import Outbox
 from taskstream.core.preconditions import Check, CheckResult, evaluate
-from taskstream.core.spec import TaskSpec
+from taskstream.core.spec import MAX_DEDUPE_KEY_LEN, TaskSpec, instance_id_for
 from taskstream.core.states import Status
 from taskstream.core.store.port import DecisionRow, Store
 from taskstream.scheduler.catchup import bound_missed, catchup_horizon_ms, plan_catchup
@@ -199,8 +199,11 @@ class Advancer:
         return decision, emitted.instance_id
 
     async def _skipped(self, spec: TaskSpec, fire_ms: int, now_ms: int) -> str | None:
-        """A missed fire time leaves a SKIPPED instance (reason `missed`) for the record."""
-        new = new_instance(spec, fire_ms, reason=MISSED)
+        """A missed fire time leaves a SKIPPED instance (reason `missed`) for the record. Its
+        dedupe key is prefixed `missed:` so an explicit backfill can still run the tick."""
+        base = new_instance(spec, fire_ms, reason=MISSED)
+        key = f"missed:{base.dedupe_key}"[:MAX_DEDUPE_KEY_LEN]
+        new = replace(base, id=instance_id_for(key), dedupe_key=key)
         created = await self._store.create_instance(new)
         if created.created:
             await self._store.transition(

@@ -12,9 +12,10 @@ from typing import Any
 from taskstream.agents.registry import default_registry
 from taskstream.core import streams
 from taskstream.core.clock import FixedClock
-from taskstream.core.definitions import to_records
+from taskstream.core.definitions import from_record, to_records
 from taskstream.core.outbox import Outbox
 from taskstream.core.protocol import Keys
+from taskstream.core.spec import TaskSpec
 from taskstream.core.specfile import parse_task_file_text
 from taskstream.core.store.port import InstanceRow
 from taskstream.core.store.sql import SqlStore
@@ -40,6 +41,9 @@ class Harness:
         taskfile = parse_task_file_text(text, "t.yaml", known_agents=registry.names())
         await self.store.upsert_definitions(to_records(taskfile))
         await streams.ensure_groups(self.redis, self.keys)
+
+    async def definitions(self) -> list[TaskSpec]:
+        return [from_record(r) for r in await self.store.list_definitions()]
 
     @property
     def outbox(self) -> Outbox:

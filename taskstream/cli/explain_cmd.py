@@ -1,0 +1,111 @@
+"""`taskstream explain TASK [--at T]`: why a tick ran or did not, rule by rule."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict
+from typing import Any
+
+import typer
+
+from taskstream.cli.common import Cluster, print_json
+from taskstream.cli.sched_cmds import JSON_OPT, TASK_ARG, parse_instant, with_spec
+from taskstream.core.clock import SystemClock
+from taskstream.core.spec import TaskSpec, format_utc_ms
+from taskstream.core.store.port import DecisionRow
+from taskstream.scheduler import manual
+from taskstream.scheduler.calendar import local_iso, zone_of
+from taskstream.scheduler.decide import NOT_FINAL, SHOULD_RUN, SKIP_DUPLICATED
+
+
+def explain_cmd(
+    task: str = TASK_ARG,
+    at: str | None = typer.Option(None, "--at", help="Explain the decided fire time nearest this."),
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Why a tick ran or not: every decision recorded for one fire time, oldest first, with the
+    rule that decided and the values it saw. Default: the latest decided fire time."""
+    at_ms = None if at is None else parse_instant(at, name="--at", now_ms=SystemClock().now_ms())
+
+    async def go(cluster: Cluster, spec: TaskSpec) -> dict[str, Any]:
+        fire_ms = await manual.nearest_decided_fire(cluster.store, task, at_ms)
+        trail = await manual.decision_trail(cluster.store, task, fire_ms)
+        return explain_data(spec, at_ms, fire_ms, trail)
+
+    data = with_spec(task, go)
+    if as_json:
+        print_json(data)
+        return
+    sys.stdout.write("\n".join(_explain_text(data)) + "\n")
+
+
+def explain_data(
+    spec: TaskSpec, at_ms: int | None, fire_ms: int | None, trail: list[DecisionRow]
+) -> dict[str, Any]:
+    """The explain answer as JSON-ready data: the tick, its decisions and the outcome."""
+    zone = zone_of(spec.timezone)
+    rows = [_trail_row(row) for row in trail]
+    return {
+        "task_id": spec.id,
+        "asked_at_ms": at_ms,
+        "fire_time_ms": fire_ms,
+        "fire_utc": None if fire_ms is None else format_utc_ms(fire_ms),
+        "fire_local": None if fire_ms is None else local_iso(fire_ms, zone),
+        "timezone": str(zone),
+        "decisions": rows,
+        "outcome": _outcome(rows) if rows else "no decision recorded",
+    }
+
+
+def _trail_row(row: DecisionRow) -> dict[str, Any]:
+    rule, saw = manual.rule_of(row.decision, row.details)
+    return {
+        **asdict(row),
+        "rule": rule,
+        "saw": saw,
+        "decided_utc": format_utc_ms(row.decided_at_ms),
+    }
+
+
+def _outcome(rows: list[dict[str, Any]]) -> str:
+    ran, last = [r for r in rows if r["decision"] == SHOULD_RUN], rows[-1]
+    if ran:
+        return f"instance {ran[-1]['instance_id']} was created (see taskstream inspect)"
+    if last["decision"] == SKIP_DUPLICATED:
+        return f"instance {last['instance_id']} already existed for this dedupe key"
+    if last["decision"] in NOT_FINAL:
+        return f"not decided yet: {last['decision']} ({last['reason']})"
+    return f"did not run: {last['decision']}, by the {last['rule'] or 'unknown'} rule"
+
+
+def _flat(values: dict[str, Any], prefix: str = "") -> list[str]:
+    out: list[str] = []
+    for key in sorted(values):
+        value = values[key]
+        if isinstance(value, dict) and value:
+            out += _flat(value, f"{prefix}{key}.")
+        else:
+            shown = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+            out.append(f"{prefix}{key}={shown}")
+    return out
+
+
+def _explain_text(data: dict[str, Any]) -> list[str]:
+    task, rows = data["task_id"], data["decisions"]
+    if not rows:
+        return [f"{task}: no decision recorded"]
+    lines = [f"{task}: fire time {data['fire_utc']} ({data['fire_local']} {data['timezone']})"]
+    asked = data["asked_at_ms"]
+    if asked is not None and asked != data["fire_time_ms"]:
+        lines.append(f"  the decided fire time nearest to {format_utc_ms(asked)}")
+    for n, row in enumerate(rows, 1):
+        lines.append(f"{n}. {row['decision']}: {row['reason']}")
+        lines.append(f"   decided at {row['decided_utc']}, instance {row['instance_id'] or '-'}")
+        if row["rule"]:
+            lines.append(f"   rule: {row['rule']}, saw:")
+            lines += [f"     {item}" for item in _flat(row["saw"])]
+        rest = {k: v for k, v in row["details"].items() if k not in row["saw"]}
+        lines.append("   context: " + ", ".join(_flat(rest)))
+    lines.append(f"outcome: {data['outcome']}")
+    return lines

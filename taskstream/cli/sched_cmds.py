@@ -1,0 +1,245 @@
+"""Scheduling commands: `plan`, `explain`, `trigger`, `backfill`, `pause`, `resume`, `mark`.
+
+Times (`--from`, `--to`, `--at`) are ISO 8601 with an offset or `Z`
+(`2026-12-01T09:00:00+01:00`), a bare date (`2026-12-01`, midnight UTC) or `now`. A time
+without an offset is refused: the host's timezone is never used.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict
+from datetime import UTC, date, datetime, timedelta
+from typing import Any, Final, TypeVar
+
+import typer
+from rich.table import Column, Table
+from rich.text import Text
+
+from taskstream.cli.common import Cluster, console, open_cluster, print_json, run_async, settings
+from taskstream.core.clock import SystemClock
+from taskstream.core.definitions import from_record
+from taskstream.core.errors import TaskstreamError
+from taskstream.core.outbox import Emitted, Outbox
+from taskstream.core.spec import TaskSpec, format_utc_ms
+from taskstream.core.spec_parts import NAME_PATTERN
+from taskstream.scheduler import manual
+
+T = TypeVar("T")
+_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+_DATE: Final = re.compile(r"\d{4}-\d{2}-\d{2}")
+JSON_OPT = typer.Option(False, "--json", help="Machine-readable output.")
+TASK_ARG = typer.Argument(..., help="Task id.")
+TIME_HELP: Final = "ISO 8601 with an offset or Z, a date (midnight UTC), or now"
+FROM_OPT = typer.Option(..., "--from", help=f"Range start (inclusive): {TIME_HELP}.")
+TO_OPT = typer.Option(..., "--to", help=f"Range end (inclusive): {TIME_HELP}.")
+
+
+def parse_instant(text: str, *, name: str, now_ms: int) -> int:
+    """UTC epoch ms of `text`: `now`, a bare date (midnight UTC), or ISO 8601 with an offset
+    or `Z`. A naive time is a usage error (exit 2) naming the option `name`."""
+    value = text.strip()
+    if value.lower() == "now":
+        return now_ms
+    try:
+        moment = datetime.fromisoformat(value + ("T00:00Z" if _DATE.fullmatch(value) else ""))
+    except ValueError:
+        moment = None
+    if moment is None or moment.utcoffset() is None:
+        why = "is not ISO 8601, a date or now" if moment is None else "has no UTC offset"
+        hint = "add an offset (+01:00) or Z; the host timezone is never used"
+        raise typer.BadParameter(f"{text!r} {why}: {hint}", param_hint=name)
+    return (moment - _EPOCH) // timedelta(milliseconds=1)
+
+
+def _range(from_: str, to: str, now_ms: int) -> tuple[int, int]:
+    from_ms = parse_instant(from_, name="--from", now_ms=now_ms)
+    to_ms = parse_instant(to, name="--to", now_ms=now_ms)
+    if from_ms > to_ms:
+        raise typer.BadParameter("--from is after --to", param_hint="--from")
+    return from_ms, to_ms
+
+
+async def load_spec(cluster: Cluster, task_id: str) -> TaskSpec:
+    """The stored definition of `task_id`; TaskstreamError (exit 1) when there is none."""
+    for record in await cluster.store.list_definitions():
+        if record.task_id == task_id:
+            return from_record(record)
+    raise TaskstreamError(f"unknown task {task_id!r} (define it with `taskstream tasks apply`)")
+
+
+def with_spec(
+    task: str, use: Callable[[Cluster, TaskSpec], Awaitable[T]], *, need_redis: bool = False
+) -> T:
+    """Open the cluster, load `task`'s definition and run `use` on both."""
+
+    async def go() -> T:
+        async with open_cluster(settings(), need_redis=need_redis) as cluster:
+            return await use(cluster, await load_spec(cluster, task))
+
+    return run_async(go())
+
+
+async def _spec(_: Cluster, spec: TaskSpec) -> TaskSpec:
+    return spec
+
+
+def plan_cmd(
+    task: str = TASK_ARG,
+    from_: str = FROM_OPT,
+    to: str = TO_OPT,
+    limit: int = typer.Option(100, "--limit", min=1, max=10_000, help="Most lines shown."),
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Preview fire times in a range (UTC and local, DST gaps and folds, calendar exclusions,
+    deferrals). Runs nothing and writes nothing."""
+    from_ms, to_ms = _range(from_, to, SystemClock().now_ms())
+    spec = with_spec(task, _spec)
+    lines = manual.preview(spec, from_ms=from_ms, to_ms=to_ms, limit=limit + 1)
+    rows, truncated = [_plan_row(line) for line in lines[:limit]], len(lines) > limit
+    if as_json:
+        meta = {"task_id": task, "from_ms": from_ms, "to_ms": to_ms, "truncated": truncated}
+        print_json({**meta, "fires": rows})
+        return
+    console.print(Text(f"plan of {task} from {format_utc_ms(from_ms)} to {format_utc_ms(to_ms)}"))
+    local = f"local ({spec.timezone or 'UTC'})"
+    table = Table(Column("utc", no_wrap=True), Column(local, no_wrap=True))
+    table.add_column("dst", overflow="fold")
+    table.add_column("note", overflow="fold")
+    for row in rows:
+        utc = row["utc"].replace(".000Z", "Z")
+        table.add_row(*(Text(v) for v in (utc, row["local"], row["dst_text"], row["note"])))
+    console.print(table)
+    fires = sum(1 for row in rows if row["at_ms"] is not None)
+    more = f" (first {limit} lines; raise --limit for more)" if truncated else ""
+    console.print(Text(f"{fires} fire time(s){more}; nothing was run"))
+
+
+def _plan_row(line: manual.PreviewLine) -> dict[str, Any]:
+    """One plan line as JSON-ready data, with `dst_text` and `note` for the table."""
+    fire, block, held = line.fire, line.excluded, line.deferral
+    row: dict[str, Any] = {**asdict(fire), "excluded": None, "deferred": None, "note": ""}
+    row["utc"] = "-" if fire.at_ms is None else format_utc_ms(fire.at_ms)
+    shifted = f" from {', '.join(w[11:] for w in fire.shifted_from)}" if fire.shifted_from else ""
+    row["dst_text"] = (fire.dst or "") + shifted
+    if block is not None:
+        seen = block.details
+        shown = seen.get("maintenance") or seen.get("excluded_date") or seen["weekday"]
+        row["excluded"], row["note"] = asdict(block), f"excluded: {block.rule} ({shown})"
+    elif held is not None:
+        past = line.held_past_window
+        row["deferred"] = {**asdict(held), "past_window": past}
+        until = str(held.details.get("until_local", "never"))
+        when = until[11:16] if until[:10] == fire.local[:10] else until[:16]
+        row["note"] = f"deferred to {when}" + ("; after the window: skip_window" if past else "")
+    return row
+
+
+def _payload(text: str | None) -> dict[str, Any] | None:
+    if text is None:
+        return None
+
+    def no_constants(name: str) -> None:
+        raise ValueError(f"{name} is not a JSON number")
+
+    try:
+        value = json.loads(text, parse_constant=no_constants)
+    except ValueError as exc:
+        raise typer.BadParameter(f"not valid JSON: {exc}", param_hint="--payload") from None
+    if not isinstance(value, dict):
+        raise typer.BadParameter("must be a JSON object ({...})", param_hint="--payload")
+    return value
+
+
+def trigger_cmd(
+    task: str = TASK_ARG,
+    payload: str | None = typer.Option(
+        None, "--payload", help="JSON object that replaces the task's payload for this run."
+    ),
+    at: str | None = typer.Option(None, "--at", help="Fire time of the run (default: now)."),
+) -> None:
+    """Run a task now, through the same dedupe key as scheduled runs."""
+    now_ms = SystemClock().now_ms()
+    at_ms = None if at is None else parse_instant(at, name="--at", now_ms=now_ms)
+    body = _payload(payload)
+
+    async def go(cluster: Cluster, spec: TaskSpec) -> Emitted:
+        outbox = Outbox(cluster.store, cluster.queue, cluster.keys)
+        return await manual.trigger(outbox, spec, now_ms=now_ms, payload=body, at_ms=at_ms)
+
+    done = with_spec(task, go, need_redis=True)
+    fire = format_utc_ms(now_ms if at_ms is None else at_ms)
+    status = "" if done.outcome != "duplicate" or done.status is None else f", {done.status.value}"
+    sys.stdout.write(f"{task}: {done.outcome} {done.instance_id} (fire time {fire}{status})\n")
+
+
+def backfill_cmd(
+    task: str = TASK_ARG,
+    from_: str = FROM_OPT,
+    to: str = TO_OPT,
+    limit: int = typer.Option(
+        manual.DEFAULT_BACKFILL_LIMIT, "--limit", min=1, max=100_000, help="Most fire times."
+    ),
+) -> None:
+    """Create instances for the past fire times in a range (refused when over --limit)."""
+    now_ms = SystemClock().now_ms()
+    from_ms, to_ms = _range(from_, to, now_ms)
+
+    async def go(cluster: Cluster, spec: TaskSpec) -> manual.BackfillResult:
+        outbox = Outbox(cluster.store, cluster.queue, cluster.keys)
+        return await manual.backfill(
+            outbox, spec, from_ms=from_ms, to_ms=to_ms, now_ms=now_ms, limit=limit
+        )
+
+    done = with_spec(task, go, need_redis=True)
+    sys.stdout.write(
+        f"{task}: {len(done.fire_times)} fire time(s) from {format_utc_ms(from_ms)} to "
+        f"{format_utc_ms(to_ms)}: {done.published} published, {done.duplicate} duplicate, "
+        f"{done.skipped_calendar} skipped by the calendar\n"
+    )
+
+
+def _set_paused(task: str, paused: bool) -> None:
+    async def go() -> bool:
+        async with open_cluster(settings(), need_redis=False) as cluster:
+            return await cluster.store.set_paused(task, paused)
+
+    if not run_async(go()):
+        raise TaskstreamError(f"unknown task {task!r} (define it with `taskstream tasks apply`)")
+    sys.stdout.write(f"{task}: {'paused' if paused else 'resumed'}\n")
+
+
+def pause_cmd(task: str = TASK_ARG) -> None:
+    """Stop the scheduler firing a task (manual trigger and backfill still work)."""
+    _set_paused(task, True)
+
+
+def resume_cmd(task: str = TASK_ARG) -> None:
+    """Let the scheduler fire a paused task again; fire times that passed during the pause
+    follow the task's catch-up policy."""
+    _set_paused(task, False)
+
+
+def mark_cmd(
+    name: str = typer.Argument(..., help="Readiness marker name, e.g. raw_data.ready."),
+    on: str = typer.Option(..., "--date", help="Business date, YYYY-MM-DD."),
+) -> None:
+    """Set a readiness marker for a business date (what `depends_on` waits for)."""
+    if not re.fullmatch(NAME_PATTERN, name):
+        raise typer.BadParameter(f"{name!r} is not a marker name", param_hint="NAME")
+    try:
+        business_date = date.fromisoformat(on).isoformat()
+    except ValueError:
+        business_date = ""
+    if business_date != on:
+        raise typer.BadParameter(f"{on!r} is not a date (YYYY-MM-DD)", param_hint="--date")
+
+    async def go() -> bool:
+        async with open_cluster(settings(), need_redis=False) as cluster:
+            return await cluster.store.mark_ready(name, business_date)
+
+    done = "marked" if run_async(go()) else "already marked"
+    sys.stdout.write(f"{name} {business_date}: {done}\n")

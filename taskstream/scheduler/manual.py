@@ -1,0 +1,299 @@
+"""Operator-driven scheduling: manual triggers, bounded backfills, plan previews and the
+decision trail of one tick (DESIGN.md §7).
+
+A manual or backfilled run goes through the same path as a scheduled one: `new_instance`
+derives its id from the rendered dedupe key and the outbox inserts it under the store's UNIQUE
+key, so a second run for the same key is `skip_duplicated`, never a second instance. Every
+outcome is recorded as a `DecisionRow`, so `taskstream explain` shows manual runs too.
+
+All instants are UTC epoch milliseconds; `now_ms` is passed in, no clock is read here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from taskstream.core.errors import TaskstreamError
+from taskstream.core.outbox import Emitted, Outbox
+from taskstream.core.spec import TaskSpec
+from taskstream.core.store.port import DecisionRow, NewInstance, Store
+from taskstream.scheduler import decide
+from taskstream.scheduler.calendar import CalendarBlock, Deferral, calendar_block, defer_until
+from taskstream.scheduler.instances import new_instance, trigger_of
+from taskstream.scheduler.ticks import PlannedFire, Trigger, fire_times, plan
+
+DEFAULT_BACKFILL_LIMIT: Final = 1000
+"""Most fire times one backfill may create; a wider range is refused, not truncated."""
+_COUNT_CAP_FACTOR: Final = 10
+"""A refused cron range is counted up to this many times the limit (then "more than N")."""
+_EXISTS: Final = "an instance with this dedupe key exists"
+_TRAIL_LIMIT: Final = 1000
+"""Most decision rows read for one tick."""
+_DEP_VALUES: Final = ("depends_on", "markers_missing", "preconditions")
+_RULE_VALUES: Final[Mapping[str, tuple[str, tuple[str, ...]]]] = {
+    decide.SKIP_WINDOW: ("window", ("late_ms", "window_ms", "open_until_ms", "deferral")),
+    decide.MISSED: (
+        "window / catch-up",
+        ("late_ms", "window_ms", "max_delay_ms", "catchup_enabled", "count", "first_fire_ms"),
+    ),
+    decide.SKIP_CALENDAR: ("calendar", ("calendar",)),
+    decide.DEFERRED: ("not_before / off_peak", ("deferral",)),
+    decide.SKIP_OVERLAP: ("overlap", ("overlap",)),
+    decide.SKIP_DEP: ("dependencies", _DEP_VALUES),
+    decide.WAIT_DEP: ("dependencies", _DEP_VALUES),
+    decide.SKIP_DUPLICATED: ("dedupe", ("dedupe_key", "existing_status")),
+    decide.COALESCED: ("catch-up", ("mode", "coalesced_into_ms", "max_burst", "oldest_run_ms")),
+}
+"""The rule behind each decision name and the detail keys holding the values it saw."""
+
+
+@dataclass(frozen=True, slots=True)
+class BackfillResult:
+    """What one backfill did. `fire_times`: fire times (ms) found in the range, oldest first;
+    `published` + `duplicate` + `skipped_calendar` == len(fire_times)."""
+
+    fire_times: tuple[int, ...]
+    published: int
+    duplicate: int
+    skipped_calendar: int
+    instance_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PreviewLine:
+    """One line of `taskstream plan`: a planned fire, the calendar rule that would skip it
+    (`excluded`), and the `not_before` / `off_peak` hold of its start (`deferral`);
+    `held_past_window` when that hold ends after fire time + window (`skip_window`)."""
+
+    fire: PlannedFire
+    excluded: CalendarBlock | None = None
+    deferral: Deferral | None = None
+    held_past_window: bool = False
+
+
+def _instance(
+    spec: TaskSpec, fire_ms: int, reason: str, payload: dict[str, Any] | None
+) -> NewInstance:
+    try:
+        return new_instance(spec, fire_ms, reason=reason, payload=payload)
+    except ValueError as exc:
+        raise TaskstreamError(f"task {spec.id!r}: {exc}") from exc
+
+
+async def trigger(
+    outbox: Outbox,
+    spec: TaskSpec,
+    *,
+    now_ms: int,
+    payload: dict[str, Any] | None = None,
+    at_ms: int | None = None,
+) -> Emitted:
+    """Run `spec` once now, as the fire time `at_ms` (default `now_ms`), with `payload`
+    replacing the task's payload when given.
+
+    Returns the outbox outcome: "published" records `should_run`, "duplicate" (an instance
+    with the same dedupe key exists, whatever its status) records `skip_duplicated`.
+    TaskstreamError when the dedupe key cannot be rendered (a `{payload.x}` field missing).
+    """
+    fire_ms = now_ms if at_ms is None else at_ms
+    new = _instance(spec, fire_ms, "manual", payload)
+    emitted = await outbox.emit(new, now_ms=now_ms)
+    details: dict[str, Any] = {
+        "fire_time_ms": fire_ms,
+        "now_ms": now_ms,
+        "manual": True,
+        "dedupe_key": new.dedupe_key,
+        "payload_override": payload is not None,
+        "outcome": emitted.outcome,
+    }
+    decision, reason = decide.SHOULD_RUN, "manual trigger"
+    if emitted.outcome == "duplicate":
+        details["existing_status"] = None if emitted.status is None else emitted.status.value
+        decision, reason = decide.SKIP_DUPLICATED, f"manual trigger: {_EXISTS}"
+    await outbox.store.record_decision(
+        DecisionRow(spec.id, fire_ms, decision, reason, details, emitted.instance_id, now_ms)
+    )
+    return emitted
+
+
+def _scheduled(spec: TaskSpec) -> Trigger:
+    found = trigger_of(spec)
+    if found is None:
+        raise TaskstreamError(f"task {spec.id!r} runs on demand: it has no fire times")
+    return found
+
+
+def _count_text(trigger: Trigger, from_ms: int, to_ms: int, limit: int) -> str:
+    """The number of fire times in [from_ms, to_ms], exact for `every`; a cron is walked only
+    up to `_COUNT_CAP_FACTOR` x `limit` matches."""
+    if trigger.every_ms is not None:
+        every = trigger.every_ms
+        return str(to_ms // every - (from_ms - 1) // every)
+    cap = limit * _COUNT_CAP_FACTOR
+    found = len(fire_times(trigger, from_ms - 1, to_ms, limit=cap + 1))
+    return f"more than {cap}" if found > cap else str(found)
+
+
+def backfill_times(
+    spec: TaskSpec, *, from_ms: int, to_ms: int, now_ms: int, limit: int
+) -> list[int]:
+    """The fire times of `spec` in [from_ms, to_ms] (ms), oldest first.
+
+    TaskstreamError for an on-demand task, an empty or future range (`to_ms > now_ms`), or
+    more than `limit` fire times (the message names how many).
+    """
+    trigger = _scheduled(spec)
+    if from_ms > to_ms:
+        raise TaskstreamError(f"backfill range is empty: from {from_ms} is after to {to_ms}")
+    if to_ms > now_ms:
+        raise TaskstreamError("backfill covers past fire times only: the range ends after now")
+    found = fire_times(trigger, from_ms - 1, to_ms, limit=limit + 1)
+    if len(found) > limit:
+        count = _count_text(trigger, from_ms, to_ms, limit)
+        raise TaskstreamError(
+            f"backfill of {spec.id!r} covers {count} fire times, over the limit of {limit}; "
+            "narrow the range or raise the limit"
+        )
+    return found
+
+
+async def backfill(
+    outbox: Outbox,
+    spec: TaskSpec,
+    *,
+    from_ms: int,
+    to_ms: int,
+    now_ms: int,
+    limit: int = DEFAULT_BACKFILL_LIMIT,
+) -> BackfillResult:
+    """Create one instance per fire time of `spec` in [from_ms, to_ms] (ms), oldest first.
+
+    Fire times the calendar forbids are recorded `skip_calendar` and not created; an existing
+    dedupe key is `skip_duplicated`. Every instance is rendered before any is written, so a
+    bad dedupe template writes nothing. Errors as `backfill_times`.
+    """
+    times = backfill_times(spec, from_ms=from_ms, to_ms=to_ms, now_ms=now_ms, limit=limit)
+    blocks = {at_ms: calendar_block(spec, at_ms) for at_ms in times}
+    news = {at: _instance(spec, at, "backfill", None) for at, b in blocks.items() if b is None}
+    counts = {decide.SHOULD_RUN: 0, decide.SKIP_DUPLICATED: 0, decide.SKIP_CALENDAR: 0}
+    ids: list[str] = []
+    for fire_ms in times:
+        block = blocks[fire_ms]
+        if block is None:
+            row = await _emit_row(outbox, spec, news[fire_ms], now_ms)
+        else:
+            row = _calendar_row(spec, fire_ms, block, now_ms)
+        await outbox.store.record_decision(row)
+        counts[row.decision] += 1
+        if row.instance_id is not None:
+            ids.append(row.instance_id)
+    return BackfillResult(
+        tuple(times),
+        counts[decide.SHOULD_RUN],
+        counts[decide.SKIP_DUPLICATED],
+        counts[decide.SKIP_CALENDAR],
+        tuple(ids),
+    )
+
+
+def _calendar_row(spec: TaskSpec, fire_ms: int, block: CalendarBlock, now_ms: int) -> DecisionRow:
+    """The `skip_calendar` decision of a backfilled fire time, with the values the rule saw."""
+    seen: dict[str, Any] = {"fire_time_ms": fire_ms, "now_ms": now_ms, "backfill": True}
+    seen["calendar"] = {**block.details, "rule": block.rule, "checked": "fire"}
+    reason = f"backfill: calendar: {block.reason}"
+    return DecisionRow(spec.id, fire_ms, decide.SKIP_CALENDAR, reason, seen, None, now_ms)
+
+
+async def _emit_row(outbox: Outbox, spec: TaskSpec, new: NewInstance, now_ms: int) -> DecisionRow:
+    """Emit one backfilled instance; `should_run`, or `skip_duplicated` for an existing key."""
+    fire_ms = new.scheduled_for_ms
+    emitted = await outbox.emit(new, now_ms=now_ms)
+    seen: dict[str, Any] = {"fire_time_ms": fire_ms, "now_ms": now_ms, "backfill": True}
+    seen |= {"dedupe_key": new.dedupe_key, "outcome": emitted.outcome}
+    decision, reason = decide.SHOULD_RUN, "backfill"
+    if emitted.outcome == "duplicate":
+        seen["existing_status"] = None if emitted.status is None else emitted.status.value
+        decision, reason = decide.SKIP_DUPLICATED, f"backfill: {_EXISTS}"
+    return DecisionRow(spec.id, fire_ms, decision, reason, seen, emitted.instance_id, now_ms)
+
+
+def preview(spec: TaskSpec, *, from_ms: int, to_ms: int, limit: int) -> list[PreviewLine]:
+    """Planned fires of `spec` in [from_ms, to_ms] (ms), at most `limit` lines, each with the
+    calendar rule that excludes it or the deferral of its start. Pure; runs nothing."""
+    lines: list[PreviewLine] = []
+    for fire in plan(_scheduled(spec), from_ms - 1, to_ms, limit=limit):
+        if fire.at_ms is None:
+            lines.append(PreviewLine(fire))
+            continue
+        block = calendar_block(spec, fire.at_ms)
+        held = None if block is not None else defer_until(spec, fire.at_ms)
+        closes_ms = fire.at_ms + round(spec.window * 1000)
+        past = held is not None and (held.until_ms is None or held.until_ms > closes_ms)
+        lines.append(PreviewLine(fire, block, held, past))
+    return lines
+
+
+async def _first_at_or_after(store: Store, task_id: str, at_ms: int) -> int | None:
+    rows = await store.decisions(task_id, since_ms=at_ms, limit=1)
+    return rows[0].fire_time_ms if rows else None
+
+
+async def _latest_before(store: Store, task_id: str, at_ms: int) -> int | None:
+    """The latest decided fire time before `at_ms`: widen the look-back (doubling from 1 s)
+    until one shows up, then bisect; O(log distance) queries."""
+    span_ms, found = 1000, None
+    while found is None:
+        first = await _first_at_or_after(store, task_id, at_ms - span_ms)
+        if first is not None and first < at_ms:
+            found = first
+        elif at_ms - span_ms < 0:
+            return None
+        span_ms *= 2
+    low, high = found + 1, at_ms
+    while low < high:
+        mid = (low + high) // 2
+        nxt = await _first_at_or_after(store, task_id, mid)
+        if nxt is not None and nxt < at_ms:
+            found, low = nxt, nxt + 1
+        else:
+            high = mid
+    return found
+
+
+async def nearest_decided_fire(store: Store, task_id: str, at_ms: int | None) -> int | None:
+    """The decided fire time (ms) nearest to `at_ms` (the later one on a tie), or the latest
+    decided one when `at_ms` is None; None when the task has no decisions."""
+    if at_ms is None:
+        latest = await store.decisions(task_id, limit=1)
+        return latest[0].fire_time_ms if latest else None
+    after = await _first_at_or_after(store, task_id, at_ms)
+    if after == at_ms:
+        return after
+    before = await _latest_before(store, task_id, at_ms)
+    if before is None or (after is not None and after - at_ms <= at_ms - before):
+        return after
+    return before
+
+
+async def decision_trail(store: Store, task_id: str, fire_ms: int | None) -> list[DecisionRow]:
+    """Every decision recorded for one fire time (ms) of `task_id`, oldest first (none for
+    None)."""
+    if fire_ms is None:
+        return []
+    rows = await store.decisions(task_id, since_ms=fire_ms, limit=_TRAIL_LIMIT)
+    return [row for row in rows if row.fire_time_ms == fire_ms]
+
+
+def rule_of(decision: str, details: Mapping[str, Any]) -> tuple[str | None, dict[str, Any]]:
+    """The rule behind a recorded decision and the values it saw (a subset of `details`):
+    `("calendar (weekend)", {"calendar": {...}})`. `(None, {})` for `should_run`."""
+    rule, keys = _RULE_VALUES.get(decision, (None, ()))
+    saw = {key: details[key] for key in keys if key in details}
+    calendar = details.get("calendar")
+    if decision == decide.SKIP_CALENDAR and isinstance(calendar, Mapping):
+        rule = f"calendar ({calendar.get('rule')})"
+    elif decision == decide.SKIP_WINDOW and details.get("deferral"):
+        rule = "not_before / off_peak (start held past the window)"
+    return rule, saw

@@ -1,0 +1,202 @@
+"""The scheduling commands driven as subprocesses against a throwaway SQLite store and the
+test Redis (its own namespace, whose keys are deleted afterwards)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from taskstream.core.specfile import parse_task_file_text
+from taskstream.core.store.port import DecisionRow
+from taskstream.core.store.sql import SqlStore
+from taskstream.scheduler.calendar import calendar_block
+
+TASKS = """
+tasks:
+  - id: nightly
+    agent: echo
+    schedule: {cron: "30 2 * * *", timezone: Europe/Berlin}
+  - id: report
+    agent: echo
+    schedule: {cron: "0 9 * * *", timezone: Europe/Berlin}
+    calendar: {exclude_dates: [2024-12-25, 2026-12-25]}
+"""
+CHRISTMAS_9H_MS = 1_798_185_600_000  # 2026-12-25T09:00:00+01:00
+
+
+@dataclass(frozen=True)
+class Cli:
+    """Runs `taskstream` in `cwd` with the cluster given by `env`."""
+
+    cwd: Path
+    env: dict[str, str]
+    database_url: str
+
+    def __call__(self, *args: str, code: int = 0) -> subprocess.CompletedProcess[str]:
+        out = subprocess.run(
+            [sys.executable, "-m", "taskstream", *args],
+            cwd=self.cwd,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert out.returncode == code, (args, out.returncode, out.stdout, out.stderr)
+        return out
+
+    def json(self, *args: str) -> object:
+        return json.loads(self(*args, "--json").stdout)
+
+
+@pytest.fixture
+def cli(tmp_path: Path, redis_url: str) -> Iterator[Cli]:
+    namespace = "e2e" + uuid.uuid4().hex[:12]
+    database_url = f"sqlite:///{tmp_path / 'store.db'}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TASKSTREAM_")}
+    env |= {
+        "TASKSTREAM_DATABASE_URL": database_url,
+        "TASKSTREAM_REDIS_URL": redis_url,
+        "TASKSTREAM_NAMESPACE": namespace,
+        "COLUMNS": "200",
+    }
+    (tmp_path / "tasks.yaml").write_text(TASKS)
+    run = Cli(tmp_path, env, database_url)
+    run("migrate")
+    run("tasks", "apply", "tasks.yaml")
+    yield run
+    client = redis.Redis.from_url(redis_url)
+    found = list(client.scan_iter(match=f"ts:{{{namespace}}}:*", count=500))
+    if found:
+        client.delete(*found)
+    client.close()
+
+
+def record(database_url: str, row: DecisionRow) -> None:
+    async def go() -> None:
+        store = await SqlStore.connect(database_url)
+        try:
+            await store.record_decision(row)
+        finally:
+            await store.close()
+
+    asyncio.run(go())
+
+
+def test_plan_marks_the_berlin_dst_gap_and_runs_nothing(cli: Cli) -> None:
+    args = ("plan", "nightly", "--from", "2026-03-28", "--to", "2026-03-30T12:00:00+02:00")
+    out = cli(*args).stdout
+    assert "gap_shifted from 02:30:00" in out
+    assert "2026-03-29T03:00:00+02:00" in out
+    assert "3 fire time(s)" in out
+    plan = cli.json(*args)
+    assert isinstance(plan, dict)
+    fires = plan["fires"]
+    assert [f["dst"] for f in fires] == [None, "gap_shifted", None]
+    assert fires[1]["utc"] == "2026-03-29T01:00:00.000Z"
+    assert fires[1]["shifted_from"] == ["2026-03-29T02:30:00"]
+    assert cli("instances", "--json").stdout.strip() == "[]"
+
+
+def test_plan_shows_calendar_exclusions(cli: Cli) -> None:
+    out = cli("plan", "report", "--from", "2026-12-24", "--to", "2026-12-26").stdout
+    assert "excluded: exclude_date (2026-12-25)" in out
+
+
+def test_explain_names_the_rule_that_skipped_a_tick_and_what_it_saw(cli: Cli) -> None:
+    text = parse_task_file_text(TASKS, "t.yaml")
+    spec = next(t for t in text.tasks if t.id == "report")
+    block = calendar_block(spec, CHRISTMAS_9H_MS)
+    assert block is not None
+    details: dict[str, Any] = {"fire_time_ms": CHRISTMAS_9H_MS, "now_ms": CHRISTMAS_9H_MS + 20}
+    details["calendar"] = {**block.details, "rule": block.rule, "checked": "fire"}
+    reason = f"calendar: {block.reason}"
+    row = DecisionRow("report", CHRISTMAS_9H_MS, "skip_calendar", reason, details, None, 1)
+    record(cli.database_url, row)
+
+    out = cli("explain", "report", "--at", "2026-12-25T10:00:00+01:00").stdout
+    assert "fire time 2026-12-25T08:00:00.000Z" in out
+    assert "skip_calendar: calendar: 2026-12-25 is an excluded date" in out
+    assert "rule: calendar (exclude_date)" in out
+    assert "calendar.excluded_date=2026-12-25" in out
+    assert "calendar.weekday=fri" in out
+    assert "did not run: skip_calendar" in out
+    data = cli.json("explain", "report")
+    assert isinstance(data, dict)
+    assert data["fire_time_ms"] == CHRISTMAS_9H_MS
+    assert data["decisions"][0]["rule"] == "calendar (exclude_date)"
+    assert data["decisions"][0]["saw"]["calendar"]["excluded_date"] == "2026-12-25"
+
+
+def test_pause_and_resume_show_in_tasks_list(cli: Cli) -> None:
+    def paused() -> dict[str, bool]:
+        rows = cli.json("tasks", "list")
+        assert isinstance(rows, list)
+        return {r["task_id"]: r["paused"] for r in rows}
+
+    assert cli("pause", "nightly").stdout == "nightly: paused\n"
+    assert paused() == {"nightly": True, "report": False}
+    assert cli("resume", "nightly").stdout == "nightly: resumed\n"
+    assert paused() == {"nightly": False, "report": False}
+    assert "unknown task 'nope'" in cli("pause", "nope", code=1).stderr
+
+
+def test_mark_sets_a_readiness_marker_once(cli: Cli) -> None:
+    assert (
+        cli("mark", "raw.ready", "--date", "2026-12-01").stdout == "raw.ready 2026-12-01: marked\n"
+    )
+    again = cli("mark", "raw.ready", "--date", "2026-12-01").stdout
+    assert again == "raw.ready 2026-12-01: already marked\n"
+    assert "--date" in cli("mark", "raw.ready", "--date", "2026-02-30", code=2).stderr
+
+
+def test_trigger_twice_for_one_fire_time_reports_a_duplicate(cli: Cli) -> None:
+    args = ("trigger", "report", "--at", "2026-11-30T09:00:00+01:00", "--payload", '{"n": 1}')
+    first = cli(*args).stdout
+    assert first.startswith("report: published i_")
+    second = cli(*args).stdout
+    assert second.startswith("report: duplicate i_")
+    assert first.split()[2] == second.split()[2]
+    rows = cli.json("instances", "--task", "report")
+    assert isinstance(rows, list)
+    assert len(rows) == 1
+    assert rows[0]["payload"] == {"n": 1}
+    data = cli.json("explain", "report")
+    assert isinstance(data, dict)
+    assert [d["decision"] for d in data["decisions"]] == ["should_run", "skip_duplicated"]
+
+
+def test_backfill_reports_published_duplicate_and_calendar_skipped(cli: Cli) -> None:
+    args = ("backfill", "report", "--from", "2024-12-23", "--to", "2024-12-26T23:00:00Z")
+    assert cli(*args).stdout.endswith(
+        "4 fire time(s) from 2024-12-23T00:00:00.000Z to 2024-12-26T23:00:00.000Z: "
+        "3 published, 0 duplicate, 1 skipped by the calendar\n"
+    )
+    assert ": 0 published, 3 duplicate, 1 skipped" in cli(*args).stdout
+    over = cli(*args, "--limit", "3", code=1).stderr
+    assert "covers 4 fire times, over the limit of 3" in over
+
+
+def test_bad_input_exits_2_naming_the_argument_and_unknown_tasks_exit_1(cli: Cli) -> None:
+    naive = cli("trigger", "report", "--at", "2026-12-01T09:00:00", code=2).stderr
+    assert "--at" in naive
+    assert "no UTC offset" in naive
+    assert (
+        "--from"
+        in cli("plan", "report", "--from", "2026-12-01T09:00", "--to", "now", code=2).stderr
+    )
+    assert "--payload" in cli("trigger", "report", "--payload", "{oops", code=2).stderr
+    assert "unknown task 'ghost'" in cli("trigger", "ghost", code=1).stderr
+    assert "unknown task 'ghost'" in cli("explain", "ghost", code=1).stderr
+    assert cli("instances", "--json").stdout.strip() == "[]"
