@@ -40,11 +40,20 @@ class Outbox:
         when the existing row is still PENDING: its creator is publishing it right now, or
         crashed, and then the reconciler publishes it once it is older than its grace."""
         created = await self.store.create_instance(new)
-        row = await self.store.get_instance(created.instance_id)
-        if not created.created or row is None:
+        if not created.created:
+            row = await self.store.get_instance(created.instance_id)
             return Emitted("duplicate", created.instance_id, row.status if row else None)
-        await self.publish(row, now_ms=now_ms)
-        return Emitted("published", row.id, Status.DISPATCHED)
+        entry = WorkEntry(
+            instance_id=new.id,
+            task_id=new.task_id,
+            agent=new.agent,
+            attempt=0,
+            scheduled_for_ms=new.scheduled_for_ms,
+            emitted_at_ms=now_ms,
+            trace_id=new.trace_id,
+        )
+        await self._dispatch(entry, Priority(new.priority), Status.PENDING)
+        return Emitted("published", new.id, Status.DISPATCHED)
 
     async def publish(self, row: InstanceRow, *, now_ms: int) -> None:
         """XADD the row's entry, then move it to DISPATCHED: CAS PENDING or RETRYING ->
@@ -59,13 +68,21 @@ class Outbox:
             emitted_at_ms=now_ms,
             trace_id=row.trace_id,
         )
-        await streams.publish(self.redis, self.keys, Priority(row.priority), entry)
-        if row.status not in (Status.PENDING, Status.RETRYING):
+        await self._dispatch(entry, Priority(row.priority), row.status)
+
+    async def _dispatch(self, entry: WorkEntry, priority: Priority, status: Status) -> None:
+        """XADD, then CAS `status` -> DISPATCHED when the row was PENDING or RETRYING."""
+        await streams.publish(self.redis, self.keys, priority, entry)
+        if status not in (Status.PENDING, Status.RETRYING):
             return
         cas = await self.store.transition(
-            row.id, row.status, Status.DISPATCHED, reason="published", attempt=row.attempt
+            entry.instance_id,
+            status,
+            Status.DISPATCHED,
+            reason="published",
+            attempt=entry.attempt,
         )
         if not cas.ok:
-            get_logger(instance_id=row.id, task_id=row.task_id).info(
+            get_logger(instance_id=entry.instance_id, task_id=entry.task_id).info(
                 "instance.dispatch_cas_lost", found=cas.found
             )

@@ -30,7 +30,7 @@ from taskstream.scheduler.ticks import Trigger
 __all__ = ["Scheduler", "SchedulerConfig", "new_instance", "trigger_of"]
 
 MAX_RETRIES_PER_PASS = 1000
-TASKS_AT_ONCE = 16
+TASKS_AT_ONCE = 32
 """Tasks decided concurrently in one pass, so ticks due together are published together."""
 
 

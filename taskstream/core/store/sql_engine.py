@@ -53,6 +53,12 @@ class ConstraintViolation(StoreError):
     and the transaction was rolled back. Callers expecting a duplicate confirm it by reading."""
 
 
+POOL_SIZE = 10
+"""Pooled connections per process (plus the default overflow of 10). No pre-ping: it costs a
+round trip per transaction; a connection the server dropped fails its statement instead, the
+pool discards it, and the caller's loop retries (`StoreUnavailable`)."""
+
+
 def make_engine(url: str) -> AsyncEngine:
     """An engine for a normalized (async-driver) URL, with the session setup above."""
     backend = make_url(url).get_backend_name()
@@ -63,8 +69,8 @@ def make_engine(url: str) -> AsyncEngine:
     if backend == "postgresql":
         return create_async_engine(
             url,
-            pool_pre_ping=True,
             pool_recycle=POOL_RECYCLE_S,
+            pool_size=POOL_SIZE,
             connect_args={"timeout": CONNECT_TIMEOUT_S},
         )
     raise ConfigError([f"no SQL store for database backend {backend!r}"])
@@ -97,8 +103,8 @@ def _mysql_engine(url: str) -> AsyncEngine:
     engine = create_async_engine(
         url,
         isolation_level="READ COMMITTED",
-        pool_pre_ping=True,
         pool_recycle=POOL_RECYCLE_S,
+        pool_size=POOL_SIZE,
         connect_args={"connect_timeout": CONNECT_TIMEOUT_S},
     )
     event.listen(engine.sync_engine, "connect", _mysql_on_connect)
