@@ -1,0 +1,226 @@
+"""Circuit breaker state machine, as pure functions of (state, now, config).
+
+States and rules (times are UTC epoch ms; `cfg` is a `BreakerConfig`):
+
+- **closed**: every call is admitted. Each counted outcome updates a tumbling window of
+  `window_ms` that starts at the first outcome recorded after the previous one ended. After
+  each counted outcome the breaker opens when `consecutive_failures >= failure_threshold`, or
+  when the window holds `>= min_calls` outcomes of which `failures >= failure_rate * calls`.
+  A success resets `consecutive_failures`.
+- **open**: calls are rejected until `since_ms + cooldown_ms`; the first admission at or after
+  that moves to half-open. Outcomes recorded while open (calls admitted before it opened)
+  change nothing.
+- **half_open**: exactly `probes` calls are admitted; the rest are rejected. The breaker closes
+  once `probes` probe successes have been recorded and re-opens on any failure. An ignored
+  outcome gives its probe slot back. Slots whose probes report nothing within
+  `probe_timeout_ms` are presumed lost and handed out again (successes already recorded stay).
+
+Opening, half-opening and closing each start from a fresh state (all counters 0,
+`since_ms = window_start_ms = now`). Outcomes are attributed to the state current when they are
+recorded. `classify_http` maps an HTTP result to an outcome: failures are what the upstream's
+health is judged by, and "ignore" counts neither way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import StrEnum
+
+from taskstream.core.errors import ConfigError
+
+
+class BreakerStatus(StrEnum):
+    """Where the breaker is."""
+
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+class Outcome(StrEnum):
+    """The result of one admitted call, as the breaker counts it."""
+
+    SUCCESS = "success"
+    FAILURE = "failure"
+    IGNORE = "ignore"
+
+
+class Transition(StrEnum):
+    """A status change, named for events and metrics."""
+
+    OPENED = "opened"
+    HALF_OPENED = "half_open"
+    CLOSED = "closed"
+
+
+_TRANSITION_INTO = {
+    BreakerStatus.OPEN: Transition.OPENED,
+    BreakerStatus.HALF_OPEN: Transition.HALF_OPENED,
+    BreakerStatus.CLOSED: Transition.CLOSED,
+}
+
+
+_POSITIVE_FIELDS = (
+    "failure_threshold",
+    "window_ms",
+    "min_calls",
+    "cooldown_ms",
+    "probes",
+    "probe_timeout_ms",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerConfig:
+    """Thresholds of one breaker (see the module doc for how each is used).
+
+    Counts are >= 1, times are ms >= 1, and 0 < `failure_rate` <= 1. `probe_timeout_ms` is how
+    long a half-open probe may run without reporting before its slot is handed out again;
+    keep it above the longest upstream call so no more than `probes` run at once.
+    """
+
+    failure_threshold: int = 5
+    failure_rate: float = 0.5
+    window_ms: int = 30_000
+    min_calls: int = 10
+    cooldown_ms: int = 30_000
+    probes: int = 1
+    probe_timeout_ms: int = 60_000
+
+    def __post_init__(self) -> None:
+        problems = [
+            f"{name} must be >= 1, got {getattr(self, name)}"
+            for name in _POSITIVE_FIELDS
+            if getattr(self, name) < 1
+        ]
+        if not 0 < self.failure_rate <= 1:
+            problems.append(f"failure_rate must be in (0, 1], got {self.failure_rate}")
+        if problems:
+            raise ConfigError(problems)
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerState:
+    """Everything the breaker remembers; field names double as the Redis hash fields.
+
+    `since_ms`: when the status last changed (half-open: when probe slots were last handed
+    out). `window_*`: the closed-state tumbling window. `probes_admitted` >= 0 and
+    `probe_successes` < `cfg.probes` while half-open; all counters are 0 in other states
+    except the closed-state ones.
+    """
+
+    status: BreakerStatus = BreakerStatus.CLOSED
+    since_ms: int = 0
+    consecutive_failures: int = 0
+    window_start_ms: int = 0
+    window_calls: int = 0
+    window_failures: int = 0
+    probes_admitted: int = 0
+    probe_successes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerDecision:
+    """Whether one call may go to the upstream now.
+
+    `probe` is true for a half-open trial call. `retry_after_ms` (0 when allowed) is when to
+    ask again: the end of the cool-down, or of the current probes' timeout. `transition` is set
+    when this admission changed the status.
+    """
+
+    allowed: bool
+    probe: bool
+    retry_after_ms: int
+    status: BreakerStatus
+    transition: Transition | None
+
+
+def fresh(status: BreakerStatus, now_ms: int) -> BreakerState:
+    """A state that has just entered `status` at `now_ms`, with every counter at 0."""
+    return BreakerState(status=status, since_ms=now_ms, window_start_ms=now_ms)
+
+
+def transition(before: BreakerStatus, after: BreakerStatus) -> Transition | None:
+    """The transition from `before` to `after`, or None when the status did not change."""
+    return None if before is after else _TRANSITION_INTO[after]
+
+
+def classify_http(status: int | None, timed_out: bool) -> Outcome:
+    """Timeouts, no response (`status` None), 429 and 5xx are failures; other 4xx and
+    anything outside 200-599 are ignored; 2xx and 3xx are successes."""
+    if timed_out or status is None or status == 429 or 500 <= status <= 599:
+        return Outcome.FAILURE
+    if 200 <= status <= 399:
+        return Outcome.SUCCESS
+    return Outcome.IGNORE
+
+
+def _decision(
+    before: BreakerStatus, after: BreakerState, *, probe: bool, retry_after_ms: int = 0
+) -> BreakerDecision:
+    return BreakerDecision(
+        allowed=retry_after_ms == 0,
+        probe=probe,
+        retry_after_ms=retry_after_ms,
+        status=after.status,
+        transition=transition(before, after.status),
+    )
+
+
+def admit(
+    state: BreakerState, now_ms: int, cfg: BreakerConfig
+) -> tuple[BreakerDecision, BreakerState]:
+    """Admit or reject one call at `now_ms`; returns the decision and the state after it."""
+    before = state.status
+    if state.status is BreakerStatus.CLOSED:
+        return _decision(before, state, probe=False), state
+    if state.status is BreakerStatus.OPEN:
+        reopen_at = state.since_ms + cfg.cooldown_ms
+        if now_ms < reopen_at:
+            return _decision(before, state, probe=False, retry_after_ms=reopen_at - now_ms), state
+        state = fresh(BreakerStatus.HALF_OPEN, now_ms)
+    elif now_ms >= state.since_ms + cfg.probe_timeout_ms:
+        state = replace(state, since_ms=now_ms, probes_admitted=state.probe_successes)
+    if state.probes_admitted >= cfg.probes:
+        wait = max(1, state.since_ms + cfg.probe_timeout_ms - now_ms)
+        return _decision(before, state, probe=False, retry_after_ms=wait), state
+    state = replace(state, probes_admitted=state.probes_admitted + 1)
+    return _decision(before, state, probe=True), state
+
+
+def _count(state: BreakerState, failed: bool, now_ms: int, cfg: BreakerConfig) -> BreakerState:
+    """A closed breaker after one counted outcome: the window rolled, the trip rules applied."""
+    if now_ms >= state.window_start_ms + cfg.window_ms:
+        state = replace(state, window_start_ms=now_ms, window_calls=0, window_failures=0)
+    calls = state.window_calls + 1
+    failures = state.window_failures + int(failed)
+    consecutive = state.consecutive_failures + 1 if failed else 0
+    rate_tripped = calls >= cfg.min_calls and failures >= cfg.failure_rate * calls
+    if consecutive >= cfg.failure_threshold or rate_tripped:
+        return fresh(BreakerStatus.OPEN, now_ms)
+    return replace(
+        state, window_calls=calls, window_failures=failures, consecutive_failures=consecutive
+    )
+
+
+def _probe_result(
+    state: BreakerState, outcome: Outcome, now_ms: int, cfg: BreakerConfig
+) -> BreakerState:
+    """A half-open breaker after one outcome."""
+    if outcome is Outcome.IGNORE:
+        return replace(state, probes_admitted=max(0, state.probes_admitted - 1))
+    if outcome is Outcome.FAILURE:
+        return fresh(BreakerStatus.OPEN, now_ms)
+    successes = state.probe_successes + 1
+    if successes >= cfg.probes:
+        return fresh(BreakerStatus.CLOSED, now_ms)
+    return replace(state, probe_successes=successes)
+
+
+def record(state: BreakerState, outcome: Outcome, now_ms: int, cfg: BreakerConfig) -> BreakerState:
+    """The state after one call's `outcome` is reported at `now_ms`."""
+    if state.status is BreakerStatus.HALF_OPEN:
+        return _probe_result(state, outcome, now_ms, cfg)
+    if state.status is BreakerStatus.OPEN or outcome is Outcome.IGNORE:
+        return state
+    return _count(state, outcome is Outcome.FAILURE, now_ms, cfg)

@@ -1,0 +1,192 @@
+"""Lua scripts of the Redis backends: the rules of `window` and `breaker`, line for line.
+
+Every script reads the Redis server's clock (`TIME`, in ms), so executors with skewed clocks
+still share one timeline; scripts are atomic, so concurrent callers never interleave. Reading
+`TIME` before writing needs scripts replicated by effects: Redis >= 5 (or Valkey).
+
+Limiter: KEYS[1] is a sorted set of hits, score = hit time (ms), member = `<ms>:<token>` where
+the token is unique per call, so two hits in the same millisecond are two members. ARGV is
+(limit, window_ms, burst, token). Reply: {allowed 0|1, retry_after_ms, in_window}.
+
+Breaker: KEYS[1] is a hash whose fields are the `BreakerState` field names. ARGV starts with
+the `BreakerConfig` fields in declaration order; `record` adds the outcome. Reply:
+{allowed, probe, retry_after_ms, status before, then every `BreakerState` field in order};
+`record` replies 0, 0, 0 for the first three. The hash has no TTL: a breaker's state survives
+any quiet period, and there is one small hash per upstream.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from string import Template
+from typing import Final
+
+from taskstream.ratelimit.breaker import BreakerConfig, BreakerState, BreakerStatus, Outcome
+
+STATE_FIELDS: Final = tuple(f.name for f in fields(BreakerState))
+"""Hash fields and reply order: `status` first, then the integer counters."""
+COUNTER_FIELDS: Final = STATE_FIELDS[1:]
+CONFIG_FIELDS: Final = tuple(f.name for f in fields(BreakerConfig))
+"""ARGV order of the breaker scripts' configuration."""
+
+LIMITER: Final = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local limit, window, burst = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local horizon = 2 * window
+local window_floor = '(' .. (now - window)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - horizon)
+local in_window = redis.call('ZCOUNT', KEYS[1], window_floor, '+inf')
+local total = redis.call('ZCARD', KEYS[1])
+local wait = 0
+if in_window >= limit + burst then
+  local skip = in_window - limit - burst
+  local hit = redis.call('ZRANGEBYSCORE', KEYS[1], window_floor, '+inf',
+    'WITHSCORES', 'LIMIT', skip, 1)
+  wait = math.max(1, tonumber(hit[2]) + window - now)
+end
+if total >= 2 * limit then
+  local at = total - 2 * limit
+  local hit = redis.call('ZRANGE', KEYS[1], at, at, 'WITHSCORES')
+  wait = math.max(wait, 1, tonumber(hit[2]) + horizon - now)
+end
+if wait > 0 then
+  return {0, wait, in_window}
+end
+redis.call('ZADD', KEYS[1], now, now .. ':' .. ARGV[4])
+redis.call('PEXPIRE', KEYS[1], horizon)
+return {1, 0, in_window + 1}
+"""
+
+_BREAKER_PRELUDE: Final = Template("""
+local CLOSED, OPEN, HALF_OPEN = '$closed', '$open', '$half_open'
+local FAILURE, IGNORE = '$failure', '$ignore'
+local COUNTERS = {$counters}
+local CONFIG = {$config}
+local key = KEYS[1]
+local cfg = {}
+for i, name in ipairs(CONFIG) do cfg[name] = tonumber(ARGV[i]) end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+local function fresh(status)
+  local s = {status = status}
+  for _, name in ipairs(COUNTERS) do s[name] = 0 end
+  s.since_ms = now
+  s.window_start_ms = now
+  return s
+end
+
+local function load()
+  local s = fresh(CLOSED)
+  s.since_ms = 0
+  s.window_start_ms = 0
+  local raw = redis.call('HGETALL', key)
+  for i = 1, #raw, 2 do
+    if raw[i] == 'status' then s.status = raw[i + 1] else s[raw[i]] = tonumber(raw[i + 1]) end
+  end
+  return s
+end
+
+local function save(s)
+  local args = {'status', s.status}
+  for _, name in ipairs(COUNTERS) do
+    args[#args + 1] = name
+    args[#args + 1] = s[name]
+  end
+  redis.call('HSET', key, unpack(args))
+end
+
+local function reply(allowed, probe, wait, before, s)
+  local out = {allowed, probe, wait, before, s.status}
+  for _, name in ipairs(COUNTERS) do out[#out + 1] = s[name] end
+  return out
+end
+""")
+
+_BREAKER_ADMIT: Final = """
+local s = load()
+local before = s.status
+if s.status == CLOSED then return reply(1, 0, 0, before, s) end
+if s.status == OPEN then
+  local reopen_at = s.since_ms + cfg.cooldown_ms
+  if now < reopen_at then return reply(0, 0, reopen_at - now, before, s) end
+  s = fresh(HALF_OPEN)
+elseif now >= s.since_ms + cfg.probe_timeout_ms then
+  s.since_ms = now
+  s.probes_admitted = s.probe_successes
+end
+if s.probes_admitted >= cfg.probes then
+  save(s)
+  return reply(0, 0, math.max(1, s.since_ms + cfg.probe_timeout_ms - now), before, s)
+end
+s.probes_admitted = s.probes_admitted + 1
+save(s)
+return reply(1, 1, 0, before, s)
+"""
+
+_BREAKER_RECORD: Final = """
+local outcome = ARGV[#CONFIG + 1]
+
+local function count(s, failed)
+  if now >= s.window_start_ms + cfg.window_ms then
+    s.window_start_ms = now
+    s.window_calls = 0
+    s.window_failures = 0
+  end
+  s.window_calls = s.window_calls + 1
+  if failed then
+    s.window_failures = s.window_failures + 1
+    s.consecutive_failures = s.consecutive_failures + 1
+  else
+    s.consecutive_failures = 0
+  end
+  local rate_tripped = s.window_calls >= cfg.min_calls
+    and s.window_failures >= cfg.failure_rate * s.window_calls
+  if s.consecutive_failures >= cfg.failure_threshold or rate_tripped then return fresh(OPEN) end
+  return s
+end
+
+local function probe_result(s)
+  if outcome == IGNORE then
+    s.probes_admitted = math.max(0, s.probes_admitted - 1)
+    return s
+  end
+  if outcome == FAILURE then return fresh(OPEN) end
+  s.probe_successes = s.probe_successes + 1
+  if s.probe_successes >= cfg.probes then return fresh(CLOSED) end
+  return s
+end
+
+local s = load()
+local before = s.status
+if s.status == HALF_OPEN then
+  s = probe_result(s)
+elseif s.status == OPEN or outcome == IGNORE then
+  return reply(0, 0, 0, before, s)
+else
+  s = count(s, outcome == FAILURE)
+end
+save(s)
+return reply(0, 0, 0, before, s)
+"""
+
+
+def _lua_list(names: tuple[str, ...]) -> str:
+    return ", ".join(f"'{name}'" for name in names)
+
+
+def _prelude() -> str:
+    return _BREAKER_PRELUDE.substitute(
+        closed=BreakerStatus.CLOSED.value,
+        open=BreakerStatus.OPEN.value,
+        half_open=BreakerStatus.HALF_OPEN.value,
+        failure=Outcome.FAILURE.value,
+        ignore=Outcome.IGNORE.value,
+        counters=_lua_list(COUNTER_FIELDS),
+        config=_lua_list(CONFIG_FIELDS),
+    )
+
+
+BREAKER_ADMIT: Final = _prelude() + _BREAKER_ADMIT
+BREAKER_RECORD: Final = _prelude() + _BREAKER_RECORD

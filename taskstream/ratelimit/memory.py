@@ -1,0 +1,52 @@
+"""In-process backends on an injected clock: the twin of `redis_backend` for tests and for a
+single-process deployment. Each method runs without awaiting, so it is atomic on one event
+loop. State lives in this object only; nothing is shared across processes."""
+
+from __future__ import annotations
+
+from taskstream.core.clock import Clock
+from taskstream.ratelimit import breaker, window
+from taskstream.ratelimit.backend import BreakerUpdate
+from taskstream.ratelimit.breaker import BreakerConfig, BreakerDecision, BreakerState, Outcome
+from taskstream.ratelimit.window import Admission
+
+
+class MemoryLimiter:
+    """`Limiter` over per-name hit lists (UTC epoch ms), trimmed to the horizon on each call."""
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._hits: dict[str, list[int]] = {}
+
+    async def acquire(self, name: str, limit: int, window_ms: int, burst: int = 0) -> Admission:
+        now_ms = self._clock.now_ms()
+        oldest_kept = now_ms - window.horizon_ms(window_ms)
+        hits = [t for t in self._hits.get(name, ()) if t > oldest_kept]
+        answer = window.decide(now_ms, hits, limit, window_ms, burst)
+        if answer.allowed:
+            hits.append(now_ms)
+        self._hits[name] = hits
+        return answer
+
+
+class MemoryBreakers:
+    """`Breakers` over a dict of `BreakerState` by name."""
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._states: dict[str, BreakerState] = {}
+
+    async def admit(self, name: str, cfg: BreakerConfig) -> BreakerDecision:
+        decision, self._states[name] = breaker.admit(
+            self._states.get(name, BreakerState()), self._clock.now_ms(), cfg
+        )
+        return decision
+
+    async def record(self, name: str, outcome: Outcome, cfg: BreakerConfig) -> BreakerUpdate:
+        before = self._states.get(name, BreakerState())
+        after = breaker.record(before, outcome, self._clock.now_ms(), cfg)
+        self._states[name] = after
+        return BreakerUpdate(after, breaker.transition(before.status, after.status))
+
+    async def state(self, name: str) -> BreakerState:
+        return self._states.get(name, BreakerState())

@@ -1,0 +1,122 @@
+"""Redis backends: limits and breakers shared by every executor and host of one namespace.
+
+Each operation is one Lua script (see `lua`) on the Redis server's clock, so it is atomic and
+immune to executor clock skew. Keys come from `Keys.limiter(name)` and `Keys.breaker(name)`.
+Driver errors become `GuardUnavailable`.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import astuple
+from typing import Any
+
+from taskstream.core import streams
+from taskstream.core.protocol import Keys
+from taskstream.ratelimit import breaker, lua
+from taskstream.ratelimit.backend import BreakerUpdate, GuardUnavailable
+from taskstream.ratelimit.breaker import (
+    BreakerConfig,
+    BreakerDecision,
+    BreakerState,
+    BreakerStatus,
+    Outcome,
+)
+from taskstream.ratelimit.window import Admission, check_limits
+
+
+def _token() -> str:
+    return secrets.token_hex(8)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@asynccontextmanager
+async def _guarded(what: str, name: str) -> AsyncIterator[None]:
+    try:
+        yield
+    except streams.DRIVER_ERRORS as exc:
+        raise GuardUnavailable(f"{what} {name}: {exc}") from exc
+
+
+def state_from_reply(values: Sequence[Any]) -> BreakerState:
+    """A `BreakerState` from its fields in declaration order (as the scripts reply)."""
+    status, *counters = values
+    numbers = {name: int(v) for name, v in zip(lua.COUNTER_FIELDS, counters, strict=True)}
+    return BreakerState(status=BreakerStatus(_text(status)), **numbers)
+
+
+def state_from_hash(raw: dict[Any, Any]) -> BreakerState:
+    """A `BreakerState` from HGETALL; absent fields keep their defaults (empty = fresh)."""
+    values = {_text(k): _text(v) for k, v in raw.items()}
+    defaults = BreakerState()
+    return state_from_reply(
+        [values.get(name, str(getattr(defaults, name))) for name in lua.STATE_FIELDS]
+    )
+
+
+def _config_args(cfg: BreakerConfig) -> list[str]:
+    return [repr(value) for value in astuple(cfg)]
+
+
+class RedisLimiter:
+    """`Limiter` on one sorted set per upstream, shared cluster-wide.
+
+    `token` makes each hit's member unique; the default is 64 random bits per call.
+    """
+
+    def __init__(self, redis: streams.Redis, keys: Keys, token: Callable[[], str] = _token) -> None:
+        self._redis = redis
+        self._keys = keys
+        self._token = token
+        self._script = redis.register_script(lua.LIMITER)
+
+    async def acquire(self, name: str, limit: int, window_ms: int, burst: int = 0) -> Admission:
+        check_limits(limit, window_ms, burst)
+        async with _guarded("limiter", name):
+            allowed, retry_after_ms, in_window = await self._script(
+                keys=[self._keys.limiter(name)],
+                args=[limit, window_ms, burst, self._token()],
+            )
+        return Admission(bool(allowed), int(retry_after_ms), int(in_window))
+
+
+class RedisBreakers:
+    """`Breakers` on one hash per upstream, shared cluster-wide; half-open probe slots are
+    taken atomically, so exactly `cfg.probes` calls are admitted across all executors."""
+
+    def __init__(self, redis: streams.Redis, keys: Keys) -> None:
+        self._redis = redis
+        self._keys = keys
+        self._admit = redis.register_script(lua.BREAKER_ADMIT)
+        self._record = redis.register_script(lua.BREAKER_RECORD)
+
+    async def admit(self, name: str, cfg: BreakerConfig) -> BreakerDecision:
+        async with _guarded("breaker", name):
+            reply = await self._admit(keys=[self._keys.breaker(name)], args=_config_args(cfg))
+        allowed, probe, retry_after_ms, before, *fields = reply
+        after = state_from_reply(fields)
+        return BreakerDecision(
+            allowed=bool(allowed),
+            probe=bool(probe),
+            retry_after_ms=int(retry_after_ms),
+            status=after.status,
+            transition=breaker.transition(BreakerStatus(_text(before)), after.status),
+        )
+
+    async def record(self, name: str, outcome: Outcome, cfg: BreakerConfig) -> BreakerUpdate:
+        args = [*_config_args(cfg), outcome.value]
+        async with _guarded("breaker", name):
+            reply = await self._record(keys=[self._keys.breaker(name)], args=args)
+        before, *fields = reply[3:]
+        after = state_from_reply(fields)
+        return BreakerUpdate(after, breaker.transition(BreakerStatus(_text(before)), after.status))
+
+    async def state(self, name: str) -> BreakerState:
+        async with _guarded("breaker", name):
+            raw = await self._redis.hgetall(self._keys.breaker(name))
+        return state_from_hash(raw)

@@ -1,0 +1,100 @@
+"""Sliding-window admission, as a pure function of (now, recent hits, limit, window, burst).
+
+A *hit* is the time (UTC epoch ms) of one admitted call. A hit at `t` is *in the window* at
+`now` when `now - window_ms < t`, and *in the horizon* when `now - 2 * window_ms < t`.
+
+Two caps hold for every admitted call, over every span of time:
+
+- at most `limit + burst` hits in any `window_ms` span (the short cap);
+- at most `2 * limit` hits in any `2 * window_ms` span (the long cap).
+
+So `burst` is headroom above `limit` that is paid back: a window may take up to
+`limit + burst` calls when the window before it was under-used by at least as much, and over
+any two consecutive windows the rate stays at `limit` per window. With `burst = 0` the long
+cap is implied by the short one and this is a plain sliding log of `limit` per `window_ms`.
+A `burst` above `limit` is never fully usable: the long cap allows `2 * limit` per window.
+
+Rejected calls are not hits. `retry_after_ms` of a rejection is exact: the first moment at which
+the same call would be admitted if nothing else were admitted meanwhile, which is when the
+oldest hit that keeps a cap full leaves its span.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from taskstream.core.errors import ConfigError
+from taskstream.core.spec_parts import UpstreamLimit
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """The limiter's answer for one call.
+
+    `retry_after_ms` is 0 when allowed and >= 1 otherwise. `in_window` is the number of hits in
+    the window after the decision, this call included when it was allowed.
+    """
+
+    allowed: bool
+    retry_after_ms: int
+    in_window: int
+
+
+class Limits(NamedTuple):
+    """`limit` calls per `window_ms` (>= 1 each), plus `burst` (>= 0); see the module doc."""
+
+    limit: int
+    window_ms: int
+    burst: int = 0
+
+
+def check_limits(limit: int, window_ms: int, burst: int) -> Limits:
+    """The arguments as `Limits`; raises `ConfigError` listing every value out of range."""
+    problems = [
+        f"{name} must be >= {low}, got {value}"
+        for name, value, low in (
+            ("limit", limit, 1),
+            ("window_ms", window_ms, 1),
+            ("burst", burst, 0),
+        )
+        if value < low
+    ]
+    if problems:
+        raise ConfigError(problems)
+    return Limits(limit, window_ms, burst)
+
+
+def limits_from_spec(spec: UpstreamLimit) -> Limits:
+    """A task spec's upstream limit (window in float seconds) in whole milliseconds (>= 1)."""
+    window_ms = max(1, round(spec.window * 1000))
+    return check_limits(spec.limit, window_ms, spec.burst or 0)
+
+
+def horizon_ms(window_ms: int) -> int:
+    """How far back hits matter: the long cap's span. Older hits may be discarded."""
+    return 2 * window_ms
+
+
+def _wait_ms(now_ms: int, span_hits: list[int], cap: int, span_ms: int) -> int:
+    """Time until fewer than `cap` of `span_hits` (sorted, all within the span) remain in it."""
+    if len(span_hits) < cap:
+        return 0
+    blocker = span_hits[len(span_hits) - cap]
+    return max(1, blocker + span_ms - now_ms)
+
+
+def decide(now_ms: int, hits: Iterable[int], limit: int, window_ms: int, burst: int) -> Admission:
+    """Admit one call at `now_ms` given earlier `hits` (any order; ones outside the horizon are
+    ignored). The caller records `now_ms` as a new hit exactly when the answer is allowed."""
+    check_limits(limit, window_ms, burst)
+    recent = sorted(t for t in hits if t > now_ms - horizon_ms(window_ms))
+    in_window = [t for t in recent if t > now_ms - window_ms]
+    wait = max(
+        _wait_ms(now_ms, in_window, limit + burst, window_ms),
+        _wait_ms(now_ms, recent, 2 * limit, horizon_ms(window_ms)),
+    )
+    if wait:
+        return Admission(allowed=False, retry_after_ms=wait, in_window=len(in_window))
+    return Admission(allowed=True, retry_after_ms=0, in_window=len(in_window) + 1)

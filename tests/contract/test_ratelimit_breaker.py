@@ -1,0 +1,127 @@
+"""The `Breakers` contract, run over the in-memory twin and Redis.
+
+Cool-downs that a test must outlast are 50 ms, and the backend's clock is moved past them with
+`Rig.wait_until_ms` (the memory clock jumps; Redis's `TIME` is polled). Cool-downs a test must
+stay inside are 60 s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from taskstream.ratelimit.breaker import BreakerConfig, BreakerStatus, Outcome, Transition
+from tests.ratelimit.rigs import KINDS, Rig, open_rig
+
+LONG = BreakerConfig(failure_threshold=3, cooldown_ms=60_000, probe_timeout_ms=60_000)
+SHORT = BreakerConfig(failure_threshold=3, cooldown_ms=50, probe_timeout_ms=60_000)
+S, F, IGNORE = Outcome.SUCCESS, Outcome.FAILURE, Outcome.IGNORE
+
+
+@pytest.fixture(params=KINDS)
+async def rig(request: pytest.FixtureRequest, redis_url: str, namespace: str) -> AsyncIterator[Rig]:
+    async with open_rig(request.param, redis_url, namespace) as opened:
+        yield opened
+
+
+async def _report(rig: Rig, cfg: BreakerConfig, *outcomes: Outcome) -> list[Transition | None]:
+    return [(await rig.breakers.record("api", o, cfg)).transition for o in outcomes]
+
+
+async def _half_open(rig: Rig, cfg: BreakerConfig) -> None:
+    """Open the breaker, outlast the cool-down, take the first probe."""
+    await _report(rig, cfg, *[F] * cfg.failure_threshold)
+    opened = await rig.breakers.state("api")
+    await rig.wait_until_ms(opened.since_ms + cfg.cooldown_ms)
+    first = await rig.breakers.admit("api", cfg)
+    assert (first.allowed, first.probe, first.transition) == (True, True, Transition.HALF_OPENED)
+
+
+async def test_a_new_breaker_is_closed_and_admits(rig: Rig) -> None:
+    decision = await rig.breakers.admit("api", LONG)
+    assert (decision.allowed, decision.probe, decision.status) == (True, False, "closed")
+    assert decision.transition is None
+    assert (await rig.breakers.state("api")).status is BreakerStatus.CLOSED
+
+
+async def test_consecutive_failures_open_it(rig: Rig) -> None:
+    assert await _report(rig, LONG, F, F, S, F, F) == [None] * 5
+    assert await _report(rig, LONG, F) == [Transition.OPENED]
+    decision = await rig.breakers.admit("api", LONG)
+    assert (decision.allowed, decision.status, decision.transition) == (False, "open", None)
+    assert 55_000 < decision.retry_after_ms <= 60_000
+
+
+async def test_a_failure_rate_over_min_calls_opens_it(rig: Rig) -> None:
+    cfg = BreakerConfig(failure_threshold=100, min_calls=6, failure_rate=0.5, cooldown_ms=60_000)
+    assert await _report(rig, cfg, S, F, S, F, S) == [None] * 5
+    assert await _report(rig, cfg, F) == [Transition.OPENED]
+
+
+async def test_ignored_outcomes_count_neither_way(rig: Rig) -> None:
+    assert await _report(rig, LONG, F, F, IGNORE, IGNORE) == [None] * 4
+    state = await rig.breakers.state("api")
+    assert (state.consecutive_failures, state.window_calls, state.window_failures) == (2, 2, 2)
+    assert await _report(rig, LONG, F) == [Transition.OPENED]
+
+
+async def test_outcomes_while_open_change_nothing(rig: Rig) -> None:
+    await _report(rig, LONG, F, F, F)
+    before = await rig.breakers.state("api")
+    assert await _report(rig, LONG, S, F, IGNORE) == [None] * 3
+    assert await rig.breakers.state("api") == before
+
+
+async def test_after_the_cool_down_one_probe_goes_and_others_wait(rig: Rig) -> None:
+    await _half_open(rig, SHORT)
+    second = await rig.breakers.admit("api", SHORT)
+    assert (second.allowed, second.status, second.transition) == (False, "half_open", None)
+    assert 55_000 < second.retry_after_ms <= 60_000
+
+
+@pytest.mark.parametrize(
+    ("outcome", "status", "transition"),
+    [(S, "closed", Transition.CLOSED), (F, "open", Transition.OPENED)],
+)
+async def test_a_probe_outcome_closes_or_reopens(
+    rig: Rig, outcome: Outcome, status: str, transition: Transition
+) -> None:
+    await _half_open(rig, SHORT)
+    update = await rig.breakers.record("api", outcome, SHORT)
+    assert (update.state.status, update.transition) == (status, transition)
+    assert update.state.consecutive_failures == update.state.probes_admitted == 0
+
+
+async def test_an_ignored_probe_gives_its_slot_back(rig: Rig) -> None:
+    await _half_open(rig, SHORT)
+    assert (await rig.breakers.record("api", IGNORE, SHORT)).transition is None
+    assert (await rig.breakers.admit("api", SHORT)).probe
+
+
+async def test_with_two_probes_both_must_succeed(rig: Rig) -> None:
+    cfg = BreakerConfig(failure_threshold=3, cooldown_ms=50, probes=2)
+    await _half_open(rig, cfg)
+    assert (await rig.breakers.admit("api", cfg)).probe
+    assert not (await rig.breakers.admit("api", cfg)).allowed
+    assert await _report(rig, cfg, S, S) == [None, Transition.CLOSED]
+
+
+async def test_a_lost_probe_slot_is_handed_out_again(rig: Rig) -> None:
+    cfg = BreakerConfig(failure_threshold=3, cooldown_ms=50, probe_timeout_ms=50)
+    await _half_open(rig, cfg)
+    slots_given = await rig.breakers.state("api")
+    await rig.wait_until_ms(slots_given.since_ms + cfg.probe_timeout_ms)
+    again = await rig.breakers.admit("api", cfg)
+    assert (again.allowed, again.probe, again.transition) == (True, True, None)
+
+
+async def test_exactly_one_probe_among_concurrent_callers(rig: Rig) -> None:
+    await _report(rig, SHORT, F, F, F)
+    opened = await rig.breakers.state("api")
+    await rig.wait_until_ms(opened.since_ms + SHORT.cooldown_ms)
+    decisions = await asyncio.gather(*(rig.breakers.admit("api", SHORT) for _ in range(10)))
+    assert sum(d.allowed for d in decisions) == 1
+    assert sum(d.transition is Transition.HALF_OPENED for d in decisions) == 1
+    assert all(d.status is BreakerStatus.HALF_OPEN for d in decisions)

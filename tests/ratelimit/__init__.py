@@ -1,0 +1,1 @@
+"""Helpers shared by the rate-limit and breaker contract tests."""
