@@ -14,6 +14,10 @@ async def _nothing_done(_key: str) -> bool:
     return False
 
 
+async def _no_markers(_name: str, _business_date: str) -> bool:
+    raise RuntimeError("this context cannot set readiness markers")
+
+
 @dataclass(slots=True)
 class AgentContext:
     """What a run knows about itself.
@@ -33,6 +37,17 @@ class AgentContext:
     record: dict[str, Any] = field(default_factory=dict)
     side_effects: list[str] = field(default_factory=list)
     effect_done: Callable[[str], Awaitable[bool]] = _nothing_done
+    business_date: str | None = None
+    set_marker: Callable[[str, str], Awaitable[bool]] = _no_markers
+
+    async def mark_ready(self, name: str, business_date: str | None = None) -> bool:
+        """Set the readiness marker `name` (e.g. `raw_data.ready`) for a business date (this
+        run's by default), releasing ticks of tasks that `depends_on` it. False when it was
+        already set."""
+        day = business_date or self.business_date
+        if day is None:
+            raise ValueError("no business date: pass one explicitly")
+        return await self.set_marker(name, day)
 
     async def once(self, key: str) -> bool:
         """True when the side effect named `key` should be performed by this run: no earlier

@@ -53,6 +53,8 @@ async def execute(run: Run, *, store: Store, clock: Clock, max_payload_bytes: in
         log=log,
         side_effects=run.side_effects,
         effect_done=store.side_effect_done,
+        business_date=row.business_date,
+        set_marker=store.mark_ready,
     )
     try:
         async with asyncio.timeout(timeout_s):

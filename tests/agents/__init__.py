@@ -54,7 +54,13 @@ async def _slow(ctx: AgentContext, p: Params) -> dict[str, Any]:
     return {"slept": p.seconds, "attempt": ctx.attempt}
 
 
+async def _producer(ctx: AgentContext, p: Params) -> dict[str, Any]:
+    """Marks `raw.ready` for its business date, as a data-collection agent would."""
+    return {"marked": await ctx.mark_ready("raw.ready")}
+
+
 AGENTS = (
+    FunctionAgent(name="producer", params_model=Params, fn=_producer),
     FunctionAgent(name="flaky", params_model=Params, fn=_flaky),
     FunctionAgent(name="effect", params_model=Params, fn=_effect),
     FunctionAgent(name="crash", params_model=Params, fn=_crash),

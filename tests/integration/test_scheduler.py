@@ -16,7 +16,7 @@ from taskstream.core.store.sql import SqlStore
 from taskstream.scheduler import manual
 from taskstream.scheduler.leader import LeaderLease
 from taskstream.scheduler.service import Scheduler, SchedulerConfig
-from tests.integration.harness import T0, Harness
+from tests.integration.harness import T0, Harness, Running, until
 from tests.support.databases import temp_database
 
 M0 = 1_780_000_020_000
@@ -191,3 +191,28 @@ tasks:
         h.outbox, spec, from_ms=M0 + 60_000, to_ms=M0 + 5 * 60_000, now_ms=h.clock.now_ms()
     )
     assert done.published == 5  # a missed tick can still be run on purpose
+
+
+async def test_an_agent_marking_ready_releases_a_waiting_tick(
+    store: SqlStore, redis: streams.Redis, keys: Keys
+) -> None:
+    h = Harness(store, redis, keys, FixedClock(M0 + 1))
+    await h.apply(DEPS + "  - {id: collect, agent: producer}\n")
+    s = make(h)
+    await s.run_pass()
+    h.clock.advance(60_000)
+    await s.run_pass()
+    assert [d.decision for d in await store.decisions("report")] == ["wait_dep"]
+    producer = await h.trigger(DEPS + "  - {id: collect, agent: producer}\n", "collect", M0)
+    ex = Running(h.executor())
+    try:
+
+        async def produced() -> bool:
+            row = await store.get_instance(producer.id)
+            return row is not None and row.status is Status.SUCCESS
+
+        await until(produced)
+    finally:
+        await ex.close()
+    await s.run_pass()
+    assert [d.decision for d in await store.decisions("report")] == ["wait_dep", "should_run"]
