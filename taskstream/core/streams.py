@@ -112,13 +112,16 @@ async def ack(redis: Redis, stream: str, entry_id: str) -> None:
 
 
 async def ack_many(redis: Redis, deliveries: list[Delivery]) -> None:
-    """`ack` for many entries in one MULTI."""
-    if not deliveries:
+    """`ack` for many entries in one MULTI: one XACK and one XDEL per stream."""
+    by_stream: dict[str, list[str]] = {}
+    for d in deliveries:
+        by_stream.setdefault(d.stream, []).append(d.entry_id)
+    if not by_stream:
         return
     async with redis.pipeline(transaction=True) as pipe:
-        for d in deliveries:
-            pipe.xack(d.stream, GROUP, d.entry_id)
-            pipe.xdel(d.stream, d.entry_id)
+        for stream, ids in by_stream.items():
+            pipe.xack(stream, GROUP, *ids)
+            pipe.xdel(stream, *ids)
         await pipe.execute()
 
 

@@ -56,7 +56,9 @@ class ConstraintViolation(StoreError):
 POOL_SIZE = 10
 """Pooled connections per process (plus the default overflow of 10). No pre-ping: it costs a
 round trip per transaction; a connection the server dropped fails its statement instead, the
-pool discards it, and the caller's loop retries (`StoreUnavailable`)."""
+pool discards it, and the caller's loop retries (`StoreUnavailable`). No reset on return:
+every use ends its own transaction (`begin()` commits or rolls back; a read's `connect()`
+rolls back on close), so the pool's extra ROLLBACK would be a wasted round trip."""
 
 
 def make_engine(url: str) -> AsyncEngine:
@@ -71,6 +73,7 @@ def make_engine(url: str) -> AsyncEngine:
             url,
             pool_recycle=POOL_RECYCLE_S,
             pool_size=POOL_SIZE,
+            pool_reset_on_return=None,
             connect_args={"timeout": CONNECT_TIMEOUT_S},
         )
     raise ConfigError([f"no SQL store for database backend {backend!r}"])
@@ -105,6 +108,7 @@ def _mysql_engine(url: str) -> AsyncEngine:
         isolation_level="READ COMMITTED",
         pool_recycle=POOL_RECYCLE_S,
         pool_size=POOL_SIZE,
+        pool_reset_on_return=None,
         connect_args={"connect_timeout": CONNECT_TIMEOUT_S},
     )
     event.listen(engine.sync_engine, "connect", _mysql_on_connect)

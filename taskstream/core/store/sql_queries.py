@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 
-from sqlalchemy import String, Update, and_, case, func, insert, literal, or_, select
+from sqlalchemy import String, Update, and_, case, func, insert, literal, select, tuple_
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.types import TypeEngine
@@ -48,9 +48,10 @@ def chunks(items: Sequence[_T]) -> Iterator[Sequence[_T]]:
 
 
 def match_pairs(pairs: Sequence[tuple[str, int]]) -> ColumnElement[bool]:
-    """Rows whose (id, attempt) is one of `pairs`."""
-    # The IN list lets every planner find the rows through the primary key.
-    exact = or_(*(and_(inst.c.id == i, inst.c.attempt == a) for i, a in pairs))
+    """Rows whose (id, attempt) is one of `pairs`: a row-value IN, one cached statement
+    whatever the batch size (an OR of ANDs is rebuilt and re-keyed for every batch)."""
+    # The plain IN on id lets every planner find the rows through the primary key.
+    exact = tuple_(inst.c.id, inst.c.attempt).in_(list(pairs))
     return and_(inst.c.id.in_([i for i, _ in pairs]), exact)
 
 
