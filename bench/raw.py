@@ -1,0 +1,196 @@
+"""(a) The durable raw limit: Redis Streams + MariaDB with no framework.
+
+N entries (the same fields a taskstream work entry has) are XADDed in pipelines to one stream,
+with N rows `DISPATCHED` in a throwaway InnoDB table. Two consumer processes in one consumer
+group then loop, per batch: XREADGROUP COUNT 100, one CAS
+`UPDATE items SET status='RUNNING' WHERE id IN (...) AND status='DISPATCHED'` (autocommit),
+one CAS `UPDATE ... SET status='SUCCESS' WHERE id IN (...) AND status='RUNNING'` (autocommit),
+then XACK + XDEL in one MULTI. A consumer stops at its first empty read (everything was
+published before it started) or at its deadline. The figure is N divided by the time from the
+first read of either consumer to the last ack of either (host clock, one host).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing as mp
+import resource
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from bench import cpu
+from bench.common import (
+    Barrier,
+    Services,
+    delete_keys,
+    mysql_connect,
+    run_workers,
+    say,
+    temp_database,
+    unique,
+)
+
+GROUP = "raw"
+BATCH = 100
+PUBLISH_CHUNK = 1000
+CONSUMERS = 2
+DEADLINE_S = 120.0
+
+
+@dataclass(frozen=True, slots=True)
+class RawResult:
+    entries: int
+    seconds: float
+    success_rows: int
+    batches: int
+    cpu: dict[str, float]
+    """CPU seconds by category (`bench.cpu`; "bench" is the consumers) while draining."""
+
+    def cpu_ms_per_entry(self, category: str) -> float:
+        return self.cpu.get(category, 0.0) * 1000 / max(self.entries, 1)
+
+    @property
+    def rate(self) -> float:
+        return self.entries / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Job:
+    svc: Services
+    database: str
+    stream: str
+    consumer: str
+
+
+def _entry(instance_id: str, now_ms: int) -> dict[str, str]:
+    return {
+        "v": "1",
+        "instance_id": instance_id,
+        "task_id": "raw",
+        "agent": "echo",
+        "attempt": "0",
+        "scheduled_for_ms": str(now_ms),
+        "emitted_at_ms": str(now_ms),
+        "trace_id": uuid.uuid4().hex,
+    }
+
+
+async def _prepare(svc: Services, database: str, stream: str, n: int) -> None:
+    conn = await mysql_connect(svc, database)
+    redis = aioredis.Redis.from_url(svc.redis_url)
+    try:
+        async with conn.cursor() as cur:
+            await cur.execute(
+                "CREATE TABLE items (id VARCHAR(64) NOT NULL PRIMARY KEY,"
+                " status VARCHAR(16) NOT NULL) ENGINE=InnoDB"
+            )
+            ids = [f"i_{uuid.uuid4().hex[:24]}" for _ in range(n)]
+            for start in range(0, n, PUBLISH_CHUNK):
+                part = ids[start : start + PUBLISH_CHUNK]
+                values = ",".join(["(%s, 'DISPATCHED')"] * len(part))
+                await cur.execute(f"INSERT INTO items (id, status) VALUES {values}", part)  # noqa: S608
+        await redis.xgroup_create(stream, GROUP, id="0", mkstream=True)
+        now_ms = int(time.time() * 1000)
+        for start in range(0, n, PUBLISH_CHUNK):
+            async with redis.pipeline(transaction=False) as pipe:
+                for instance_id in ids[start : start + PUBLISH_CHUNK]:
+                    pipe.xadd(stream, _entry(instance_id, now_ms))  # type: ignore[arg-type]
+                await pipe.execute()
+    finally:
+        conn.close()
+        await redis.aclose()
+
+
+async def _consume(job: _Job, barrier: Barrier) -> dict[str, Any]:
+    redis = aioredis.Redis.from_url(job.svc.redis_url)
+    conn = await mysql_connect(job.svc, job.database)
+    await redis.ping()
+    barrier.arrive()
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    cpu_start = usage.ru_utime + usage.ru_stime
+    first: float | None = None
+    last: float | None = None
+    done = batches = 0
+    deadline = time.monotonic() + DEADLINE_S
+    try:
+        async with conn.cursor() as cur:
+            while time.monotonic() < deadline:
+                started = time.time()
+                reply: Any = await redis.xreadgroup(
+                    GROUP, job.consumer, {job.stream: ">"}, count=BATCH
+                )
+                if not reply:
+                    break
+                first = started if first is None else first
+                entries = reply[0][1]
+                entry_ids = [e[0] for e in entries]
+                ids = [e[1][b"instance_id"].decode() for e in entries]
+                await cur.execute(_cas("RUNNING", "DISPATCHED", len(ids)), ids)
+                await cur.execute(_cas("SUCCESS", "RUNNING", len(ids)), ids)
+                async with redis.pipeline(transaction=True) as pipe:
+                    pipe.xack(job.stream, GROUP, *entry_ids)
+                    pipe.xdel(job.stream, *entry_ids)
+                    await pipe.execute()
+                last = time.time()
+                done += len(ids)
+                batches += 1
+    finally:
+        conn.close()
+        await redis.aclose()
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    cpu_s = usage.ru_utime + usage.ru_stime - cpu_start
+    return {"first": first, "last": last, "done": done, "batches": batches, "cpu_s": cpu_s}
+
+
+def _cas(dst: str, src: str, n: int) -> str:
+    """`UPDATE items SET status=dst WHERE id IN (%s x n) AND status=src` (constants only)."""
+    marks = ",".join(["%s"] * n)
+    return f"UPDATE items SET status='{dst}' WHERE id IN ({marks}) AND status='{src}'"  # noqa: S608
+
+
+def _consumer_main(job: _Job, barrier: Barrier, out: mp.Queue[Any]) -> None:
+    out.put(asyncio.run(_consume(job, barrier)))
+
+
+async def run_raw(svc: Services, n: int) -> RawResult:
+    """One measurement of the raw limit with `n` entries."""
+    stream = unique("tsbench:raw:")
+    redis = aioredis.Redis.from_url(svc.redis_url)
+    try:
+        async with temp_database(svc) as database:
+            await _prepare(svc, database, stream, n)
+            jobs = [_Job(svc, database, stream, f"raw-{i}") for i in range(CONSUMERS)]
+            before = cpu.snapshot()
+            results = await run_workers(_consumer_main, jobs, DEADLINE_S + 30)
+            used = cpu.usage(before, cpu.snapshot())
+            used["bench"] = sum(float(r["cpu_s"]) for r in results)
+            success = await _count_success(svc, database)
+    finally:
+        await delete_keys(redis, stream)
+        await redis.aclose()
+    firsts = [r["first"] for r in results if r["first"] is not None]
+    lasts = [r["last"] for r in results if r["last"] is not None]
+    done = sum(int(r["done"]) for r in results)
+    seconds = (max(lasts) - min(firsts)) if firsts and lasts else 0.0
+    result = RawResult(done, seconds, success, sum(int(r["batches"]) for r in results), used)
+    say(
+        f"(a) raw: {done} entries in {seconds:.3f} s = {result.rate:,.0f}/s ({success} SUCCESS);"
+        f" CPU ms/entry: consumers {result.cpu_ms_per_entry('bench'):.3f}, MariaDB"
+        f" {result.cpu_ms_per_entry('mariadb'):.3f}, Redis {result.cpu_ms_per_entry('redis'):.3f}"
+    )
+    return result
+
+
+async def _count_success(svc: Services, database: str) -> int:
+    conn = await mysql_connect(svc, database)
+    try:
+        async with conn.cursor() as cur:
+            await cur.execute("SELECT COUNT(*) FROM items WHERE status='SUCCESS'")
+            row = await cur.fetchone()
+            return int(row[0])
+    finally:
+        conn.close()
