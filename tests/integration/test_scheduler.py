@@ -216,3 +216,37 @@ async def test_an_agent_marking_ready_releases_a_waiting_tick(
         await ex.close()
     await s.run_pass()
     assert [d.decision for d in await store.decisions("report")] == ["wait_dep", "should_run"]
+
+
+READY_CATCHUP = """
+tasks:
+  - id: ready
+    agent: echo
+    schedule: {every: 1m}
+    window: 30s
+    depends_on: [raw.ready]
+    catchup: {max_delay: 1h, mode: latest, only_if_ready: true}
+"""
+
+
+@pytest.mark.parametrize("marked", [True, False])
+async def test_catch_up_only_if_ready_with_a_marker_set_late(
+    store: SqlStore, redis: streams.Redis, keys: Keys, marked: bool
+) -> None:
+    h = Harness(store, redis, keys, FixedClock(M0 + 1))
+    await h.apply(READY_CATCHUP)
+    s = make(h)
+    await s.run_pass()
+    h.clock.advance(10 * 60_000 - 1)  # down for ten minutes; the last tick's window closed
+    h.clock.advance(45_000)
+    if marked:  # the data arrived late, while no scheduler ran
+        await store.mark_ready("raw.ready", "2026-05-28")
+    await s.run_pass()
+    last = [d for d in await store.decisions("ready", limit=100)][-1]
+    runs = await store.list_instances(task_id="ready", status=Status.DISPATCHED)
+    if marked:
+        assert last.decision == "should_run"
+        assert [r.scheduled_for_ms for r in runs] == [M0 + 10 * 60_000]
+    else:
+        assert last.decision == "skip_dep"
+        assert runs == []
