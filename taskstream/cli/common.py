@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from rich.console import Console
 
-from taskstream.core import streams
+from taskstream.core import notify, streams
 from taskstream.core.errors import ClusterNotFound
 from taskstream.core.protocol import Keys
 from taskstream.core.settings import Settings
@@ -54,6 +54,17 @@ class Cluster:
     @property
     def keys(self) -> Keys:
         return keys_of(self.settings)
+
+    async def hint(self, what: str) -> None:
+        """Tell the scheduler something changed (best effort; see `core.notify`)."""
+        if self.redis is not None:
+            await notify.hint(self.redis, self.keys, what)
+        elif self.endpoints.redis_url:
+            redis = streams.connect(self.endpoints.redis_url)
+            try:
+                await notify.hint(redis, self.keys, what)
+            finally:
+                await redis.aclose()
 
     @property
     def queue(self) -> streams.Redis:

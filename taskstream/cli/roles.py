@@ -17,6 +17,7 @@ from taskstream.agents.registry import default_registry
 from taskstream.cli.common import Cluster, err_console, open_cluster, run_async, settings
 from taskstream.core import preconditions, streams
 from taskstream.core.clock import Clock, SystemClock
+from taskstream.core.notify import Wakeups
 from taskstream.core.outbox import Outbox
 from taskstream.core.settings import Settings
 from taskstream.core.store.migrate import upgrade
@@ -67,7 +68,10 @@ def scheduler_cmd() -> None:
         lease = LeaderLease(
             cluster.queue, cluster.keys, owner, lease_ms=round(s.scheduler_lease_s * 1000)
         )
-        return Scheduler(cluster.store, outbox, clock, config, leader=lease, checks=checks)
+        wakeups = Wakeups(cluster.queue, cluster.keys)
+        return Scheduler(
+            cluster.store, outbox, clock, config, leader=lease, checks=checks, wakeups=wakeups
+        )
 
     run_async(_serve(s, build))
 

@@ -205,7 +205,9 @@ def backfill_cmd(
 def _set_paused(task: str, paused: bool) -> None:
     async def go() -> bool:
         async with open_cluster(settings(), need_redis=False) as cluster:
-            return await cluster.store.set_paused(task, paused)
+            changed = await cluster.store.set_paused(task, paused)
+            await cluster.hint("definitions")
+            return changed
 
     if not run_async(go()):
         raise TaskstreamError(f"unknown task {task!r} (define it with `taskstream tasks apply`)")
@@ -239,7 +241,9 @@ def mark_cmd(
 
     async def go() -> bool:
         async with open_cluster(settings(), need_redis=False) as cluster:
-            return await cluster.store.mark_ready(name, business_date)
+            marked = await cluster.store.mark_ready(name, business_date)
+            await cluster.hint("marker")
+            return marked
 
     done = "marked" if run_async(go()) else "already marked"
     sys.stdout.write(f"{name} {business_date}: {done}\n")

@@ -42,7 +42,9 @@ def apply_cmd(path: Path = FILE_ARG) -> None:
 
 async def _apply(taskfile: TaskFile) -> dict[str, str]:
     async with open_cluster(settings(), need_redis=False) as cluster:
-        return await cluster.store.upsert_definitions(to_records(taskfile))
+        changes = await cluster.store.upsert_definitions(to_records(taskfile))
+        await cluster.hint("definitions")
+        return changes
 
 
 @tasks_app.command("list")

@@ -9,6 +9,9 @@ Keys (all share one hash tag so a namespace lives in one Redis Cluster slot)::
     {prefix}:{{{namespace}}}:alive:{consumer}          executor liveness (short TTL)
     {prefix}:{{{namespace}}}:limit:{upstream}          sliding-window limiter (sorted set)
     {prefix}:{{{namespace}}}:breaker:{upstream}        circuit breaker state (hash)
+    {prefix}:{{{namespace}}}:control                   pub/sub channel: "something changed,
+                                                       scheduler wake up" (definitions,
+                                                       markers, retries); a hint, never data
 
 Consumer group on every work stream: `executors`.
 
@@ -102,6 +105,10 @@ class Keys:
     @property
     def leader_epoch(self) -> str:
         return f"{self.base}:leader:epoch"
+
+    @property
+    def control(self) -> str:
+        return f"{self.base}:control"
 
     def alive(self, consumer: str) -> str:
         return f"{self.base}:alive:{consumer}"

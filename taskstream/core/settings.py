@@ -33,7 +33,8 @@ class Settings(BaseSettings):
     max_payload_bytes: int = Field(default=256 * 1024, ge=1024)
     max_deliveries: int = Field(default=5, ge=1, le=1000)
     lease_margin_s: float = Field(default=30.0, ge=1.0)
-    scheduler_max_sleep_s: float = Field(default=1.0, gt=0.0, le=60.0)
+    scheduler_max_sleep_s: float = Field(default=60.0, gt=0.0, le=3600.0)
+    """Longest scheduler sleep without a hint on the control channel (a safety net)."""
     shutdown_grace_s: float = Field(default=8.0, ge=0.0)
     agent_modules: tuple[str, ...] = ()
     """Modules whose `AGENTS` are registered next to the built-ins (comma list in the env)."""

@@ -13,9 +13,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from random import Random
 
-from taskstream.core import streams
+from taskstream.core import notify, streams
 from taskstream.core.clock import Clock
 from taskstream.core.logging import get_logger
+from taskstream.core.protocol import Keys
 from taskstream.core.spec_parts import RetryPolicy
 from taskstream.core.states import FailClass, Status
 from taskstream.core.store.port import CasResult, Store
@@ -40,9 +41,16 @@ class Committer:
     """Commits finished runs for one executor process."""
 
     def __init__(
-        self, store: Store, redis: streams.Redis, clock: Clock, rng: Random, dead: DeadLetter
+        self,
+        store: Store,
+        redis: streams.Redis,
+        keys: Keys,
+        clock: Clock,
+        rng: Random,
+        dead: DeadLetter,
     ) -> None:
         self._store, self._redis, self._clock, self._rng = store, redis, clock, rng
+        self._keys = keys
         self._dead = dead
         self._queue: asyncio.Queue[_Item] = asyncio.Queue()
         self._log = get_logger(role="executor")
@@ -122,6 +130,8 @@ class Committer:
                 fail_class=finish.fail_class,
             )
         await streams.ack_many(self._redis, acks)
+        if any(_retries(item.plan) for item in committed):
+            await notify.hint(self._redis, self._keys, "retry")
         for item in committed:
             item.done.set_result(True)
 
@@ -138,6 +148,14 @@ class Committer:
             fail_class=decision.fail_class,
             next_attempt_at_ms=decision.next_attempt_at_ms,
         )
+
+
+def _retries(p: Plan) -> bool:
+    """The plan leaves the instance RETRYING (the scheduler must learn its due time)."""
+    after = p.after_timeout
+    return p.finish.dst is Status.RETRYING or (
+        after is not None and after.status is Status.RETRYING
+    )
 
 
 def _with_effects(p: Plan, side_effects: list[str]) -> Plan:

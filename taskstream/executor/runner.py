@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 
 from pydantic import ValidationError
 
@@ -18,7 +19,14 @@ from taskstream.executor.outcome import RunEnd, failed, final, succeeded
 DEFAULT_TIMEOUT_S = 60.0
 
 
-async def execute(run: Run, *, store: Store, clock: Clock, max_payload_bytes: int) -> RunEnd:
+async def execute(
+    run: Run,
+    *,
+    store: Store,
+    clock: Clock,
+    max_payload_bytes: int,
+    on_marker: Callable[[], Awaitable[None]] | None = None,
+) -> RunEnd:
     """Run the agent of `run` once and say how it ended. Never raises but for cancellation."""
     row = run.row
     log = get_logger(instance_id=row.id, task_id=row.task_id, attempt=run.token)
@@ -54,7 +62,7 @@ async def execute(run: Run, *, store: Store, clock: Clock, max_payload_bytes: in
         side_effects=run.side_effects,
         effect_done=store.side_effect_done,
         business_date=row.business_date,
-        set_marker=store.mark_ready,
+        set_marker=_marker_setter(store, on_marker),
     )
     try:
         async with asyncio.timeout(timeout_s):
@@ -63,3 +71,15 @@ async def execute(run: Run, *, store: Store, clock: Clock, max_payload_bytes: in
         log.warning("instance.run_failed", error_type=type(exc).__name__)
         return failed(exc)
     return succeeded(result)
+
+
+def _marker_setter(
+    store: Store, on_marker: Callable[[], Awaitable[None]] | None
+) -> Callable[[str, str], Awaitable[bool]]:
+    async def mark(name: str, business_date: str) -> bool:
+        marked = await store.mark_ready(name, business_date)
+        if on_marker is not None:
+            await on_marker()
+        return marked
+
+    return mark

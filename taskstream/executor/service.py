@@ -18,7 +18,7 @@ from random import Random
 from redis.exceptions import ResponseError
 
 from taskstream.agents.registry import Registry
-from taskstream.core import streams
+from taskstream.core import notify, streams
 from taskstream.core.clock import Clock, SystemClock
 from taskstream.core.definitions import DefinitionCache
 from taskstream.core.errors import StoreUnavailable
@@ -77,7 +77,9 @@ class Executor:
         self._intake = Intake(
             deps.store, deps.redis, deps.keys, deps.registry, self._defs, config.consumer
         )
-        self._committer = Committer(deps.store, deps.redis, deps.clock, deps.rng, self._intake.dead)
+        self._committer = Committer(
+            deps.store, deps.redis, deps.keys, deps.clock, deps.rng, self._intake.dead
+        )
         self._heartbeat = Heartbeat(
             deps.store,
             deps.redis,
@@ -152,6 +154,7 @@ class Executor:
                 store=self._deps.store,
                 clock=self._deps.clock,
                 max_payload_bytes=self._config.max_payload_bytes,
+                on_marker=self._marker_set,
             )
         except asyncio.CancelledError:
             if run.fenced or not self._stopping:
@@ -161,6 +164,9 @@ class Executor:
         finally:
             self._heartbeat.untrack(run)
         await self._committer.submit(run, end)
+
+    async def _marker_set(self) -> None:
+        await notify.hint(self._deps.redis, self._deps.keys, "marker")
 
     def _release(self, run: Run) -> Plan:
         """Hand an unfinished run back: RETRYING, due now."""

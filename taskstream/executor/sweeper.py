@@ -10,7 +10,7 @@ import contextlib
 from dataclasses import dataclass
 from random import Random
 
-from taskstream.core import streams
+from taskstream.core import notify, streams
 from taskstream.core import streams_admin as admin
 from taskstream.core.clock import Clock
 from taskstream.core.definitions import DefinitionCache
@@ -80,6 +80,8 @@ class Sweeper:
             )
             await admin.trim(self._redis, stream)
         counts["republished"] = await self._reconciler.reconcile()
+        if counts.get(Action.TIMEOUT.value) or counts["republished"]:
+            await notify.hint(self._redis, self._keys, "retry")
         return counts
 
     async def _sweep_stream(self, stream: str) -> list[str]:

@@ -84,7 +84,8 @@ class Advancer:
             await self._apply(spec, fire, decision, now_ms, state)
         last = due[-1] if due else cursor
         await self._move(spec, state, min([last, *(f - 1 for f in state.waiting)]), token)
-        return next_fire(trigger, max(last, cursor))
+        wake = [d.until_ms for d in state.waiting.values() if d.until_ms is not None]
+        return min([next_fire(trigger, max(last, cursor)), *wake])
 
     async def _catch_up(
         self,

@@ -18,6 +18,7 @@ from taskstream.core.clock import Clock
 from taskstream.core.definitions import DefinitionCache
 from taskstream.core.errors import StoreUnavailable
 from taskstream.core.logging import get_logger
+from taskstream.core.notify import SAFETY_WAKE_S, Wakeups
 from taskstream.core.outbox import Outbox
 from taskstream.core.preconditions import Check
 from taskstream.core.spec import TaskSpec
@@ -30,15 +31,31 @@ from taskstream.scheduler.ticks import Trigger
 __all__ = ["Scheduler", "SchedulerConfig", "new_instance", "trigger_of"]
 
 MAX_RETRIES_PER_PASS = 1000
+ERROR_PAUSE_S = 1.0
 TASKS_AT_ONCE = 32
 """Tasks decided concurrently in one pass, so ticks due together are published together."""
 
 
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
-    """`max_sleep_s`: longest sleep between passes (seconds)."""
+    """`max_sleep_s`: longest sleep between passes when no hint arrives (seconds); passes
+    otherwise happen at the next fire time, retry or waiting tick, or on a hint."""
 
-    max_sleep_s: float = 1.0
+    max_sleep_s: float = SAFETY_WAKE_S
+
+
+async def _sleep(stop: asyncio.Event, wakeups: Wakeups | None, wait_s: float) -> None:
+    """Sleep `wait_s` seconds, ending early on `stop` or a control hint."""
+    if wakeups is None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=wait_s)
+        return
+    stopping = asyncio.create_task(stop.wait())
+    hinted = asyncio.create_task(wakeups.wait(wait_s))
+    await asyncio.wait({stopping, hinted}, return_when=asyncio.FIRST_COMPLETED)
+    for task in (stopping, hinted):
+        task.cancel()
+    await asyncio.gather(stopping, hinted, return_exceptions=True)
 
 
 class Scheduler:
@@ -53,46 +70,55 @@ class Scheduler:
         *,
         leader: LeaderLease | None = None,
         checks: dict[str, Check] | None = None,
+        wakeups: Wakeups | None = None,
     ) -> None:
+        self._wakeups = wakeups
         self._store, self._outbox, self._clock, self._config = store, outbox, clock, config
         self._leader = leader
         self._defs = DefinitionCache(store)
         self._advancer = Advancer(store, outbox, checks or {})
         self._token: int | None = None
+        self._renew_s = leader.lease_ms / 3000 if leader else config.max_sleep_s
         self._log = get_logger(role="scheduler", owner=leader.owner if leader else None)
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Run passes while leading, stand by otherwise, until `stop` is set."""
+        """Run passes while leading, stand by otherwise, until `stop` is set. Between passes
+        it sleeps until the next due moment, or until a hint on the control channel."""
         self._log.info("scheduler.started")
         try:
             while not stop.is_set():
                 wait_s = await self._step()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), timeout=wait_s)
+                await _sleep(stop, self._wakeups, wait_s)
         finally:
+            if self._wakeups is not None:
+                await self._wakeups.close()
             if self._leader is not None:
                 with contextlib.suppress(*streams.DRIVER_ERRORS):
                     await self._leader.release()
             self._log.info("scheduler.stopped")
 
     async def _step(self) -> float:
-        """One loop turn; returns how long to sleep (seconds)."""
+        """One loop turn; returns how long to sleep (seconds). A leader sleeps at most a third
+        of its lease, so it renews the lease in time."""
         try:
             if not await self._lead():
-                return self._config.max_sleep_s
+                return self._renew_s
             next_due_ms = await self.run_pass(self._token)
+            retry_ms = await self._store.next_retry_at()
         except Fenced as exc:
             self._log.warning("scheduler.fenced", error=str(exc))
             self._advancer.forget()
             if self._leader is not None:
                 await self._leader.release()
-            return self._config.max_sleep_s
+            return ERROR_PAUSE_S
         except (StoreUnavailable, *streams.DRIVER_ERRORS) as exc:
             self._log.warning("scheduler.dependency_down", error=str(exc)[:300])
-            return self._config.max_sleep_s
-        if next_due_ms is None:
-            return self._config.max_sleep_s
-        return min(self._config.max_sleep_s, max(0.0, (next_due_ms - self._clock.now_ms()) / 1000))
+            return ERROR_PAUSE_S
+        cap = min(self._config.max_sleep_s, self._renew_s)
+        due = [t for t in (next_due_ms, retry_ms) if t is not None]
+        if not due:
+            return cap
+        return min(cap, max(0.0, (min(due) - self._clock.now_ms()) / 1000))
 
     async def _lead(self) -> bool:
         """Hold or renew the lease; a new token means others may have moved cursors."""

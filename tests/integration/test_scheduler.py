@@ -12,6 +12,7 @@ from taskstream.core import streams
 from taskstream.core.clock import FixedClock
 from taskstream.core.protocol import Keys
 from taskstream.core.states import FailClass, Status
+from taskstream.core.store.port import ClaimRequest, FinishRequest
 from taskstream.core.store.sql import SqlStore
 from taskstream.scheduler import manual
 from taskstream.scheduler.leader import LeaderLease
@@ -250,3 +251,43 @@ async def test_catch_up_only_if_ready_with_a_marker_set_late(
     else:
         assert last.decision == "skip_dep"
         assert runs == []
+
+
+async def test_a_hint_wakes_a_sleeping_scheduler(
+    store: SqlStore, redis: streams.Redis, keys: Keys
+) -> None:
+    """With nothing due for 30 s, a run set to retry now is re-emitted at once after the
+    executor's hint on the control channel, not at the end of the sleep."""
+    from taskstream.core import notify
+    from taskstream.core.clock import SystemClock
+
+    h = Harness(store, redis, keys)
+    await h.apply("tasks:\n  - {id: once, agent: echo}\n")
+    row = await h.trigger("tasks:\n  - {id: once, agent: echo}\n", "once")
+    await store.claim_many([ClaimRequest(row.id, 0, 60)], owner="x")
+    scheduler = Scheduler(
+        store,
+        h.outbox,
+        SystemClock(),
+        SchedulerConfig(max_sleep_s=30),
+        wakeups=notify.Wakeups(redis, keys),
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(scheduler.run(stop))
+    try:
+        await asyncio.sleep(0.5)  # let it finish its first pass and go to sleep
+        now = await store.db_now_ms()
+        done = await store.finish_many(
+            [FinishRequest(row.id, 1, Status.RETRYING, "t", next_attempt_at_ms=now)]
+        )
+        assert done[row.id].ok
+        await notify.hint(redis, keys, "retry")
+
+        async def re_emitted() -> bool:
+            current = await store.get_instance(row.id)
+            return current is not None and current.status is Status.DISPATCHED
+
+        await until(re_emitted, timeout_s=10)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=10)

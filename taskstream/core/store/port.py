@@ -304,6 +304,10 @@ class Store(Protocol):
         """Which of `names` are set for `business_date`."""
         ...
 
+    async def next_retry_at(self) -> int | None:
+        """The earliest due time (ms) of any RETRYING row; None when none waits."""
+        ...
+
     async def active_instances(self, task_id: str, *, limit: int = 10) -> list[InstanceRow]:
         """Instances of the task not yet settled, oldest fire time first."""
         ...

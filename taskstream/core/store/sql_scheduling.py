@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from taskstream.core.states import Status
@@ -51,6 +51,15 @@ class SchedulingMethods:
         )
         async with self._read() as conn:
             return {str(n) for n in (await conn.execute(stmt)).scalars().all()}
+
+    async def next_retry_at(self) -> int | None:
+        """The earliest `next_attempt_at_ms` of any RETRYING row (ms), None when none waits."""
+        stmt = select(func.min(inst.c.next_attempt_at_ms)).where(
+            inst.c.status == Status.RETRYING.value
+        )
+        async with self._read() as conn:
+            value = (await conn.execute(stmt)).scalar_one_or_none()
+        return None if value is None else int(value)
 
     async def active_instances(self, task_id: str, *, limit: int = 10) -> list[InstanceRow]:
         """Instances of `task_id` not yet settled, oldest fire time first."""

@@ -1,0 +1,54 @@
+"""Wake-up hints for the scheduler over Redis pub/sub.
+
+Whoever changes something the scheduler reacts to (definitions applied, paused or resumed, a
+readiness marker set, a run set to retry) publishes a hint on `Keys.control`; the scheduler
+sleeps until its next due moment or a hint, whichever comes first. Hints carry no data and may
+be lost (pub/sub is fire-and-forget): the scheduler still wakes at least every
+`SAFETY_WAKE_S`, and everything it acts on is read from the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+from taskstream.core import streams
+from taskstream.core.protocol import Keys
+
+SAFETY_WAKE_S = 60.0
+
+
+async def hint(redis: streams.Redis, keys: Keys, what: str) -> None:
+    """Publish a wake-up hint; a Redis error is swallowed (the hint is only an optimisation)."""
+    with contextlib.suppress(*streams.DRIVER_ERRORS):
+        await redis.publish(keys.control, what)
+
+
+class Wakeups:
+    """A subscription to the control channel."""
+
+    def __init__(self, redis: streams.Redis, keys: Keys) -> None:
+        self._pubsub: Any = redis.pubsub(ignore_subscribe_messages=True)
+        self._channel = keys.control
+        self._subscribed = False
+
+    async def wait(self, timeout_s: float) -> bool:
+        """Wait up to `timeout_s` for a hint; True when one arrived. Drains queued hints."""
+        if not self._subscribed:
+            await self._pubsub.subscribe(self._channel)
+            self._subscribed = True
+        try:
+            message = await self._pubsub.get_message(timeout=max(0.0, timeout_s))
+        except streams.DRIVER_ERRORS:
+            self._subscribed = False
+            await asyncio.sleep(min(timeout_s, 1.0))
+            return False
+        got = message is not None
+        while got and await self._pubsub.get_message(timeout=0.0) is not None:
+            pass
+        return got
+
+    async def close(self) -> None:
+        with contextlib.suppress(*streams.DRIVER_ERRORS):
+            await self._pubsub.aclose()
