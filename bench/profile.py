@@ -15,6 +15,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
 _FRAME = re.compile(r"^(?P<func>.+?) \((?P<file>[^()]*?)(?::\d+)?\)$")
 
 
@@ -23,7 +24,7 @@ def _name(frame: str, lines: bool = False) -> str:
     if match is None:
         return frame.strip()
     file = match.group("file") if not lines else frame.strip().rsplit("(", 1)[1].rstrip(")")
-    for marker in ("site-packages/", "lib/python3", "/work/main/"):
+    for marker in ("site-packages/", "lib/python3", f"{ROOT}/"):
         if marker in file:
             file = file.split(marker, 1)[1]
             break
