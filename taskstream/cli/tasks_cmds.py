@@ -10,7 +10,7 @@ from rich.table import Table
 
 from taskstream.agents.registry import default_registry
 from taskstream.cli.common import console, open_cluster, print_json, run_async, settings
-from taskstream.core.definitions import from_record, to_records
+from taskstream.core.definitions import from_record, to_records, upstream_configs
 from taskstream.core.spec import TaskFile
 from taskstream.core.specfile import load_task_file
 
@@ -43,6 +43,8 @@ def apply_cmd(path: Path = FILE_ARG) -> None:
 async def _apply(taskfile: TaskFile) -> dict[str, str]:
     async with open_cluster(settings(), need_redis=False) as cluster:
         changes = await cluster.store.upsert_definitions(to_records(taskfile))
+        ups = await cluster.store.upsert_upstreams(upstream_configs(taskfile))
+        changes.update({f"upstream {name}": change for name, change in ups.items()})
         await cluster.hint("definitions")
         return changes
 

@@ -10,7 +10,7 @@ import typer
 
 from taskstream.agents.registry import default_registry
 from taskstream.cli.common import open_cluster, run_async, settings
-from taskstream.core.definitions import to_records
+from taskstream.core.definitions import to_records, upstream_configs
 from taskstream.core.logging import get_logger
 from taskstream.core.settings import Settings
 from taskstream.core.spec import TaskFile
@@ -70,4 +70,5 @@ async def _apply(s: Settings, eps: endpoint.Endpoints, taskfile: TaskFile) -> No
     s2 = s.model_copy(update={"database_url": eps.database_url, "redis_url": eps.redis_url})
     async with open_cluster(s2, need_redis=False) as cluster:
         changes = await cluster.store.upsert_definitions(to_records(taskfile))
+        changes |= await cluster.store.upsert_upstreams(upstream_configs(taskfile))
     get_logger(role="supervisor").info("tasks.applied", changes=changes)

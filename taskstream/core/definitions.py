@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from taskstream.core.errors import ConfigError
 from taskstream.core.spec import TaskFile, TaskSpec, spec_hash
@@ -19,6 +20,11 @@ def to_records(taskfile: TaskFile) -> list[DefinitionRecord]:
         )
         for spec in taskfile.tasks
     ]
+
+
+def upstream_configs(taskfile: TaskFile) -> dict[str, dict[str, Any]]:
+    """The file's `upstreams:` section as stored (JSON per upstream name)."""
+    return {name: limit.model_dump(mode="json") for name, limit in taskfile.upstreams.items()}
 
 
 def from_record(record: DefinitionRecord) -> TaskSpec:

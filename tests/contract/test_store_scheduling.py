@@ -27,3 +27,14 @@ async def test_active_instances_exclude_settled_ones(store: SqlStore, make_new: 
     active = await store.active_instances("report")
     assert [r.id for r in active] == ["inst-a"]
     assert await store.active_instances("nothing") == []
+
+
+async def test_upstream_limits_are_stored_by_name(store: SqlStore) -> None:
+    llm = {"limit": 50, "window": 10.0, "burst": None}
+    assert await store.upsert_upstreams({"llm": llm}) == {"llm": "created"}
+    assert await store.upsert_upstreams({"llm": llm}) == {"llm": "unchanged"}
+    assert await store.upsert_upstreams({"llm": {**llm, "limit": 60}, "web": llm}) == {
+        "llm": "updated",
+        "web": "created",
+    }
+    assert await store.list_upstreams() == {"llm": {**llm, "limit": 60}, "web": llm}

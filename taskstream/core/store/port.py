@@ -11,7 +11,7 @@ Invariants every adapter keeps:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -302,6 +302,14 @@ class Store(Protocol):
 
     async def ready_markers(self, names: Sequence[str], business_date: str) -> set[str]:
         """Which of `names` are set for `business_date`."""
+        ...
+
+    async def upsert_upstreams(self, configs: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
+        """Store upstream limits by name; name -> "created" | "updated" | "unchanged"."""
+        ...
+
+    async def list_upstreams(self) -> dict[str, dict[str, Any]]:
+        """Every stored upstream's limits, by name."""
         ...
 
     async def next_retry_at(self) -> int | None:

@@ -3,8 +3,9 @@ instances of a task (for overlap policies)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -16,6 +17,7 @@ from taskstream.core.store.port import InstanceRow
 from taskstream.core.store.sql_engine import ConstraintViolation
 from taskstream.core.store.tables import readiness_markers as markers
 from taskstream.core.store.tables import task_instances as inst
+from taskstream.core.store.tables import upstreams as ups
 
 ACTIVE = (Status.PENDING, Status.DISPATCHED, Status.RUNNING, Status.RETRYING, Status.TIMEOUT)
 
@@ -51,6 +53,32 @@ class SchedulingMethods:
         )
         async with self._read() as conn:
             return {str(n) for n in (await conn.execute(stmt)).scalars().all()}
+
+    async def upsert_upstreams(self, configs: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
+        """Insert or replace upstream limits by name; name -> "created" | "updated" |
+        "unchanged". Upstreams missing from `configs` are kept."""
+        out: dict[str, str] = {}
+        async with self._write() as conn:
+            for name, config in sorted(configs.items()):
+                text = codec.dumps(dict(config), what=f"upstream {name}")
+                stmt = select(ups.c.config).where(ups.c.name == name)
+                old = (await conn.execute(stmt)).scalar_one_or_none()
+                if old == text:
+                    out[name] = "unchanged"
+                    continue
+                values = {"config": text, "updated_at_ms": db_now_ms()}
+                if old is None:
+                    await conn.execute(ups.insert().values(name=name, **values))
+                else:
+                    await conn.execute(ups.update().where(ups.c.name == name).values(**values))
+                out[name] = "updated" if old is not None else "created"
+        return out
+
+    async def list_upstreams(self) -> dict[str, dict[str, Any]]:
+        """Every stored upstream's limits, by name."""
+        async with self._read() as conn:
+            rows = (await conn.execute(select(ups.c.name, ups.c.config))).all()
+        return {str(name): dict(codec.loads(config)) for name, config in rows}
 
     async def next_retry_at(self) -> int | None:
         """The earliest `next_attempt_at_ms` of any RETRYING row (ms), None when none waits."""

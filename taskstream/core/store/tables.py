@@ -184,3 +184,12 @@ review_queue = Table(
     Column("resolved_by", String(OWNER_LEN), nullable=True),
     **MYSQL_OPTIONS,
 )
+
+upstreams = Table(
+    "upstreams",
+    metadata,
+    Column("name", String(TASK_ID_LEN), primary_key=True),
+    Column("config", _json_text(), nullable=False),
+    _ms("updated_at_ms"),
+    **MYSQL_OPTIONS,
+)
