@@ -22,8 +22,10 @@ from taskstream.core.outbox import Outbox
 from taskstream.core.settings import Settings
 from taskstream.core.store.migrate import upgrade
 from taskstream.core.timesync import keep_synced, synced_clock
+from taskstream.executor.admission import UpstreamGate
 from taskstream.executor.service import Executor, ExecutorConfig, ExecutorDeps, consumer_name
 from taskstream.executor.sweeper import Sweeper, SweeperConfig
+from taskstream.ratelimit.redis_backend import RedisBreakers, RedisLimiter
 from taskstream.runtime import endpoint
 from taskstream.runtime.supervisor import install_stop_signals
 from taskstream.scheduler.leader import LeaderLease
@@ -98,6 +100,11 @@ def executor_cmd(
             default_registry(s.agent_modules),
             clock,
             Random(),
+            UpstreamGate(
+                cluster.store,
+                RedisLimiter(cluster.queue, cluster.keys),
+                RedisBreakers(cluster.queue, cluster.keys),
+            ),
         )
         return Executor(deps, config)
 

@@ -10,6 +10,9 @@ REQUEUED: Final = "requeued"
 RELEASED: Final = "released"
 """A run handed back unrun at shutdown: it does not count as an attempt."""
 
+DEFERRED: Final = "deferred"
+"""A run refused by its upstream's limiter or breaker before the agent ran: not an attempt."""
+
 OWNER_LOST: Final = "owner_lost"
 """A run whose executor stopped heartbeating (crashed, killed, paused)."""
 

@@ -13,6 +13,7 @@ from random import Random
 from typing import Any
 
 from taskstream.agents.errors import FatalError, NeedsReview
+from taskstream.core.reasons import DEFERRED
 from taskstream.core.spec_parts import RetryPolicy
 from taskstream.core.states import FailClass, Status
 from taskstream.core.store.port import FinishRequest
@@ -31,6 +32,8 @@ class RunEnd:
     error: str | None = None
     fail_class: FailClass | None = None
     """Set when the end is final whatever the policy says (poison, bad params)."""
+    defer_ms: int | None = None
+    """Set when the run never called its agent (upstream refused): retry after this wait."""
 
 
 def succeeded(result: Any) -> RunEnd:
@@ -52,6 +55,11 @@ def failed(exc: BaseException) -> RunEnd:
     if isinstance(exc, FatalError):
         return RunEnd("fatal_error", failure=Failure.FATAL, error=error)
     return RunEnd("retriable_error", failure=Failure.RETRIABLE, error=error)
+
+
+def deferred(wait_ms: int) -> RunEnd:
+    """A run its upstream's limiter or breaker refused: not an attempt, retried later."""
+    return RunEnd(DEFERRED, defer_ms=wait_ms)
 
 
 def final(reason: str, fail_class: FailClass, error: str) -> RunEnd:
@@ -90,6 +98,8 @@ def plan(attempt: Attempt, end: RunEnd, *, now_ms: int, rng: Random) -> Plan:
         result=end.result,
         error=end.error,
     )
+    if end.defer_ms is not None:
+        return Plan(replace(base, dst=Status.RETRYING, next_attempt_at_ms=now_ms + end.defer_ms))
     if end.failure is None:
         return Plan(base)
     if end.fail_class is not None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from random import Random
 
-from taskstream.core.reasons import RELEASED, REQUEUED
+from taskstream.core.reasons import DEFERRED, RELEASED, REQUEUED
 from taskstream.core.spec_parts import Backoff, RetryPolicy
 from taskstream.core.states import FailClass, Status
 
@@ -72,12 +72,12 @@ def decide(
 def attempts_used(token: int, history: list[tuple[str, int]]) -> int:
     """Attempts that count against `max_attempts` for a run holding `token`, given the
     instance's history as (reason, attempt) pairs, oldest first: attempts before the last
-    manual requeue and runs released unrun since then do not count."""
+    manual requeue, and runs released or deferred unrun since then, do not count."""
     base = 0
     released = 0
     for reason, attempt in history:
         if reason == REQUEUED:
             base, released = attempt, 0
-        elif reason == RELEASED:
+        elif reason in (RELEASED, DEFERRED):
             released += 1
     return token - base - released

@@ -6,15 +6,18 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from taskstream.agents.base import AgentContext
 from taskstream.core.clock import Clock
 from taskstream.core.logging import get_logger
 from taskstream.core.states import FailClass
 from taskstream.core.store.port import Store
+from taskstream.executor.admission import UpstreamGate
 from taskstream.executor.intake import Run
-from taskstream.executor.outcome import RunEnd, failed, final, succeeded
+from taskstream.executor.outcome import RunEnd, deferred, failed, final, succeeded
+from taskstream.executor.retry import Failure
+from taskstream.ratelimit.breaker import Outcome
 
 DEFAULT_TIMEOUT_S = 60.0
 
@@ -26,6 +29,7 @@ async def execute(
     clock: Clock,
     max_payload_bytes: int,
     on_marker: Callable[[], Awaitable[None]] | None = None,
+    gate: UpstreamGate | None = None,
 ) -> RunEnd:
     """Run the agent of `run` once and say how it ended. Never raises but for cancellation."""
     row = run.row
@@ -64,13 +68,34 @@ async def execute(
         business_date=row.business_date,
         set_marker=_marker_setter(store, on_marker),
     )
+    upstreams = run.spec.upstreams if run.spec else ()
+    if gate is not None and upstreams:
+        wait_ms = await gate.admit(upstreams)
+        if wait_ms is not None:
+            return deferred(wait_ms)
+    end = await _call(run, ctx, params, timeout_s)
+    if gate is not None and upstreams:
+        await gate.record(upstreams, _breaker_outcome(end))
+    return end
+
+
+async def _call(run: Run, ctx: AgentContext, params: BaseModel, timeout_s: float) -> RunEnd:
     try:
         async with asyncio.timeout(timeout_s):
             result = await run.agent.run(ctx, params)
     except Exception as exc:  # every failure of agent code becomes an outcome
-        log.warning("instance.run_failed", error_type=type(exc).__name__)
+        ctx.log.warning("instance.run_failed", error_type=type(exc).__name__)
         return failed(exc)
     return succeeded(result)
+
+
+def _breaker_outcome(end: RunEnd) -> Outcome:
+    """Retriable errors and timeouts count against an upstream; fatal ones are the task's."""
+    if end.failure is None:
+        return Outcome.SUCCESS
+    if end.failure in (Failure.RETRIABLE, Failure.TIMEOUT):
+        return Outcome.FAILURE
+    return Outcome.IGNORE
 
 
 def _marker_setter(

@@ -27,6 +27,7 @@ from taskstream.core.protocol import Keys, read_order
 from taskstream.core.reasons import RELEASED
 from taskstream.core.states import Status
 from taskstream.core.store.port import FinishRequest, Store
+from taskstream.executor.admission import UpstreamGate
 from taskstream.executor.committer import Committer
 from taskstream.executor.heartbeat import Heartbeat
 from taskstream.executor.intake import Intake, Run
@@ -66,6 +67,8 @@ class ExecutorDeps:
     registry: Registry
     clock: Clock = field(default_factory=SystemClock)
     rng: Random = field(default_factory=Random)
+    gate: UpstreamGate | None = None
+    """Limiter and breaker admission for tasks that name `upstreams` (None: no admission)."""
 
 
 class Executor:
@@ -155,6 +158,7 @@ class Executor:
                 clock=self._deps.clock,
                 max_payload_bytes=self._config.max_payload_bytes,
                 on_marker=self._marker_set,
+                gate=self._deps.gate,
             )
         except asyncio.CancelledError:
             if run.fenced or not self._stopping:

@@ -1,0 +1,116 @@
+"""Upstream admission on real Redis and a real store: a run over its upstream's limit, or
+behind an open breaker, is deferred without spending an attempt."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from taskstream.agents.registry import default_registry
+from taskstream.core import streams
+from taskstream.core.protocol import Keys
+from taskstream.core.states import Status
+from taskstream.core.store.sql import SqlStore
+from taskstream.executor.admission import UpstreamGate
+from taskstream.executor.service import Executor, ExecutorConfig, ExecutorDeps
+from taskstream.ratelimit.breaker import BreakerConfig
+from taskstream.ratelimit.redis_backend import RedisBreakers, RedisLimiter
+from tests.integration.harness import Harness, Running, until
+
+TASKS = """
+upstreams:
+  llm: {limit: 1, window: 60s}
+tasks:
+  - {id: ask, agent: echo, upstreams: [llm], retry: {max_attempts: 1}}
+  - {id: flaky, agent: flaky, upstreams: [llm], retry: {max_attempts: 1},
+     payload: {fail_until: 99}}
+"""
+
+
+def gated(h: Harness, breaker: BreakerConfig | None = None) -> Executor:
+    gate = UpstreamGate(
+        h.store, RedisLimiter(h.redis, h.keys), RedisBreakers(h.redis, h.keys), breaker
+    )
+    deps = ExecutorDeps(
+        h.store, h.redis, h.keys, default_registry(("tests.agents",)), h.clock, gate=gate
+    )
+    return Executor(deps, ExecutorConfig(consumer="g1", block_ms=20))
+
+
+@pytest.fixture
+async def h(store: SqlStore, redis: streams.Redis, keys: Keys) -> Harness:
+    harness = Harness(store, redis, keys)
+    harness.clock.set(await store.db_now_ms())
+    await harness.apply(TASKS)
+    await store.upsert_upstreams({"llm": {"limit": 1, "window": 60.0, "burst": None}})
+    return harness
+
+
+async def status(h: Harness, instance_id: str) -> Status:
+    row = await h.store.get_instance(instance_id)
+    assert row is not None
+    return row.status
+
+
+async def test_over_the_limit_is_deferred_without_spending_an_attempt(h: Harness) -> None:
+    first = await h.trigger(TASKS, "ask", 1_000)
+    second = await h.trigger(TASKS, "ask", 2_000)
+    ex = Running(gated(h))
+    try:
+
+        async def settled() -> bool:
+            return {await status(h, first.id), await status(h, second.id)} == {
+                Status.SUCCESS,
+                Status.RETRYING,
+            }
+
+        await until(settled)
+    finally:
+        await ex.close()
+    waiting = first if await status(h, first.id) is Status.RETRYING else second
+    row = await h.store.get_instance(waiting.id)
+    assert row is not None and row.next_attempt_at_ms is not None
+    assert 50_000 <= row.next_attempt_at_ms - h.clock.now_ms() <= 61_000
+    reasons = [x.reason for x in await h.store.history(waiting.id)]
+    assert reasons[-1] == "deferred"
+    # max_attempts is 1 and that run never called the upstream: it may still run.
+    await h.redis.delete(h.keys.limiter("llm"))
+    h.clock.advance(61_000)
+    await h.scheduler().run_pass()
+    ex = Running(gated(h))
+    try:
+
+        async def done() -> bool:
+            return await status(h, waiting.id) is Status.SUCCESS
+
+        await until(done)
+    finally:
+        await ex.close()
+
+
+async def test_an_open_breaker_defers_instead_of_calling(h: Harness) -> None:
+    cfg = BreakerConfig(failure_threshold=1, cooldown_ms=60_000)
+    await h.redis.delete(h.keys.limiter("llm"))
+    await h.store.upsert_upstreams({"llm": {"limit": 100, "window": 60.0, "burst": None}})
+    failing = await h.trigger(TASKS, "flaky", 1_000)
+    ex = Running(gated(h, cfg))
+    try:
+
+        async def failed() -> bool:
+            return await status(h, failing.id) is Status.FAILED
+
+        await until(failed)
+        state: Any = await RedisBreakers(h.redis, h.keys).state("llm")
+        assert state.status == "open"
+        later = await h.trigger(TASKS, "ask", 2_000)
+
+        async def deferred() -> bool:
+            return await status(h, later.id) is Status.RETRYING
+
+        await until(deferred)
+    finally:
+        await ex.close()
+    row = await h.store.get_instance(later.id)
+    assert row is not None and row.result is None
+    assert [x.reason for x in await h.store.history(later.id)][-1] == "deferred"
