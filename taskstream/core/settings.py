@@ -32,7 +32,6 @@ class Settings(BaseSettings):
     read_block_ms: int = Field(default=1000, ge=10, le=60_000)
     max_payload_bytes: int = Field(default=256 * 1024, ge=1024)
     max_deliveries: int = Field(default=5, ge=1, le=1000)
-    lease_margin_s: float = Field(default=30.0, ge=1.0)
     scheduler_max_sleep_s: float = Field(default=60.0, gt=0.0, le=3600.0)
     """Longest scheduler sleep without a hint on the control channel (a safety net)."""
     shutdown_grace_s: float = Field(default=8.0, ge=0.0)

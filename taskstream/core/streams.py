@@ -15,7 +15,6 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from taskstream.core.errors import QueueUnavailable
 from taskstream.core.protocol import (
     GROUP,
     PRIORITY_ORDER,
@@ -199,8 +198,3 @@ async def _consumers(redis: Redis, stream: str) -> list[dict[str, Any]]:
 
 def as_text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
-
-
-def unavailable(url_redacted: str, exc: BaseException) -> QueueUnavailable:
-    """The typed error for a Redis that cannot be reached."""
-    return QueueUnavailable(f"redis at {url_redacted} is unreachable: {exc}")

@@ -23,10 +23,6 @@ class Recovered:
     ok: bool
     decision: RetryDecision | None = None
 
-    @property
-    def failed(self) -> bool:
-        return self.decision is not None and self.decision.status is Status.FAILED
-
 
 class Recovery:
     """Times out runs whose owner or lease is gone and decides their retry."""

@@ -19,7 +19,6 @@ from taskstream.core.states import Status
 from taskstream.core.store.port import DecisionRow, Store
 from taskstream.scheduler.catchup import bound_missed, catchup_horizon_ms, plan_catchup
 from taskstream.scheduler.decide import (
-    COALESCED,
     MISSED,
     SKIP_DUPLICATED,
     ActiveInstance,
@@ -96,16 +95,11 @@ class Advancer:
         *,
         newer_on_time: bool,
     ) -> None:
-        """Ticks whose window closed before anyone decided them follow the catch-up policy.
-        With `mode: latest` and a newer tick still on time, that tick is the one that runs."""
-        plan = plan_catchup(closed, now_ms, spec)
+        """Ticks whose window closed before anyone decided them follow the catch-up policy."""
+        plan = plan_catchup(closed, now_ms, spec, newer_on_time=newer_on_time)
         for fire, planned in plan.entries:
             decision = planned
-            if planned.runs and newer_on_time and spec.catchup.mode == "latest":
-                decision = Decision(
-                    COALESCED, "coalesced into a newer tick that is on time", planned.details
-                )
-            elif planned.runs:
+            if planned.runs:
                 decision = await self._decide(
                     spec, fire, now_ms, catchup=True, ready=plan.require_ready
                 )

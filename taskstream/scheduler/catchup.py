@@ -83,18 +83,26 @@ def bound_missed(first_ms: int, last_ms: int, count: int | None) -> Decision:
 
 
 def plan_catchup(
-    missed_ms: Sequence[int], now_ms: int, spec: TaskSpec, *, max_burst: int = DEFAULT_MAX_BURST
+    missed_ms: Sequence[int],
+    now_ms: int,
+    spec: TaskSpec,
+    *,
+    max_burst: int = DEFAULT_MAX_BURST,
+    newer_on_time: bool = False,
 ) -> CatchupPlan:
     """Decide every fire time in `missed_ms` (strictly ascending, each with its trigger window
-    closed at `now_ms`) per `spec.catchup`; see the module docstring for the order.
+    closed at `now_ms`) per `spec.catchup`; see the module docstring for the order. With
+    `mode: latest` and `newer_on_time` (a newer tick of the task is still inside its window),
+    none of them runs: they are all coalesced into that newer tick.
 
     ValueError when `max_burst < 1`, the times are not ascending, or one is still on time.
     """
     _check_missed(missed_ms, now_ms, _ms(spec.window), max_burst)
     gates = [_gate(fire_ms, now_ms, spec) for fire_ms in missed_ms]
     eligible = [i for i, gate in enumerate(gates) if gate is None]
-    keep = 1 if spec.catchup.mode == "latest" else max_burst
-    running = eligible[-keep:]
+    latest = spec.catchup.mode == "latest"
+    keep = (0 if newer_on_time else 1) if latest else max_burst
+    running = eligible[-keep:] if keep else []
     first_run = running[0] if running else len(missed_ms)
     newest_ms = missed_ms[running[-1]] if running else 0
     entries: list[tuple[int, Decision]] = []
@@ -103,7 +111,7 @@ def plan_catchup(
         if decision is None and i >= first_run:
             decision = _run(fire_ms, now_ms, spec)
         elif decision is None:
-            oldest_run_ms = missed_ms[first_run]
+            oldest_run_ms = missed_ms[first_run] if running else 0
             decision = _coalesced(fire_ms, now_ms, spec, newest_ms, oldest_run_ms, max_burst)
         entries.append((fire_ms, decision))
     return CatchupPlan(tuple(entries), spec.catchup.only_if_ready)
@@ -154,6 +162,8 @@ def _coalesced(
     fire_ms: int, now_ms: int, spec: TaskSpec, newest_ms: int, oldest_run_ms: int, burst: int
 ) -> Decision:
     seen = _seen(fire_ms, now_ms, spec)
+    if spec.catchup.mode == "latest" and newest_ms == 0:
+        return Decision(COALESCED, "coalesced into a newer tick that is on time", seen)
     if spec.catchup.mode == "latest":
         seen["coalesced_into_ms"] = newest_ms
         return Decision(COALESCED, f"coalesced into the newest missed tick {newest_ms}", seen)

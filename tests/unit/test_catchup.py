@@ -184,3 +184,11 @@ def test_bad_input_is_rejected(missed: list[int], max_burst: int, message: str) 
 def test_bound_missed_rejects_an_empty_range(first: int, last: int, count: int) -> None:
     with pytest.raises(ValueError, match="first_ms"):
         bound_missed(first, last, count)
+
+
+def test_latest_coalesces_everything_into_a_newer_tick_that_is_on_time() -> None:
+    late = plan_catchup(minutes(T0, 3), T0 + 5 * MIN, spec(), newer_on_time=True)
+    assert late.runs == []
+    assert {d.decision for _, d in late.entries} == {"coalesced"}
+    every = plan_catchup(minutes(T0, 3), T0 + 5 * MIN, spec(mode="all"), newer_on_time=True)
+    assert len(every.runs) == 3
