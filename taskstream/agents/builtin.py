@@ -17,7 +17,7 @@ class EchoParams(BaseModel):
 
 
 async def _echo(ctx: AgentContext, params: EchoParams) -> dict[str, Any]:
-    ctx.log.info("agent.echo")
+    ctx.log.debug("agent.echo")
     return params.model_dump()
 
 

@@ -55,13 +55,18 @@ class Committer:
         self._queue: asyncio.Queue[_Item] = asyncio.Queue()
         self._log = get_logger(role="executor")
 
-    async def submit(self, run: Run, end: RunEnd) -> bool:
-        """Queue a run's end for commit; resolves True when committed (and acked)."""
+    def enqueue(self, run: Run, end: RunEnd) -> asyncio.Future[bool]:
+        """Queue a run's end for commit without waiting: the future resolves True when it is
+        committed and acked, False when fenced. The caller may free the run's slot at once;
+        the commit stays conditioned on the token and the ack still follows it."""
         policy = run.spec.retry if run.spec else DEFAULT_POLICY
         attempt = Attempt(run.row.id, run.token, run.attempts_used, policy, run.row.deadline_ms)
-        return await self.submit_plan(
-            run, plan(attempt, end, now_ms=self._clock.now_ms(), rng=self._rng)
-        )
+        p = plan(attempt, end, now_ms=self._clock.now_ms(), rng=self._rng)
+        item = _Item(run, _with_effects(p, run.side_effects))
+        # Failures are logged by the loop (`commit.failed`); nobody else must report them.
+        item.done.add_done_callback(_consume)
+        self._queue.put_nowait(item)
+        return item.done
 
     async def submit_plan(self, run: Run, p: Plan) -> bool:
         """Queue an explicit plan (e.g. a lease release at shutdown)."""
@@ -122,12 +127,21 @@ class Committer:
             acks.extend(item.run.duplicates)
             if finish.fail_class is FailClass.MANUAL_REVIEW:
                 await self._store.add_review(finish.instance_id, finish.error or finish.reason)
+            if finish.dst is not Status.SUCCESS:
+                self._log.info(
+                    "instance.committed",
+                    instance_id=finish.instance_id,
+                    attempt=finish.token,
+                    status=finish.dst,
+                    reason=finish.reason,
+                    fail_class=finish.fail_class,
+                )
+        if committed:
+            # Successes are logged once per batch (see `Intake._claim`); other ends above.
             self._log.info(
-                "instance.committed",
-                instance_id=finish.instance_id,
-                attempt=finish.token,
-                status=finish.dst,
-                fail_class=finish.fail_class,
+                "instances.committed",
+                count=len(committed),
+                runs=[_named(item) for item in committed],
             )
         await streams.ack_many(self._redis, acks)
         if any(_retries(item.plan) for item in committed):
@@ -148,6 +162,17 @@ class Committer:
             fail_class=decision.fail_class,
             next_attempt_at_ms=decision.next_attempt_at_ms,
         )
+
+
+def _consume(done: asyncio.Future[bool]) -> None:
+    if not done.cancelled():
+        done.exception()
+
+
+def _named(item: _Item) -> str:
+    """`id@attempt:STATUS`, as in the batch log lines."""
+    finish = item.plan.finish
+    return f"{finish.instance_id}@{finish.token}:{finish.dst.value}"
 
 
 def _retries(p: Plan) -> bool:

@@ -7,6 +7,7 @@ import json
 from collections.abc import Awaitable, Callable
 
 from pydantic import BaseModel, ValidationError
+from structlog.typing import FilteringBoundLogger
 
 from taskstream.agents.base import AgentContext
 from taskstream.core.clock import Clock
@@ -30,10 +31,13 @@ async def execute(
     max_payload_bytes: int,
     on_marker: Callable[[], Awaitable[None]] | None = None,
     gate: UpstreamGate | None = None,
+    log: FilteringBoundLogger | None = None,
 ) -> RunEnd:
-    """Run the agent of `run` once and say how it ended. Never raises but for cancellation."""
+    """Run the agent of `run` once and say how it ended. Never raises but for cancellation.
+
+    `log`: the process's bound logger; binding ids to it is much cheaper than a new one."""
     row = run.row
-    log = get_logger(instance_id=row.id, task_id=row.task_id, attempt=run.token)
+    log = (log or get_logger()).bind(instance_id=row.id, task_id=row.task_id, attempt=run.token)
     if run.attempts_used > run.max_attempts:
         return final(
             "attempts_exhausted",

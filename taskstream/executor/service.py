@@ -159,6 +159,7 @@ class Executor:
                 max_payload_bytes=self._config.max_payload_bytes,
                 on_marker=self._marker_set,
                 gate=self._deps.gate,
+                log=self._log,
             )
         except asyncio.CancelledError:
             if run.fenced or not self._stopping:
@@ -167,7 +168,9 @@ class Executor:
             return
         finally:
             self._heartbeat.untrack(run)
-        await self._committer.submit(run, end)
+        # The slot frees as soon as the end is queued, so the next read and claim overlap
+        # this run's commit.
+        self._committer.enqueue(run, end)
 
     async def _marker_set(self) -> None:
         await notify.hint(self._deps.redis, self._deps.keys, "marker")

@@ -484,6 +484,6 @@ async def test_batches_send_a_constant_number_of_statements(store: SqlStore) -> 
         assert all(c.ok for c in results.values())
         counts.append((len(claims), len(leases), len(finishes)))
 
-    # claims: lock, update, history, read back; leases: lock, update;
+    # claims: lock and read, update, history; leases: lock, update;
     # finishes: lock, key check, update, history, side effects.
-    assert counts == [(4, 2, 5), (4, 2, 5)]
+    assert counts == [(3, 2, 5), (3, 2, 5)]

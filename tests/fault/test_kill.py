@@ -104,6 +104,8 @@ async def test_a_paused_executor_is_fenced_and_does_not_commit_or_ack(cluster: C
     assert [h.owner for h in running_rows(history)] == [zombie.consumer, other.consumer]
     assert [h.reason for h in rows_to(history, Status.TIMEOUT)] == ["owner_lost"]
     assert not zombie.logged("instance.committed", instance_id=instance)
+    batches = zombie.logged("instances.committed")
+    assert not [r for b in batches for r in b["runs"] if r.startswith(f"{instance}@")]
     done = await cluster.store.get_instance(instance)
     assert done is not None and done.result == {"performed": True, "attempt": 2}
     assert await cluster.store.side_effect_done(f"{done.dedupe_key}:send")

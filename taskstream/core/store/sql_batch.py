@@ -10,7 +10,7 @@ from the row just written, times from the database clock. For many instances:
   (id, status, attempt) and must match exactly the winners, else `StoreError` rolls back.
 - Locks, and side-effect keys, are taken in sorted order, so two batches over the same rows
   wait for each other instead of deadlocking.
-- Statements per chunk of `sql_queries.CHUNK` ids (and keys): claims 3 + one per distinct
+- Statements per chunk of `sql_queries.CHUNK` ids (and keys): claims 2 + one per distinct
   lease length, leases 2, finishes at most 5 (lock, key check, update, history, side effects);
   never one per row.
 """
@@ -18,7 +18,7 @@ from the row just written, times from the database clock. For many instances:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy import insert, select, update
@@ -103,54 +103,69 @@ async def claim_one(
 
 
 def _claim_winners(
-    options: Mapping[str, list[tuple[int, int]]], seen: Mapping[str, q.Seen]
+    options: Mapping[str, list[tuple[int, int]]], locked: Mapping[str, InstanceRow]
 ) -> dict[int, list[tuple[str, int]]]:
     """lease length ms -> [(id, attempt)] of the claims that win: the row is DISPATCHED and
     the first request for it (in request order) expects its attempt."""
     groups: dict[int, list[tuple[str, int]]] = {}
     for instance_id, wanted in options.items():
-        state = seen.get(instance_id)
-        if state is None or state.status is not Status.DISPATCHED:
+        row = locked.get(instance_id)
+        if row is None or row.status is not Status.DISPATCHED:
             continue
-        lease = next((ms for attempt, ms in wanted if attempt == state.attempt), None)
+        lease = next((ms for attempt, ms in wanted if attempt == row.attempt), None)
         if lease is not None:
-            groups.setdefault(lease, []).append((instance_id, state.attempt))
+            groups.setdefault(lease, []).append((instance_id, row.attempt))
     return groups
 
 
-def _claimed(row: InstanceRow) -> Claimed:
-    if row.lease_expires_at_ms is None:
-        raise StoreError(f"instance {row.id!r} was claimed without a lease")
-    return Claimed(token=row.attempt, lease_expires_at_ms=row.lease_expires_at_ms, row=row)
+def _claimed(row: InstanceRow, owner: str, now_ms: int, lease_length_ms: int) -> Claimed:
+    """The row as the claim UPDATE (`sql_instances.claim_values`) leaves it."""
+    expires = now_ms + lease_length_ms
+    after = replace(
+        row,
+        status=Status.RUNNING,
+        attempt=row.attempt + 1,
+        fail_class=None,
+        next_attempt_at_ms=None,
+        lease_owner=owner,
+        lease_expires_at_ms=expires,
+        updated_at_ms=now_ms,
+    )
+    return Claimed(token=after.attempt, lease_expires_at_ms=expires, row=after)
 
 
 async def claim_many(
     conn: AsyncConnection, options: Mapping[str, list[tuple[int, int]]], owner: str
 ) -> dict[str, Claimed]:
     """Claim (DISPATCHED -> RUNNING, attempt + 1, lease from db-now) every instance of
-    `options` (from `plan_claims`) whose attempt matches; returns the won claims by id."""
+    `options` (from `plan_claims`) whose attempt matches; returns the won claims by id.
+
+    The rows are read whole under their locks, with the database clock, so the claimed rows
+    are known without reading them back."""
     claimed: dict[str, Claimed] = {}
     for ids in q.chunks(sorted(options)):
-        groups = _claim_winners(options, await q.lock_states(conn, ids))
-        if not groups:
-            continue
+        now_ms, locked = await q.lock_rows(conn, ids)
+        groups = _claim_winners(options, locked)
         for lease_length_ms, pairs in sorted(groups.items()):
+            values = rows.claim_values(owner, lease_length_ms)
+            values |= {"lease_expires_at_ms": now_ms + lease_length_ms, "updated_at_ms": now_ms}
             stmt = (
                 update(inst)
                 .where(inst.c.status == Status.DISPATCHED.value, q.match_pairs(pairs))
-                .values(**rows.claim_values(owner, lease_length_ms), updated_at_ms=db_now_ms())
+                .values(**values)
             )
             await q.update_exactly(conn, stmt, len(pairs), "claim batch")
+            for instance_id, _ in pairs:
+                claimed[instance_id] = _claimed(locked[instance_id], owner, now_ms, lease_length_ms)
         won = sorted(i for pairs in groups.values() for i, _ in pairs)
-        await q.append_history(
-            conn,
-            won,
-            src=Status.DISPATCHED,
-            owners=dict.fromkeys(won, owner),
-            reasons=dict.fromkeys(won, "claimed"),
-        )
-        for row in await q.instances(conn, won):
-            claimed[row.id] = _claimed(row)
+        if won:
+            await q.append_history(
+                conn,
+                won,
+                src=Status.DISPATCHED,
+                owners=dict.fromkeys(won, owner),
+                reasons=dict.fromkeys(won, "claimed"),
+            )
     return claimed
 
 

@@ -116,6 +116,23 @@ async def lock_states(conn: AsyncConnection, ids: Sequence[str]) -> dict[str, Se
     }
 
 
+async def lock_rows(
+    conn: AsyncConnection, ids: Sequence[str]
+) -> tuple[int, dict[str, InstanceRow]]:
+    """Like `lock_states`, but whole rows, and the database clock (epoch ms) read in the same
+    statement (0 when no row was found: there is nothing to time)."""
+    stmt = (
+        select(inst, db_now_ms().label("db_now_ms"))
+        .where(inst.c.id.in_(ids))
+        .order_by(inst.c.id)
+        .with_for_update()
+    )
+    found = (await conn.execute(stmt)).mappings().all()
+    if not found:
+        return 0, {}
+    return int(found[0]["db_now_ms"]), {str(m["id"]): codec.instance_row(m) for m in found}
+
+
 async def recorded_keys(conn: AsyncConnection, keys: Sequence[str]) -> set[str]:
     """The side-effect keys among `keys` that are already recorded."""
     found: set[str] = set()
