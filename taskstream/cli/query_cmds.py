@@ -10,17 +10,21 @@ import typer
 from rich.table import Table
 
 from taskstream.cli.common import console, open_cluster, print_json, run_async, settings
+from taskstream.cli.upstreams_view import render_upstreams, upstreams_status
 from taskstream.core import streams
 from taskstream.core.errors import TaskstreamError
 from taskstream.core.states import Status
 from taskstream.core.store.urls import redact_url
+from taskstream.ratelimit.breaker import BreakerConfig
+from taskstream.ratelimit.redis_backend import RedisBreakers, RedisLimiter
 from taskstream.runtime.endpoint import resolve
 
 JSON_OPT = typer.Option(False, "--json", help="Machine-readable output.")
 
 
 def status_cmd(as_json: bool = JSON_OPT) -> None:
-    """Queue depth, pending entries, consumers, dead letters and instances by status."""
+    """Queue depth, pending entries, consumers, dead letters, instances by status, and every
+    upstream's limiter usage and breaker state."""
     data = run_async(_status())
     if as_json:
         print_json(data)
@@ -35,18 +39,26 @@ def status_cmd(as_json: bool = JSON_OPT) -> None:
     console.print(f"dead letters: {data['dead']}")
     counts = "  ".join(f"{k}={v}" for k, v in data["instances"].items())
     console.print(f"instances: {counts or 'none'}")
+    render_upstreams(console, data["upstreams"])
 
 
 async def _status() -> dict[str, Any]:
     async with open_cluster(settings()) as cluster:
         queue = await streams.queue_stats(cluster.queue, cluster.keys)
         counts = await cluster.store.count_by_status()
+        upstreams = await upstreams_status(
+            cluster.store,
+            RedisLimiter(cluster.queue, cluster.keys),
+            RedisBreakers(cluster.queue, cluster.keys),
+            BreakerConfig(),  # what executors run with (cli/roles.py passes none)
+        )
     return {
         "redis_url": redact_url(cluster.endpoints.redis_url),
         "database_url": redact_url(cluster.endpoints.database_url),
         "namespace": cluster.settings.namespace,
         **queue,
         "instances": {s.value: counts.get(s, 0) for s in Status},
+        **upstreams,
     }
 
 

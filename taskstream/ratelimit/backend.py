@@ -7,10 +7,11 @@ of `window` and `breaker` exactly; the contract tests run the same cases over bo
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from taskstream.core.errors import QueueUnavailable
+from taskstream.core.errors import ConfigError, QueueUnavailable
 from taskstream.ratelimit.breaker import (
     BreakerConfig,
     BreakerDecision,
@@ -34,6 +35,35 @@ class BreakerUpdate:
     transition: Transition | None
 
 
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """How much of one limiter is in use at `at_ms` (the backend's clock, UTC epoch ms).
+
+    `used`: hits in the window `(at_ms - window_ms, at_ms]`, the count that `limit + burst`
+    caps. `in_horizon`: hits in `(at_ms - 2 * window_ms, at_ms]`, the count that `2 * limit`
+    caps (see `window`). Reading usage records nothing.
+    """
+
+    used: int
+    in_horizon: int
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerStates:
+    """Stored breaker states read together at `at_ms` (the backend's clock, UTC epoch ms)."""
+
+    at_ms: int
+    states: Mapping[str, BreakerState]
+
+
+def check_window_ms(window_ms: int) -> int:
+    """`window_ms` when it is >= 1; else `ConfigError`."""
+    if window_ms < 1:
+        raise ConfigError([f"window_ms must be >= 1, got {window_ms}"])
+    return window_ms
+
+
 class Limiter(Protocol):
     """A sliding-window limiter shared by everyone who uses the same backend."""
 
@@ -42,6 +72,14 @@ class Limiter(Protocol):
 
         `limit` calls per `window_ms` plus `burst`, as defined in `window`; raises
         `ConfigError` for values out of range.
+        """
+        ...
+
+    async def usage(self, name: str, window_ms: int) -> Usage:
+        """Count upstream `name`'s hits in the window ending now, recording nothing.
+
+        Hits older than the horizon of the windows `acquire` was called with may already be
+        gone, so ask with the same `window_ms`. Raises `ConfigError` when `window_ms` < 1.
         """
         ...
 
@@ -60,4 +98,8 @@ class Breakers(Protocol):
     async def state(self, name: str) -> BreakerState:
         """The stored state, unchanged (an open breaker past its cool-down still reads open
         until the next `admit`). A breaker never used reads as a fresh closed one."""
+        ...
+
+    async def states(self, names: Sequence[str]) -> BreakerStates:
+        """`state` of every name, read at one moment of the backend's clock (for reports)."""
         ...

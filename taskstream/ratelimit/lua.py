@@ -7,6 +7,8 @@ still share one timeline; scripts are atomic, so concurrent callers never interl
 Limiter: KEYS[1] is a sorted set of hits, score = hit time (ms), member = `<ms>:<token>` where
 the token is unique per call, so two hits in the same millisecond are two members. ARGV is
 (limit, window_ms, burst, token). Reply: {allowed 0|1, retry_after_ms, in_window}.
+`LIMITER_USAGE` reads the same key without writing: ARGV is (window_ms,); reply
+{used, in_horizon, now_ms}, the hits in the window and in twice the window ending now.
 
 Breaker: KEYS[1] is a hash whose fields are the `BreakerState` field names. ARGV starts with
 the `BreakerConfig` fields in declaration order; `record` adds the outcome. Reply:
@@ -56,6 +58,15 @@ end
 redis.call('ZADD', KEYS[1], now, now .. ':' .. ARGV[4])
 redis.call('PEXPIRE', KEYS[1], horizon)
 return {1, 0, in_window + 1}
+"""
+
+LIMITER_USAGE: Final = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local window = tonumber(ARGV[1])
+local used = redis.call('ZCOUNT', KEYS[1], '(' .. (now - window), '+inf')
+local in_horizon = redis.call('ZCOUNT', KEYS[1], '(' .. (now - 2 * window), '+inf')
+return {used, in_horizon, now}
 """
 
 _BREAKER_PRELUDE: Final = Template("""

@@ -4,18 +4,22 @@ loop. State lives in this object only; nothing is shared across processes."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from taskstream.core.clock import Clock
 from taskstream.ratelimit import breaker, window
-from taskstream.ratelimit.backend import BreakerUpdate
+from taskstream.ratelimit.backend import BreakerStates, BreakerUpdate, Usage, check_window_ms
 from taskstream.ratelimit.breaker import BreakerConfig, BreakerDecision, BreakerState, Outcome
+from taskstream.ratelimit.metrics import METRICS, GuardMetrics
 from taskstream.ratelimit.window import Admission
 
 
 class MemoryLimiter:
     """`Limiter` over per-name hit lists (UTC epoch ms), trimmed to the horizon on each call."""
 
-    def __init__(self, clock: Clock) -> None:
+    def __init__(self, clock: Clock, metrics: GuardMetrics = METRICS) -> None:
         self._clock = clock
+        self._metrics = metrics
         self._hits: dict[str, list[int]] = {}
 
     async def acquire(self, name: str, limit: int, window_ms: int, burst: int = 0) -> Admission:
@@ -25,28 +29,53 @@ class MemoryLimiter:
         answer = window.decide(now_ms, hits, limit, window_ms, burst)
         if answer.allowed:
             hits.append(now_ms)
+        else:
+            self._metrics.limiter_refused(name)
         self._hits[name] = hits
         return answer
+
+    async def usage(self, name: str, window_ms: int) -> Usage:
+        check_window_ms(window_ms)
+        now_ms = self._clock.now_ms()
+        hits = self._hits.get(name, ())
+        return Usage(
+            used=sum(1 for t in hits if t > now_ms - window_ms),
+            in_horizon=sum(1 for t in hits if t > now_ms - window.horizon_ms(window_ms)),
+            at_ms=now_ms,
+        )
 
 
 class MemoryBreakers:
     """`Breakers` over a dict of `BreakerState` by name."""
 
-    def __init__(self, clock: Clock) -> None:
+    def __init__(self, clock: Clock, metrics: GuardMetrics = METRICS) -> None:
         self._clock = clock
+        self._metrics = metrics
         self._states: dict[str, BreakerState] = {}
 
     async def admit(self, name: str, cfg: BreakerConfig) -> BreakerDecision:
         decision, self._states[name] = breaker.admit(
             self._states.get(name, BreakerState()), self._clock.now_ms(), cfg
         )
+        self._metrics.breaker_seen(name, decision.status, decision.transition)
         return decision
 
     async def record(self, name: str, outcome: Outcome, cfg: BreakerConfig) -> BreakerUpdate:
         before = self._states.get(name, BreakerState())
         after = breaker.record(before, outcome, self._clock.now_ms(), cfg)
         self._states[name] = after
-        return BreakerUpdate(after, breaker.transition(before.status, after.status))
+        update = BreakerUpdate(after, breaker.transition(before.status, after.status))
+        self._metrics.breaker_seen(name, after.status, update.transition)
+        return update
 
     async def state(self, name: str) -> BreakerState:
-        return self._states.get(name, BreakerState())
+        return self._seen(name)
+
+    async def states(self, names: Sequence[str]) -> BreakerStates:
+        found = {name: self._seen(name) for name in names}
+        return BreakerStates(at_ms=self._clock.now_ms(), states=found)
+
+    def _seen(self, name: str) -> BreakerState:
+        found = self._states.get(name, BreakerState())
+        self._metrics.breaker_seen(name, found.status)
+        return found

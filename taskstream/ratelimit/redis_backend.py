@@ -2,7 +2,8 @@
 
 Each operation is one Lua script (see `lua`) on the Redis server's clock, so it is atomic and
 immune to executor clock skew. Keys come from `Keys.limiter(name)` and `Keys.breaker(name)`.
-Driver errors become `GuardUnavailable`.
+Driver errors become `GuardUnavailable`. Refusals and breaker states are counted in a
+`GuardMetrics` (see `metrics`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,13 @@ from typing import Any
 from taskstream.core import streams
 from taskstream.core.protocol import Keys
 from taskstream.ratelimit import breaker, lua
-from taskstream.ratelimit.backend import BreakerUpdate, GuardUnavailable
+from taskstream.ratelimit.backend import (
+    BreakerStates,
+    BreakerUpdate,
+    GuardUnavailable,
+    Usage,
+    check_window_ms,
+)
 from taskstream.ratelimit.breaker import (
     BreakerConfig,
     BreakerDecision,
@@ -24,6 +31,7 @@ from taskstream.ratelimit.breaker import (
     BreakerStatus,
     Outcome,
 )
+from taskstream.ratelimit.metrics import METRICS, GuardMetrics
 from taskstream.ratelimit.window import Admission, check_limits
 
 
@@ -69,11 +77,19 @@ class RedisLimiter:
     `token` makes each hit's member unique; the default is 64 random bits per call.
     """
 
-    def __init__(self, redis: streams.Redis, keys: Keys, token: Callable[[], str] = _token) -> None:
+    def __init__(
+        self,
+        redis: streams.Redis,
+        keys: Keys,
+        token: Callable[[], str] = _token,
+        metrics: GuardMetrics = METRICS,
+    ) -> None:
         self._redis = redis
         self._keys = keys
         self._token = token
+        self._metrics = metrics
         self._script = redis.register_script(lua.LIMITER)
+        self._usage = redis.register_script(lua.LIMITER_USAGE)
 
     async def acquire(self, name: str, limit: int, window_ms: int, burst: int = 0) -> Admission:
         check_limits(limit, window_ms, burst)
@@ -82,16 +98,27 @@ class RedisLimiter:
                 keys=[self._keys.limiter(name)],
                 args=[limit, window_ms, burst, self._token()],
             )
+        if not allowed:
+            self._metrics.limiter_refused(name)
         return Admission(bool(allowed), int(retry_after_ms), int(in_window))
+
+    async def usage(self, name: str, window_ms: int) -> Usage:
+        check_window_ms(window_ms)
+        async with _guarded("limiter", name):
+            used, in_horizon, now_ms = await self._usage(
+                keys=[self._keys.limiter(name)], args=[window_ms]
+            )
+        return Usage(used=int(used), in_horizon=int(in_horizon), at_ms=int(now_ms))
 
 
 class RedisBreakers:
     """`Breakers` on one hash per upstream, shared cluster-wide; half-open probe slots are
     taken atomically, so exactly `cfg.probes` calls are admitted across all executors."""
 
-    def __init__(self, redis: streams.Redis, keys: Keys) -> None:
+    def __init__(self, redis: streams.Redis, keys: Keys, metrics: GuardMetrics = METRICS) -> None:
         self._redis = redis
         self._keys = keys
+        self._metrics = metrics
         self._admit = redis.register_script(lua.BREAKER_ADMIT)
         self._record = redis.register_script(lua.BREAKER_RECORD)
 
@@ -100,13 +127,15 @@ class RedisBreakers:
             reply = await self._admit(keys=[self._keys.breaker(name)], args=_config_args(cfg))
         allowed, probe, retry_after_ms, before, *fields = reply
         after = state_from_reply(fields)
-        return BreakerDecision(
+        decision = BreakerDecision(
             allowed=bool(allowed),
             probe=bool(probe),
             retry_after_ms=int(retry_after_ms),
             status=after.status,
             transition=breaker.transition(BreakerStatus(_text(before)), after.status),
         )
+        self._metrics.breaker_seen(name, decision.status, decision.transition)
+        return decision
 
     async def record(self, name: str, outcome: Outcome, cfg: BreakerConfig) -> BreakerUpdate:
         args = [*_config_args(cfg), outcome.value]
@@ -114,9 +143,30 @@ class RedisBreakers:
             reply = await self._record(keys=[self._keys.breaker(name)], args=args)
         before, *fields = reply[3:]
         after = state_from_reply(fields)
-        return BreakerUpdate(after, breaker.transition(BreakerStatus(_text(before)), after.status))
+        update = BreakerUpdate(
+            after, breaker.transition(BreakerStatus(_text(before)), after.status)
+        )
+        self._metrics.breaker_seen(name, after.status, update.transition)
+        return update
 
     async def state(self, name: str) -> BreakerState:
         async with _guarded("breaker", name):
             raw = await self._redis.hgetall(self._keys.breaker(name))
-        return state_from_hash(raw)
+        found = state_from_hash(raw)
+        self._metrics.breaker_seen(name, found.status)
+        return found
+
+    async def states(self, names: Sequence[str]) -> BreakerStates:
+        """One MULTI/EXEC of `TIME` and every hash (all keys share the namespace's slot)."""
+        async with (
+            _guarded("breaker", ", ".join(names)),
+            self._redis.pipeline(transaction=True) as pipe,
+        ):
+            pipe.time()
+            for name in names:
+                pipe.hgetall(self._keys.breaker(name))
+            (seconds, micros), *hashes = await pipe.execute()
+        found = {name: state_from_hash(raw) for name, raw in zip(names, hashes, strict=True)}
+        for name, state in found.items():
+            self._metrics.breaker_seen(name, state.status)
+        return BreakerStates(at_ms=int(seconds) * 1000 + int(micros) // 1000, states=found)

@@ -3,6 +3,9 @@
 The memory rig runs on a `FixedClock` that tests move exactly. The Redis rig runs on the Redis
 server's clock, which cannot be moved: `wait_until_ms` polls `TIME` until the moment has come
 (bounded by a deadline), so no test depends on a sleep being long enough.
+
+Each rig counts into its own `GuardMetrics` on a fresh registry (`rig.metrics`), so a test
+reads only the refusals and transitions it caused.
 """
 
 from __future__ import annotations
@@ -12,11 +15,14 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Final, Protocol
 
+from prometheus_client import CollectorRegistry
+
 from taskstream.core import streams
 from taskstream.core.clock import FixedClock
 from taskstream.core.protocol import Keys
 from taskstream.ratelimit.backend import Breakers, Limiter
 from taskstream.ratelimit.memory import MemoryBreakers, MemoryLimiter
+from taskstream.ratelimit.metrics import GuardMetrics
 from taskstream.ratelimit.redis_backend import RedisBreakers, RedisLimiter
 
 KINDS: Final = ("memory", "redis")
@@ -28,6 +34,7 @@ class Rig(Protocol):
     kind: str
     limiter: Limiter
     breakers: Breakers
+    metrics: GuardMetrics
 
     async def now_ms(self) -> int:
         """The backend's clock, UTC epoch ms."""
@@ -43,8 +50,9 @@ class MemoryRig:
 
     def __init__(self, start_ms: int = START_MS) -> None:
         self.clock = FixedClock(start_ms)
-        self.limiter: Limiter = MemoryLimiter(self.clock)
-        self.breakers: Breakers = MemoryBreakers(self.clock)
+        self.metrics = GuardMetrics(CollectorRegistry())
+        self.limiter: Limiter = MemoryLimiter(self.clock, self.metrics)
+        self.breakers: Breakers = MemoryBreakers(self.clock, self.metrics)
 
     async def now_ms(self) -> int:
         return self.clock.now_ms()
@@ -59,8 +67,9 @@ class RedisRig:
     def __init__(self, redis: streams.Redis, keys: Keys) -> None:
         self.redis = redis
         self.keys = keys
-        self.limiter: Limiter = RedisLimiter(redis, keys)
-        self.breakers: Breakers = RedisBreakers(redis, keys)
+        self.metrics = GuardMetrics(CollectorRegistry())
+        self.limiter: Limiter = RedisLimiter(redis, keys, metrics=self.metrics)
+        self.breakers: Breakers = RedisBreakers(redis, keys, self.metrics)
 
     async def now_ms(self) -> int:
         seconds, micros = await self.redis.time()

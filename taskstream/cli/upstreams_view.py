@@ -1,0 +1,150 @@
+"""The upstreams section of `taskstream status`: every upstream the cluster knows (stored
+`upstreams:` limits plus the names tasks declare), its limiter's usage in the current window,
+and its breaker's stored state, all read on the Redis server's clock without recording anything.
+
+Breakers have no stored configuration yet: the cool-down shown is that of the `BreakerConfig`
+the executors run with (its defaults), passed in as `cfg`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from datetime import UTC, datetime
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from taskstream.core.definitions import from_record
+from taskstream.core.errors import ConfigError
+from taskstream.core.spec_parts import UpstreamLimit
+from taskstream.core.store.port import DefinitionRecord, Store
+from taskstream.ratelimit.backend import Breakers, Limiter, Usage
+from taskstream.ratelimit.breaker import BreakerConfig, BreakerState, BreakerStatus
+from taskstream.ratelimit.window import Limits, limits_from_spec
+
+
+def known_upstreams(
+    stored: Mapping[str, object], records: Sequence[DefinitionRecord]
+) -> dict[str, list[str]]:
+    """Every stored or task-named upstream -> the ids of the tasks naming it, sorted.
+
+    A stored definition that no longer validates names no upstream here.
+    """
+    found: dict[str, set[str]] = {name: set() for name in stored}
+    for record in records:
+        try:
+            spec = from_record(record)
+        except ConfigError:
+            continue
+        for name in spec.upstreams:
+            found.setdefault(name, set()).add(spec.id)
+    return {name: sorted(found[name]) for name in sorted(found)}
+
+
+def stored_limits(config: object) -> Limits | str:
+    """A stored upstream's limits, or why they do not validate."""
+    try:
+        return limits_from_spec(UpstreamLimit.model_validate(config))
+    except (ValueError, ConfigError) as exc:
+        return str(exc).splitlines()[0]
+
+
+def limiter_view(limits: Limits, usage: Usage) -> dict[str, Any]:
+    """Limits and usage of one limiter; `used_pct` is `used` as a percentage of `limit`
+    (above 100 while burst headroom is in use)."""
+    return {
+        **limits._asdict(),
+        "used": usage.used,
+        "used_pct": round(100 * usage.used / limits.limit, 1),
+        "in_horizon": usage.in_horizon,
+    }
+
+
+def breaker_view(state: BreakerState, at_ms: int, cfg: BreakerConfig) -> dict[str, Any]:
+    """A breaker's stored state; for an open one, when its cool-down ends (UTC epoch ms) and
+    how long that is after `at_ms` (0 once over: the next call goes half-open)."""
+    ends_ms = state.since_ms + cfg.cooldown_ms if state.status is BreakerStatus.OPEN else None
+    return {
+        **asdict(state),
+        "status": state.status.value,
+        "failure_threshold": cfg.failure_threshold,
+        "cooldown_ends_ms": ends_ms,
+        "cooldown_left_ms": None if ends_ms is None else max(0, ends_ms - at_ms),
+    }
+
+
+async def upstreams_status(
+    store: Store, limiter: Limiter, breakers: Breakers, cfg: BreakerConfig
+) -> dict[str, Any]:
+    """The status keys `upstreams` ({name: {tasks, limiter, breaker}}) and `upstreams_at_ms`
+    (the Redis server's clock when the breakers were read)."""
+    stored = await store.list_upstreams()
+    names = known_upstreams(stored, await store.list_definitions())
+    read = await breakers.states(list(names))
+    upstreams: dict[str, Any] = {}
+    for name, tasks in names.items():
+        limits = stored_limits(stored[name]) if name in stored else None
+        limiter_data: dict[str, Any] | None = None
+        if isinstance(limits, Limits):
+            limiter_data = limiter_view(limits, await limiter.usage(name, limits.window_ms))
+        elif limits is not None:
+            limiter_data = {"error": limits}
+        upstreams[name] = {
+            "tasks": tasks,
+            "limiter": limiter_data,
+            "breaker": breaker_view(read.states[name], read.at_ms, cfg),
+        }
+    return {"upstreams": upstreams, "upstreams_at_ms": read.at_ms}
+
+
+# --- human output --------------------------------------------------------------------------
+
+
+def _seconds(ms: int) -> str:
+    return f"{round(ms / 1000, 1):g}s"
+
+
+def _utc(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _limit_cells(limiter: Mapping[str, Any] | None) -> tuple[str, str]:
+    if limiter is None:
+        return "-", "-"
+    if "error" in limiter:
+        return f"invalid: {limiter['error']}", "-"
+    burst = f" +{limiter['burst']} burst" if limiter["burst"] else ""
+    limit = f"{limiter['limit']} / {_seconds(limiter['window_ms'])}{burst}"
+    return limit, f"{limiter['used']} ({limiter['used_pct']:g}%)"
+
+
+def _breaker_cells(breaker: Mapping[str, Any]) -> tuple[str, str]:
+    status = breaker["status"]
+    if status == BreakerStatus.OPEN:
+        left = breaker["cooldown_left_ms"]
+        ends = _utc(breaker["cooldown_ends_ms"])
+        when = f"cool-down until {ends} (in {_seconds(left)})" if left else "cool-down over"
+        return f"open, {when}", f"opened {_utc(breaker['since_ms'])}"
+    if status == BreakerStatus.HALF_OPEN:
+        probes = f"probes: {breaker['probes_admitted']} out, {breaker['probe_successes']} ok"
+        return "half-open", probes
+    failures = (
+        f"{breaker['consecutive_failures']}/{breaker['failure_threshold']} in a row, "
+        f"{breaker['window_failures']} of {breaker['window_calls']} in window"
+    )
+    return "closed", failures
+
+
+def render_upstreams(console: Console, upstreams: Mapping[str, Any]) -> None:
+    """The `upstreams` status key as a table."""
+    if not upstreams:
+        console.print("upstreams: none")
+        return
+    table = Table("upstream", "limit", "used", "breaker", "failures", "tasks")
+    for name, data in upstreams.items():
+        limit, used = _limit_cells(data["limiter"])
+        breaker, failures = _breaker_cells(data["breaker"])
+        table.add_row(name, limit, used, breaker, failures, ", ".join(data["tasks"]) or "-")
+    console.print(table)
