@@ -25,9 +25,11 @@ from taskstream.core.timesync import keep_synced, synced_clock
 from taskstream.executor.admission import UpstreamGate
 from taskstream.executor.service import Executor, ExecutorConfig, ExecutorDeps, consumer_name
 from taskstream.executor.sweeper import Sweeper, SweeperConfig
+from taskstream.ratelimit.breaker import BreakerConfig
 from taskstream.ratelimit.redis_backend import RedisBreakers, RedisLimiter
 from taskstream.runtime import endpoint
 from taskstream.runtime.supervisor import install_stop_signals
+from taskstream.runtime.upstream_holds import BreakerHolds
 from taskstream.scheduler.leader import LeaderLease
 from taskstream.scheduler.service import Scheduler, SchedulerConfig
 
@@ -71,8 +73,17 @@ def scheduler_cmd() -> None:
             cluster.queue, cluster.keys, owner, lease_ms=round(s.scheduler_lease_s * 1000)
         )
         wakeups = Wakeups(cluster.queue, cluster.keys)
+        # The executors' UpstreamGate admits with the default BreakerConfig too.
+        holds = BreakerHolds(RedisBreakers(cluster.queue, cluster.keys), BreakerConfig())
         return Scheduler(
-            cluster.store, outbox, clock, config, leader=lease, checks=checks, wakeups=wakeups
+            cluster.store,
+            outbox,
+            clock,
+            config,
+            leader=lease,
+            checks=checks,
+            wakeups=wakeups,
+            holds=holds,
         )
 
     run_async(_serve(s, build))

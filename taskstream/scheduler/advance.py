@@ -1,6 +1,9 @@
 """Deciding the due fire times of one task: catch-up for ticks whose window closed while no
-scheduler ran, `decide_tick` for the rest, ticks that wait (dependencies, deferral) kept until
-they are final, and every decision recorded with the values it saw.
+scheduler ran, `decide_tick` for the rest, ticks that wait (dependencies, deferral, an open
+upstream breaker) kept until they are final, and every decision recorded with the values it saw.
+
+A tick held back by an open breaker (`hold`) whose window closes while it waits goes to
+catch-up with the other late ticks, so the task's catch-up policy decides it.
 
 The task's cursor (last fire time fully decided) is written with the leader's fencing token;
 a rejected write means another scheduler leads now and raises `Fenced`.
@@ -8,9 +11,10 @@ a rejected write means another scheduler leads now and raises `Fenced`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from taskstream.core.errors import TaskstreamError
+from taskstream.core.errors import QueueUnavailable, TaskstreamError
 from taskstream.core.logging import get_logger
 from taskstream.core.outbox import Outbox
 from taskstream.core.preconditions import Check, CheckResult, evaluate
@@ -25,6 +29,14 @@ from taskstream.scheduler.decide import (
     Decision,
     TickFacts,
     decide_tick,
+)
+from taskstream.scheduler.hold import (
+    UpstreamHolds,
+    held_upstreams,
+    hold_back,
+    hold_until,
+    is_held,
+    released,
 )
 from taskstream.scheduler.instances import business_date_of, new_instance
 from taskstream.scheduler.replace import cancel_previous
@@ -50,10 +62,17 @@ class TaskState:
 
 
 class Advancer:
-    """Decides ticks for every task; one per scheduler process."""
+    """Decides ticks for every task; one per scheduler process. Without `holds`, no tick is
+    held back for its upstreams."""
 
-    def __init__(self, store: Store, outbox: Outbox, checks: dict[str, Check]) -> None:
-        self._store, self._outbox, self._checks = store, outbox, checks
+    def __init__(
+        self,
+        store: Store,
+        outbox: Outbox,
+        checks: dict[str, Check],
+        holds: UpstreamHolds | None = None,
+    ) -> None:
+        self._store, self._outbox, self._checks, self._holds = store, outbox, checks, holds
         self._states: dict[str, TaskState] = {}
         self._log = get_logger(role="scheduler")
 
@@ -67,19 +86,25 @@ class Advancer:
         """Decide every due tick of `spec`; returns its next fire time (ms)."""
         state = self._states.setdefault(spec.id, TaskState())
         cursor = await self._cursor(spec, state, now_ms, token)
-        cursor = await self._beyond_horizon(spec, trigger, cursor, now_ms)
+        cursor = await self._beyond_horizon(spec, trigger, cursor, now_ms, state)
         due = [
             f
             for f in fire_times(trigger, cursor, now_ms, limit=MAX_TICKS_PER_PASS)
             if f not in state.decided
         ]
+        held = await self._held_by(spec, now_ms) if due else {}
         window_ms = round(spec.window * 1000)
-        closed = [f for f in due if f + window_ms < now_ms and f not in state.waiting]
+        closed = [
+            f
+            for f in due
+            if f + window_ms < now_ms and (f not in state.waiting or is_held(state.waiting[f]))
+        ]
         if closed:
             on_time = len(closed) < len(due)
-            await self._catch_up(spec, closed, now_ms, state, newer_on_time=on_time)
+            await self._catch_up(spec, closed, now_ms, state, held, newer_on_time=on_time)
         for fire in sorted(set(due) - set(closed)):
-            decision = await self._decide(spec, fire, now_ms, previous=state.waiting.get(fire))
+            previous = state.waiting.get(fire)
+            decision = await self._decide(spec, fire, now_ms, held, previous=previous)
             await self._apply(spec, fire, decision, now_ms, state)
         last = due[-1] if due else cursor
         await self._move(spec, state, min([last, *(f - 1 for f in state.waiting)]), token)
@@ -92,16 +117,18 @@ class Advancer:
         closed: list[int],
         now_ms: int,
         state: TaskState,
+        held: Mapping[str, int],
         *,
         newer_on_time: bool,
     ) -> None:
-        """Ticks whose window closed before anyone decided them follow the catch-up policy."""
+        """Ticks whose window closed before anyone decided them, or while an open breaker held
+        them back, follow the catch-up policy."""
         plan = plan_catchup(closed, now_ms, spec, newer_on_time=newer_on_time)
         for fire, planned in plan.entries:
             decision = planned
             if planned.runs:
                 decision = await self._decide(
-                    spec, fire, now_ms, catchup=True, ready=plan.require_ready
+                    spec, fire, now_ms, held, catchup=True, ready=plan.require_ready
                 )
             await self._apply(spec, fire, decision, now_ms, state)
 
@@ -123,24 +150,40 @@ class Advancer:
         state.decided = {f for f in state.decided if f > cursor}
 
     async def _beyond_horizon(
-        self, spec: TaskSpec, trigger: Trigger, cursor: int, now_ms: int
+        self, spec: TaskSpec, trigger: Trigger, cursor: int, now_ms: int, state: TaskState
     ) -> int:
         """Fire times older than the catch-up horizon are `missed`. Up to `MISSED_ROWS` of
         them are decided one by one (each leaves a SKIPPED instance); more than that (a long
-        outage) are summarised in one record and skipped over."""
+        outage) are summarised in one record and skipped over, waiting ticks among them too
+        (else they would hold the cursor back)."""
         horizon = catchup_horizon_ms(spec, now_ms)
         old = fire_times(trigger, cursor, horizon - 1, limit=MISSED_ROWS + 1)
         if len(old) <= MISSED_ROWS:
             return cursor
         decision = bound_missed(old[0], horizon - 1, None)
         await self._record(spec, old[0], decision, None, now_ms)
+        state.waiting = {f: d for f, d in state.waiting.items() if f >= horizon}
         return horizon - 1
+
+    async def _held_by(self, spec: TaskSpec, now_ms: int) -> dict[str, int]:
+        """The upstreams of `spec` whose breaker is open now, each with the instant (ms) its
+        cool-down ends. When the breakers cannot be read nothing is held: executors still
+        check every call against them."""
+        if self._holds is None or not spec.upstreams:
+            return {}
+        try:
+            left = await self._holds.held(spec.upstreams)
+        except QueueUnavailable as exc:
+            self._log.warning("upstream.breakers_unread", task_id=spec.id, error=str(exc)[:300])
+            return {}
+        return hold_until(left, now_ms)
 
     async def _decide(
         self,
         spec: TaskSpec,
         fire_ms: int,
         now_ms: int,
+        held: Mapping[str, int],
         *,
         catchup: bool = False,
         ready: bool = True,
@@ -161,17 +204,18 @@ class Advancer:
         facts = TickFacts(
             fire_ms, active, missing, checks, catchup, previous.decision if previous else None
         )
-        return decide_tick(facts, spec, now_ms)
+        return hold_back(decide_tick(facts, spec, now_ms), held)
 
     async def _apply(
         self, spec: TaskSpec, fire_ms: int, decision: Decision, now_ms: int, state: TaskState
     ) -> None:
+        before = state.waiting.get(fire_ms)
         if not decision.final:
-            before = state.waiting.get(fire_ms)
             state.waiting[fire_ms] = decision
-            if before is None or before.decision != decision.decision:
+            if before is None or _why(before) != _why(decision):
                 await self._record(spec, fire_ms, decision, None, now_ms)
             return
+        decision = released(before, decision)
         state.waiting.pop(fire_ms, None)
         state.decided.add(fire_ms)
         instance_id = None
@@ -226,3 +270,8 @@ class Advancer:
             decision=decision.decision,
             instance_id=instance_id,
         )
+
+
+def _why(decision: Decision) -> tuple[str, tuple[str, ...]]:
+    """What a waiting tick waits for; it is recorded again only when this changes."""
+    return decision.decision, held_upstreams(decision)

@@ -18,7 +18,8 @@
    (`wait_dep`, until the window closes: see 1); a catch-up tick checks them only under
    `catchup.only_if_ready` and is `skip_dep` at once when not ready.
 6. otherwise `should_run`. Dedupe is the store's UNIQUE key: the caller turns a duplicate insert
-   into `skip_duplicated`.
+   into `skip_duplicated`, and holds a `should_run` back (`deferred`) while a breaker of the
+   task's upstreams is open (`hold.hold_back`).
 
 All instants are UTC epoch milliseconds; `now_ms` is passed in. `start_ms = max(fire, now)` is
 when a start decided now would happen.

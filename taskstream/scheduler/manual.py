@@ -21,6 +21,7 @@ from taskstream.core.spec import TaskSpec
 from taskstream.core.store.port import DecisionRow, NewInstance, Store
 from taskstream.scheduler import decide
 from taskstream.scheduler.calendar import CalendarBlock, Deferral, calendar_block, defer_until
+from taskstream.scheduler.hold import HELD_BY
 from taskstream.scheduler.instances import new_instance, trigger_of
 from taskstream.scheduler.ticks import PlannedFire, Trigger, fire_times, plan
 
@@ -296,4 +297,6 @@ def rule_of(decision: str, details: Mapping[str, Any]) -> tuple[str | None, dict
         rule = f"calendar ({calendar.get('rule')})"
     elif decision == decide.SKIP_WINDOW and details.get("deferral"):
         rule = "not_before / off_peak (start held past the window)"
+    elif decision == decide.DEFERRED and details.get(HELD_BY):
+        rule, saw = "upstream breaker (open)", {HELD_BY: details[HELD_BY]}
     return rule, saw

@@ -1,6 +1,7 @@
 """The scheduler loop: hold the leader lease (or stand by), reload definitions, re-emit due
 retries, decide every due tick of every active task, then sleep until the next fire time
-(capped so definition changes, waiting ticks and stop requests are seen).
+(capped so definition changes, waiting ticks and stop requests are seen). A tick whose task
+names an upstream with an open circuit breaker is held back until the cool-down ends (`hold`).
 
 Several schedulers may run: one leads, the others stand by and take over within the lease
 when it dies. Correctness never depends on the lease: the store's UNIQUE dedupe key turns a
@@ -24,6 +25,7 @@ from taskstream.core.preconditions import Check
 from taskstream.core.spec import TaskSpec
 from taskstream.core.store.port import Store
 from taskstream.scheduler.advance import Advancer, Fenced
+from taskstream.scheduler.hold import UpstreamHolds
 from taskstream.scheduler.instances import new_instance, trigger_of
 from taskstream.scheduler.leader import LeaderLease
 from taskstream.scheduler.ticks import Trigger
@@ -59,7 +61,8 @@ async def _sleep(stop: asyncio.Event, wakeups: Wakeups | None, wait_s: float) ->
 
 
 class Scheduler:
-    """One scheduler process."""
+    """One scheduler process. `holds` reads the upstream breakers; without it no tick is held
+    back for its upstreams (executors still defer calls an open breaker refuses)."""
 
     def __init__(
         self,
@@ -71,12 +74,13 @@ class Scheduler:
         leader: LeaderLease | None = None,
         checks: dict[str, Check] | None = None,
         wakeups: Wakeups | None = None,
+        holds: UpstreamHolds | None = None,
     ) -> None:
         self._wakeups = wakeups
         self._store, self._outbox, self._clock, self._config = store, outbox, clock, config
         self._leader = leader
         self._defs = DefinitionCache(store)
-        self._advancer = Advancer(store, outbox, checks or {})
+        self._advancer = Advancer(store, outbox, checks or {}, holds)
         self._token: int | None = None
         self._renew_s = leader.lease_ms / 3000 if leader else config.max_sleep_s
         self._log = get_logger(role="scheduler", owner=leader.owner if leader else None)

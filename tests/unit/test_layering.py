@@ -42,6 +42,7 @@ PURE_MODULES = (
     "taskstream.scheduler.calendar",
     "taskstream.executor.outcome",
     "taskstream.scheduler.catchup",
+    "taskstream.scheduler.hold",
     "taskstream.executor.retry",
     "taskstream.executor.sweep",
     "taskstream.ratelimit.window",

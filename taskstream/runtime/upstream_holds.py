@@ -1,0 +1,50 @@
+"""The scheduler's view of the shared circuit breakers (DESIGN.md §8).
+
+The scheduler holds back ticks whose upstream breaker is open (`scheduler.hold`), but the
+import rule keeps `scheduler` from importing `ratelimit`; this adapter, built by the
+composition root, implements the scheduler's `UpstreamHolds` port over a `Breakers` backend.
+It reads the states and the backend's clock together (`Breakers.states`: one MULTI/EXEC of
+`TIME` and the hashes on Redis), so the cool-down left is measured on the same clock that
+started it, and the scheduler's own clock (aligned to the database) never has to agree with
+the Redis server's. Reading changes nothing: an open breaker past its cool-down stays open
+until an executor's probe is admitted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from taskstream.ratelimit.backend import Breakers
+from taskstream.ratelimit.breaker import BreakerConfig, BreakerState, BreakerStatus
+
+
+def cooldown_left_ms(state: BreakerState, now_ms: int, cfg: BreakerConfig) -> int:
+    """How long (ms) an open breaker keeps refusing calls at `now_ms` (the breaker's clock):
+    until `since_ms + cooldown_ms`, as `breaker.admit` applies it. 0 for a closed or half-open
+    breaker, and for an open one whose cool-down has passed (its next admission probes)."""
+    if state.status is not BreakerStatus.OPEN:
+        return 0
+    return max(0, state.since_ms + cfg.cooldown_ms - now_ms)
+
+
+class BreakerHolds:
+    """`scheduler.hold.UpstreamHolds` over the breakers the executors use.
+
+    `config` must be the `BreakerConfig` the executors admit with (its `cooldown_ms` is how
+    long an open breaker refuses). Backend errors propagate as `GuardUnavailable` (a
+    `QueueUnavailable`).
+    """
+
+    def __init__(self, breakers: Breakers, config: BreakerConfig) -> None:
+        self._breakers, self._config = breakers, config
+
+    async def held(self, upstreams: Sequence[str]) -> dict[str, int]:
+        names = list(dict.fromkeys(upstreams))
+        if not names:
+            return {}
+        read = await self._breakers.states(names)
+        left = {
+            name: cooldown_left_ms(state, read.at_ms, self._config)
+            for name, state in read.states.items()
+        }
+        return {name: ms for name, ms in left.items() if ms > 0}
