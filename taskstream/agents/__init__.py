@@ -1,8 +1,18 @@
 """Agents: the work itself. An agent is an async callable with a name and a params model."""
 
 from taskstream.agents.base import Agent, AgentContext
-from taskstream.agents.errors import AgentError, FatalError, NeedsReview, RetriableError
+from taskstream.agents.errors import (
+    AgentError,
+    FatalError,
+    NeedsReview,
+    RetriableError,
+    UpstreamDeferred,
+    UpstreamRejected,
+    UpstreamUnavailable,
+)
 from taskstream.agents.registry import Registry, default_registry
+from taskstream.agents.upstream import UpstreamAccess, UpstreamClient
+from taskstream.agents.upstream_response import UpstreamResponse
 
 __all__ = [
     "Agent",
@@ -12,5 +22,11 @@ __all__ = [
     "NeedsReview",
     "Registry",
     "RetriableError",
+    "UpstreamAccess",
+    "UpstreamClient",
+    "UpstreamDeferred",
+    "UpstreamRejected",
+    "UpstreamResponse",
+    "UpstreamUnavailable",
     "default_registry",
 ]

@@ -9,6 +9,8 @@ from typing import Any, Protocol
 import structlog
 from pydantic import BaseModel
 
+from taskstream.agents.upstream import UpstreamClient
+
 
 async def _nothing_done(_key: str) -> bool:
     return False
@@ -26,6 +28,9 @@ class AgentContext:
     one instance (the dedupe key), so side effects keyed on it happen at most once.
     `side_effects` collects the keys passed to `once`; they are committed with the run's final
     status in one transaction, so a fenced run commits none of them.
+    `upstreams` are the upstream names the task declares (first = the main one); `http` is the
+    limiter- and breaker-aware HTTP client for calling them (`agents.upstream`). A context
+    built without one gets a client that admits every call and records nothing.
     """
 
     instance_id: str
@@ -39,6 +44,8 @@ class AgentContext:
     effect_done: Callable[[str], Awaitable[bool]] = _nothing_done
     business_date: str | None = None
     set_marker: Callable[[str, str], Awaitable[bool]] = _no_markers
+    upstreams: tuple[str, ...] = ()
+    http: UpstreamClient = field(default_factory=UpstreamClient)
 
     async def mark_ready(self, name: str, business_date: str | None = None) -> bool:
         """Set the readiness marker `name` (e.g. `raw_data.ready`) for a business date (this

@@ -1,4 +1,4 @@
-"""Built-in agents that need no upstream: `echo` and `sleep`."""
+"""Built-in agents: `echo` and `sleep`, which need no upstream, and `http` (`http_agent`)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from taskstream.agents.base import AgentContext, FunctionAgent
+from taskstream.agents.http_agent import HTTP_AGENT
 
 
 class EchoParams(BaseModel):
@@ -36,4 +37,5 @@ async def _sleep(ctx: AgentContext, params: SleepParams) -> dict[str, float]:
 BUILTINS = (
     FunctionAgent(name="echo", params_model=EchoParams, fn=_echo),
     FunctionAgent(name="sleep", params_model=SleepParams, fn=_sleep),
+    HTTP_AGENT,
 )

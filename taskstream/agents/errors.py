@@ -1,4 +1,9 @@
-"""The typed errors an agent raises to say how its run failed (no I/O, safe for pure code)."""
+"""The typed errors an agent raises to say how its run failed (no I/O, safe for pure code).
+
+The upstream errors are raised by `UpstreamClient` (see `agents.upstream`); their messages name
+the upstream, the method, the URL without query or credentials, and the status, never a
+header or a body, so they are safe to store and log.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,16 @@ class AgentError(TaskstreamError):
 
 
 class RetriableError(AgentError):
-    """A transient failure: the run may succeed if tried again."""
+    """A transient failure: the run may succeed if tried again.
+
+    `retry_after_ms`, when set, is the least wait before the next attempt that whoever failed
+    asked for (e.g. an upstream's `Retry-After`); the retry policy's backoff still applies when
+    it is longer.
+    """
+
+    def __init__(self, *args: object, retry_after_ms: int | None = None) -> None:
+        super().__init__(*args)
+        self.retry_after_ms = retry_after_ms
 
 
 class FatalError(AgentError):
@@ -19,3 +33,43 @@ class FatalError(AgentError):
 
 class NeedsReview(AgentError):
     """The run needs a human decision before anything else happens."""
+
+
+class UpstreamDeferred(AgentError):
+    """The upstream's limiter or open breaker refused a call before it was made.
+
+    The executor defers the run (RETRYING, due in `retry_after_ms` >= 1) without spending an
+    attempt. An agent should let it propagate.
+    """
+
+    def __init__(self, upstream: str, retry_after_ms: int) -> None:
+        self.upstream = upstream
+        self.retry_after_ms = max(1, retry_after_ms)
+        super().__init__(f"upstream {upstream!r} refused the call; retry in {retry_after_ms} ms")
+
+
+class UpstreamUnavailable(RetriableError):
+    """A call an upstream did not answer usefully: a timeout, a connection error, HTTP 429 or
+    5xx. `status` is None when there was no response."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        upstream: str | None,
+        status: int | None = None,
+        retry_after_ms: int | None = None,
+    ) -> None:
+        super().__init__(message, retry_after_ms=retry_after_ms)
+        self.upstream = upstream
+        self.status = status
+
+
+class UpstreamRejected(FatalError):
+    """A call the upstream refused for good: HTTP 4xx other than 429 (or a request that could
+    not be sent at all, such as an invalid URL; `status` is then None)."""
+
+    def __init__(self, message: str, *, upstream: str | None, status: int | None) -> None:
+        super().__init__(message)
+        self.upstream = upstream
+        self.status = status

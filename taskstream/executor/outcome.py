@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from random import Random
 from typing import Any
 
-from taskstream.agents.errors import FatalError, NeedsReview
+from taskstream.agents.errors import FatalError, NeedsReview, RetriableError
 from taskstream.core.reasons import DEFERRED
 from taskstream.core.spec_parts import RetryPolicy
 from taskstream.core.states import FailClass, Status
@@ -34,6 +34,9 @@ class RunEnd:
     """Set when the end is final whatever the policy says (poison, bad params)."""
     defer_ms: int | None = None
     """Set when the run never called its agent (upstream refused): retry after this wait."""
+    retry_after_ms: int | None = None
+    """Set when the failure asked for a pause (an upstream's Retry-After): a retry waits at
+    least this long (ms), or the backoff when that is longer."""
 
 
 def succeeded(result: Any) -> RunEnd:
@@ -54,7 +57,8 @@ def failed(exc: BaseException) -> RunEnd:
         return RunEnd("needs_review", failure=Failure.MANUAL_REVIEW, error=error)
     if isinstance(exc, FatalError):
         return RunEnd("fatal_error", failure=Failure.FATAL, error=error)
-    return RunEnd("retriable_error", failure=Failure.RETRIABLE, error=error)
+    wait_ms = exc.retry_after_ms if isinstance(exc, RetriableError) else None
+    return RunEnd("retriable_error", failure=Failure.RETRIABLE, error=error, retry_after_ms=wait_ms)
 
 
 def deferred(wait_ms: int) -> RunEnd:
@@ -104,7 +108,7 @@ def plan(attempt: Attempt, end: RunEnd, *, now_ms: int, rng: Random) -> Plan:
         return Plan(base)
     if end.fail_class is not None:
         return Plan(replace(base, dst=Status.FAILED, fail_class=end.fail_class))
-    decision = _retry(attempt, end.failure, now_ms, rng)
+    decision = _retry(attempt, end.failure, now_ms, rng, end.retry_after_ms or 0)
     if end.failure is Failure.TIMEOUT:
         return Plan(replace(base, dst=Status.TIMEOUT), after_timeout=decision)
     return Plan(
@@ -117,11 +121,16 @@ def plan(attempt: Attempt, end: RunEnd, *, now_ms: int, rng: Random) -> Plan:
     )
 
 
-def _retry(attempt: Attempt, failure: Failure, now_ms: int, rng: Random) -> RetryDecision:
+def _retry(
+    attempt: Attempt, failure: Failure, now_ms: int, rng: Random, min_delay_ms: int = 0
+) -> RetryDecision:
     decision = decide(
         failure, attempts_used=attempt.attempts_used, policy=attempt.policy, now_ms=now_ms, rng=rng
     )
     due = decision.next_attempt_at_ms
+    if due is not None and decision.delay_ms < min_delay_ms:
+        due = now_ms + min_delay_ms
+        decision = replace(decision, next_attempt_at_ms=due, delay_ms=min_delay_ms)
     if due is not None and attempt.deadline_ms is not None and due >= attempt.deadline_ms:
         return RetryDecision(Status.FAILED, fail_class=FailClass.EXHAUSTED)
     return decision

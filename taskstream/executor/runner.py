@@ -5,16 +5,20 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
+import httpx
 from pydantic import BaseModel, ValidationError
 from structlog.typing import FilteringBoundLogger
 
 from taskstream.agents.base import AgentContext
+from taskstream.agents.errors import UpstreamDeferred
+from taskstream.agents.upstream import UpstreamClient
 from taskstream.core.clock import Clock
 from taskstream.core.logging import get_logger
 from taskstream.core.states import FailClass
 from taskstream.core.store.port import Store
-from taskstream.executor.admission import UpstreamGate
+from taskstream.executor.admission import RunUpstreams, UpstreamGate
 from taskstream.executor.intake import Run
 from taskstream.executor.outcome import RunEnd, deferred, failed, final, succeeded
 from taskstream.executor.retry import Failure
@@ -23,21 +27,25 @@ from taskstream.ratelimit.breaker import Outcome
 DEFAULT_TIMEOUT_S = 60.0
 
 
-async def execute(
-    run: Run,
-    *,
-    store: Store,
-    clock: Clock,
-    max_payload_bytes: int,
-    on_marker: Callable[[], Awaitable[None]] | None = None,
-    gate: UpstreamGate | None = None,
-    log: FilteringBoundLogger | None = None,
-) -> RunEnd:
-    """Run the agent of `run` once and say how it ended. Never raises but for cancellation.
+@dataclass(frozen=True, slots=True)
+class RunEnv:
+    """What every run of one executor process shares. `log` is the process's bound logger
+    (binding a run's ids to it is much cheaper than a new logger); `http` is the process's
+    connection pool for upstream calls (None: each run opens its own)."""
 
-    `log`: the process's bound logger; binding ids to it is much cheaper than a new one."""
+    store: Store
+    clock: Clock
+    max_payload_bytes: int
+    on_marker: Callable[[], Awaitable[None]] | None = None
+    gate: UpstreamGate | None = None
+    log: FilteringBoundLogger | None = None
+    http: httpx.AsyncClient | None = None
+
+
+async def execute(run: Run, env: RunEnv) -> RunEnd:
+    """Run the agent of `run` once and say how it ended. Never raises but for cancellation."""
     row = run.row
-    log = (log or get_logger()).bind(instance_id=row.id, task_id=row.task_id, attempt=run.token)
+    log = (env.log or get_logger()).bind(instance_id=row.id, task_id=row.task_id, attempt=run.token)
     if run.attempts_used > run.max_attempts:
         return final(
             "attempts_exhausted",
@@ -45,11 +53,11 @@ async def execute(
             f"attempt {run.attempts_used} of at most {run.max_attempts}",
         )
     size = len(json.dumps(row.payload))
-    if size > max_payload_bytes:
+    if size > env.max_payload_bytes:
         return final(
             "payload_too_large",
             FailClass.POISON,
-            f"payload is {size} bytes, limit {max_payload_bytes}",
+            f"payload is {size} bytes, limit {env.max_payload_bytes}",
         )
     try:
         params = run.agent.params_model.model_validate(row.payload)
@@ -57,10 +65,21 @@ async def execute(
         return final("bad_params", FailClass.FATAL, str(exc))
     timeout_s = run.spec.timeout if run.spec else DEFAULT_TIMEOUT_S
     if row.deadline_ms is not None:
-        timeout_s = min(timeout_s, (row.deadline_ms - clock.now_ms()) / 1000)
+        timeout_s = min(timeout_s, (row.deadline_ms - env.clock.now_ms()) / 1000)
     if timeout_s <= 0:
         return failed(TimeoutError("deadline passed before the run started"))
-    ctx = AgentContext(
+    ctx = _context(run, env.store, log, env.on_marker)
+    return await _admitted_call(run, ctx, params, timeout_s, env)
+
+
+def _context(
+    run: Run,
+    store: Store,
+    log: FilteringBoundLogger,
+    on_marker: Callable[[], Awaitable[None]] | None,
+) -> AgentContext:
+    row = run.row
+    return AgentContext(
         instance_id=row.id,
         task_id=row.task_id,
         attempt=run.token,
@@ -71,15 +90,33 @@ async def execute(
         effect_done=store.side_effect_done,
         business_date=row.business_date,
         set_marker=_marker_setter(store, on_marker),
+        upstreams=run.spec.upstreams if run.spec else (),
     )
-    upstreams = run.spec.upstreams if run.spec else ()
-    if gate is not None and upstreams:
-        wait_ms = await gate.admit(upstreams)
+
+
+async def _admitted_call(
+    run: Run,
+    ctx: AgentContext,
+    params: BaseModel,
+    timeout_s: float,
+    env: RunEnv,
+) -> RunEnd:
+    """Admit the run to its declared upstreams (deferred when refused), run the agent with an
+    HTTP client bound to the gate, then record the outcomes no call recorded itself."""
+    access: RunUpstreams | None = None
+    gate = env.gate
+    if gate is not None:
+        wait_ms = await gate.admit(ctx.upstreams) if ctx.upstreams else None
         if wait_ms is not None:
             return deferred(wait_ms)
-    end = await _call(run, ctx, params, timeout_s)
-    if gate is not None and upstreams:
-        await gate.record(upstreams, _breaker_outcome(end))
+        access = gate.bind(ctx.upstreams)
+    ctx.http = UpstreamClient(access, http=env.http, log=ctx.log, clock=env.clock)
+    try:
+        end = await _call(run, ctx, params, timeout_s)
+    finally:
+        await ctx.http.aclose()
+    if access is not None:
+        await access.settle(ctx.upstreams, _breaker_outcome(end))
     return end
 
 
@@ -87,6 +124,9 @@ async def _call(run: Run, ctx: AgentContext, params: BaseModel, timeout_s: float
     try:
         async with asyncio.timeout(timeout_s):
             result = await run.agent.run(ctx, params)
+    except UpstreamDeferred as exc:  # a call refused by its limiter or breaker: not an attempt
+        ctx.log.info("instance.upstream_deferred", upstream=exc.upstream)
+        return deferred(exc.retry_after_ms)
     except Exception as exc:  # every failure of agent code becomes an outcome
         ctx.log.warning("instance.run_failed", error_type=type(exc).__name__)
         return failed(exc)
@@ -94,7 +134,10 @@ async def _call(run: Run, ctx: AgentContext, params: BaseModel, timeout_s: float
 
 
 def _breaker_outcome(end: RunEnd) -> Outcome:
-    """Retriable errors and timeouts count against an upstream; fatal ones are the task's."""
+    """Retriable errors and timeouts count against an upstream; fatal ones are the task's, and
+    a deferred run said nothing about its upstreams."""
+    if end.defer_ms is not None:
+        return Outcome.IGNORE
     if end.failure is None:
         return Outcome.SUCCESS
     if end.failure in (Failure.RETRIABLE, Failure.TIMEOUT):

@@ -12,9 +12,10 @@ import asyncio
 import contextlib
 import os
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from random import Random
 
+import httpx
 from redis.exceptions import ResponseError
 
 from taskstream.agents.registry import Registry
@@ -32,7 +33,7 @@ from taskstream.executor.committer import Committer
 from taskstream.executor.heartbeat import Heartbeat
 from taskstream.executor.intake import Intake, Run
 from taskstream.executor.outcome import Plan
-from taskstream.executor.runner import execute
+from taskstream.executor.runner import RunEnv, execute
 
 ERROR_PAUSE_S = 1.0
 DEFINITIONS_CHECK_S = 1.0
@@ -95,6 +96,14 @@ class Executor:
         self._stopping = False
         self._turn = 0
         self._log = get_logger(role="executor", consumer=config.consumer)
+        self._env = RunEnv(
+            deps.store,
+            deps.clock,
+            config.max_payload_bytes,
+            on_marker=self._marker_set,
+            gate=deps.gate,
+            log=self._log,
+        )
 
     async def run(self, stop: asyncio.Event) -> None:
         """Read and run until `stop` is set, then drain (see the module docstring)."""
@@ -105,6 +114,9 @@ class Executor:
             asyncio.create_task(self._heartbeat.run(background)),
             asyncio.create_task(self._committer.run(background)),
         ]
+        # One connection pool for every run's upstream calls (`ctx.http`).
+        http = httpx.AsyncClient(follow_redirects=False)
+        self._env = replace(self._env, http=http)
         self._log.info("executor.started", concurrency=self._config.concurrency)
         try:
             while not stop.is_set():
@@ -113,6 +125,7 @@ class Executor:
             await self._drain()
             background.set()
             await asyncio.gather(*helpers, return_exceptions=True)
+            await http.aclose()
             with contextlib.suppress(*streams.DRIVER_ERRORS):
                 await self._heartbeat.clear()
             self._log.info("executor.stopped")
@@ -152,15 +165,7 @@ class Executor:
 
     async def _execute(self, run: Run) -> None:
         try:
-            end = await execute(
-                run,
-                store=self._deps.store,
-                clock=self._deps.clock,
-                max_payload_bytes=self._config.max_payload_bytes,
-                on_marker=self._marker_set,
-                gate=self._deps.gate,
-                log=self._log,
-            )
+            end = await execute(run, self._env)
         except asyncio.CancelledError:
             if run.fenced or not self._stopping:
                 raise

@@ -1,0 +1,262 @@
+"""The upstream-aware HTTP client agents call APIs with (DESIGN.md §8, §9).
+
+Each call through `UpstreamClient.request` with an `upstream` name:
+
+1. asks the run's `UpstreamAccess` for admission (the shared limiter and circuit breaker of
+   that name); a refusal raises `UpstreamDeferred` before anything is sent, and the executor
+   defers the run without spending an attempt;
+2. sends the request under a total timeout (seconds) and reads at most `max_body_bytes`;
+3. records the outcome in the breaker and raises the typed error the retry policy reads (see
+   `upstream_rules` for the table).
+
+Calls without an upstream name, or through a client without access, skip steps 1 and 3 but
+are classified the same way. A call interrupted by cancellation is not recorded here: the
+owner of the access settles it (the executor records the run's outcome for it). When the
+limiter or breaker cannot be reached (`QueueUnavailable`), the call is deferred.
+
+Headers, query strings and bodies are never logged or put in errors: requests may carry
+credentials.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any, Final, Protocol
+
+import httpx
+import structlog
+
+from taskstream.agents.errors import UpstreamDeferred, UpstreamRejected, UpstreamUnavailable
+from taskstream.agents.upstream_response import UpstreamResponse, read_capped
+from taskstream.agents.upstream_rules import (
+    describe,
+    error_for_status,
+    outcome_of,
+    retry_after_ms,
+    safe_url,
+)
+from taskstream.core.clock import Clock, SystemClock
+from taskstream.core.errors import QueueUnavailable
+from taskstream.core.logging import get_logger
+from taskstream.ratelimit.breaker import Outcome
+
+DEFAULT_TIMEOUT_S: Final = 30.0
+"""Total time one call may take, connect to last body byte (seconds)."""
+DEFAULT_MAX_BODY_BYTES: Final = 4 * 1024 * 1024
+"""Body bytes read per response; the rest is dropped and `truncated` set."""
+GUARD_DOWN_WAIT_MS: Final = 5_000
+"""Deferral (ms) of a call whose limiter or breaker could not be reached."""
+
+_UPSTREAM_FAULTS = (
+    httpx.NetworkError,
+    httpx.RemoteProtocolError,
+    httpx.ProxyError,
+    httpx.DecodingError,
+)
+"""Errors after which the upstream is to blame: no (usable) answer came back."""
+
+
+class UpstreamAccess(Protocol):
+    """Admission to named upstreams for one run: the executor binds its gate as this."""
+
+    async def acquire(self, name: str) -> int | None:
+        """Take one call to upstream `name`: None when it may go now, else the wait (ms)."""
+        ...
+
+    async def record(self, name: str, outcome: Outcome) -> None:
+        """Report the outcome of a call that `acquire` admitted."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """One call as it may be logged: no headers, no query."""
+
+    upstream: str | None
+    method: str
+    url: str
+
+    @property
+    def text(self) -> str:
+        return describe(self.method, self.url, self.upstream)
+
+    def fields(self) -> dict[str, Any]:
+        return {"upstream": self.upstream, "method": self.method.upper(), "url": safe_url(self.url)}
+
+
+class UpstreamClient:
+    """An async HTTP client (httpx) that applies limiter, breaker and timeout per call.
+
+    `http` is a shared `httpx.AsyncClient` to use (left open by `aclose`); without one, a
+    private client is made at the first call and closed by `aclose`.
+    """
+
+    def __init__(
+        self,
+        access: UpstreamAccess | None = None,
+        *,
+        http: httpx.AsyncClient | None = None,
+        log: structlog.typing.FilteringBoundLogger | None = None,
+        clock: Clock | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    ) -> None:
+        self._access = access
+        self._shared = http
+        self._own: httpx.AsyncClient | None = None
+        self._log = log or get_logger()
+        self._clock = clock or SystemClock()
+        self.timeout_s = timeout_s
+        self.max_body_bytes = max_body_bytes
+
+    async def request(
+        self,
+        method: str,
+        url: str,
+        *,
+        upstream: str | None = None,
+        headers: dict[str, str] | None = None,
+        params: dict[str, str] | None = None,
+        json: Any = None,
+        content: bytes | str | None = None,
+        timeout_s: float | None = None,
+        max_body_bytes: int | None = None,
+        check: bool = True,
+    ) -> UpstreamResponse:
+        """One call to `url` as `upstream` (None: no admission, nothing recorded).
+
+        Raises `UpstreamDeferred` when admission is refused, `UpstreamUnavailable` (retriable)
+        on a timeout, a connection error, 429 or 5xx, and `UpstreamRejected` (fatal) on other
+        4xx or a request that cannot be sent. With `check=False` every response is returned
+        (its outcome is still recorded). `timeout_s` and `max_body_bytes` default to the client's.
+        """
+        call = _Call(upstream, method, url)
+        limit_s = self.timeout_s if timeout_s is None else timeout_s
+        cap = self.max_body_bytes if max_body_bytes is None else max_body_bytes
+        await self._admit(upstream)
+        started = time.monotonic()
+        try:
+            response = await self._send(
+                method,
+                url,
+                (limit_s, cap),
+                headers=headers,
+                params=params,
+                json=json,
+                content=content,
+            )
+        except Exception as exc:  # every failure to get an answer is classified
+            raise await self._failed(call, exc, limit_s) from None
+        elapsed_ms = round((time.monotonic() - started) * 1000)
+        return await self._answered(call, response, elapsed_ms, check)
+
+    async def get(self, url: str, **kwargs: Any) -> UpstreamResponse:
+        """`request("GET", url, ...)`."""
+        return await self.request("GET", url, **kwargs)
+
+    async def post(self, url: str, **kwargs: Any) -> UpstreamResponse:
+        """`request("POST", url, ...)`."""
+        return await self.request("POST", url, **kwargs)
+
+    async def aclose(self) -> None:
+        """Close the private httpx client, if one was made."""
+        if self._own is not None:
+            own, self._own = self._own, None
+            await own.aclose()
+
+    def _client(self) -> httpx.AsyncClient:
+        if self._shared is not None:
+            return self._shared
+        if self._own is None:
+            self._own = httpx.AsyncClient(follow_redirects=False)
+        return self._own
+
+    async def _admit(self, upstream: str | None) -> None:
+        if upstream is None or self._access is None:
+            return
+        try:
+            wait_ms = await self._access.acquire(upstream)
+        except QueueUnavailable as exc:
+            self._log.warning("upstream.guard_unavailable", upstream=upstream, error=str(exc)[:300])
+            wait_ms = GUARD_DOWN_WAIT_MS
+        if wait_ms is not None:
+            self._log.info("upstream.call_deferred", upstream=upstream, retry_after_ms=wait_ms)
+            raise UpstreamDeferred(upstream, wait_ms)
+
+    async def _record(self, upstream: str | None, outcome: Outcome) -> None:
+        """Report to the breaker. The call has happened: an unreachable breaker store costs
+        one observation, never the call's result."""
+        if upstream is None or self._access is None:
+            return
+        try:
+            await self._access.record(upstream, outcome)
+        except QueueUnavailable as exc:
+            self._log.warning("upstream.record_lost", upstream=upstream, error=str(exc)[:300])
+
+    async def _send(
+        self, method: str, url: str, limits: tuple[float, int], **kwargs: Any
+    ) -> UpstreamResponse:
+        timeout_s, max_body_bytes = limits
+        client = self._client()
+        request = client.build_request(method, url, timeout=httpx.Timeout(timeout_s), **kwargs)
+        async with asyncio.timeout(timeout_s):
+            response = await client.send(request, stream=True)
+            try:
+                body, truncated = await read_capped(response, max_body_bytes)
+            finally:
+                await response.aclose()
+        return UpstreamResponse(
+            status=response.status_code,
+            headers=response.headers,
+            content=body,
+            encoding=response.charset_encoding or "utf-8",
+            truncated=truncated,
+        )
+
+    async def _answered(
+        self, call: _Call, response: UpstreamResponse, elapsed_ms: int, check: bool
+    ) -> UpstreamResponse:
+        outcome = outcome_of(response.status)
+        await self._record(call.upstream, outcome)
+        self._log.info(
+            "upstream.call",
+            **call.fields(),
+            status=response.status,
+            outcome=outcome.value,
+            elapsed_ms=elapsed_ms,
+        )
+        if not check:
+            return response
+        wait_ms = retry_after_ms(response.headers.get("retry-after"), self._clock.now_ms())
+        error = error_for_status(
+            response.status, upstream=call.upstream, call=call.text, retry_after_ms=wait_ms
+        )
+        if error is not None:
+            raise error
+        return response
+
+    async def _failed(self, call: _Call, exc: Exception, timeout_s: float) -> Exception:
+        """Record a call that got no answer and return the typed error for it."""
+        error: Exception
+        upstream, kind = call.upstream, type(exc).__name__
+        if isinstance(exc, TimeoutError | httpx.TimeoutException):
+            error = UpstreamUnavailable(
+                f"{call.text} timed out after {timeout_s} s", upstream=upstream
+            )
+        elif isinstance(exc, _UPSTREAM_FAULTS):
+            error = UpstreamUnavailable(f"{call.text} failed: {kind}", upstream=upstream)
+        else:
+            error = UpstreamRejected(
+                f"{call.text} could not be sent: {kind}", upstream=upstream, status=None
+            )
+        outcome = Outcome.FAILURE if isinstance(error, UpstreamUnavailable) else Outcome.IGNORE
+        await self._record(upstream, outcome)
+        self._log.warning(
+            "upstream.call_failed",
+            **call.fields(),
+            error_type=kind,
+            outcome=outcome.value,
+        )
+        return error

@@ -1,0 +1,88 @@
+"""How one upstream call's result is judged (pure): the breaker outcome, the typed error for the
+retry policy, the `Retry-After` wait, and the URL form that may be logged.
+
+| Result                          | Breaker | Error                                      |
+|---------------------------------|---------|--------------------------------------------|
+| 2xx, 3xx                        | success | none                                       |
+| 429, 5xx                        | failure | `UpstreamUnavailable` (retriable, Retry-After) |
+| other 4xx, status >= 600        | ignore  | `UpstreamRejected` (fatal)                 |
+| timeout, connection error       | failure | `UpstreamUnavailable` (retriable)          |
+| request that cannot be sent     | ignore  | `UpstreamRejected` (fatal)                 |
+"""
+
+from __future__ import annotations
+
+from datetime import UTC
+from email.utils import parsedate_to_datetime
+from typing import Final
+from urllib.parse import urlsplit
+
+from taskstream.agents.errors import AgentError, UpstreamRejected, UpstreamUnavailable
+from taskstream.ratelimit.breaker import Outcome, classify_http
+
+MAX_RETRY_AFTER_MS: Final = 3_600_000
+"""Longest `Retry-After` wait honoured (ms); longer ones are cut to this."""
+
+
+def outcome_of(status: int | None, *, timed_out: bool = False) -> Outcome:
+    """The breaker outcome of a call: `status` None means no response arrived."""
+    return classify_http(status, timed_out)
+
+
+def is_unavailable(status: int) -> bool:
+    """429 and 5xx: the upstream is overloaded or failing, and a later try may succeed."""
+    return status == 429 or 500 <= status <= 599
+
+
+def error_for_status(
+    status: int, *, upstream: str | None, call: str, retry_after_ms: int | None = None
+) -> AgentError | None:
+    """The error a response with `status` raises, or None for 1xx-3xx. `call` is the safe
+    description of the request (see `describe`)."""
+    if status < 400:
+        return None
+    message = f"{call} answered HTTP {status}"
+    if is_unavailable(status):
+        return UpstreamUnavailable(
+            message, upstream=upstream, status=status, retry_after_ms=retry_after_ms
+        )
+    return UpstreamRejected(message, upstream=upstream, status=status)
+
+
+def retry_after_ms(value: str | None, now_ms: int) -> int | None:
+    """The wait (ms, 0..`MAX_RETRY_AFTER_MS`) a `Retry-After` header asks for, as delay-seconds
+    or an HTTP date compared with `now_ms` (UTC epoch ms); None when absent or unreadable."""
+    if value is None:
+        return None
+    text = value.strip()
+    if text.isascii() and text.isdigit():
+        wait_ms = int(text) * 1000
+    else:
+        try:
+            when = parsedate_to_datetime(text)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        wait_ms = round(when.timestamp() * 1000) - now_ms
+    return min(MAX_RETRY_AFTER_MS, max(0, wait_ms))
+
+
+def safe_url(url: str) -> str:
+    """`url` without user info, query or fragment: the form that may be logged and stored."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    netloc = f"{host}:{port}" if port is not None else host
+    return f"{parts.scheme}://{netloc}{parts.path}"
+
+
+def describe(method: str, url: str, upstream: str | None) -> str:
+    """A call as it appears in errors: `GET http://host/path (upstream 'api')`."""
+    where = f" (upstream {upstream!r})" if upstream is not None else ""
+    return f"{method.upper()} {safe_url(url)}{where}"

@@ -1,0 +1,295 @@
+"""The upstream-aware HTTP client over the executor's gate on real Redis, calling a real
+server on 127.0.0.1: admission refusals, outcomes recorded per call, typed errors, a run's
+pre-admitted slot, and no secret in any log or error."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from structlog.testing import capture_logs
+
+from taskstream.agents.errors import UpstreamDeferred, UpstreamRejected, UpstreamUnavailable
+from taskstream.agents.upstream import GUARD_DOWN_WAIT_MS, UpstreamClient
+from taskstream.core import streams
+from taskstream.core.protocol import Keys
+from taskstream.core.store.sql import SqlStore
+from taskstream.executor.admission import UpstreamGate
+from taskstream.ratelimit.backend import GuardUnavailable
+from taskstream.ratelimit.breaker import BreakerConfig, BreakerState, BreakerStatus, Outcome
+from taskstream.ratelimit.redis_backend import RedisBreakers, RedisLimiter
+from tests.ratelimit.rigs import RedisRig
+from tests.support.databases import temp_database
+from tests.support.loopback import Loopback, Reply
+
+SECRET = "sk-live-do-not-leak"
+
+
+@pytest.fixture
+async def db_url() -> AsyncIterator[str]:
+    """The store only supplies the limits here: SQLite is enough."""
+    async with temp_database("sqlite") as url:
+        yield url
+
+
+@pytest.fixture
+async def limits(store: SqlStore) -> SqlStore:
+    await store.upsert_upstreams({"api": {"limit": 2, "window": 60.0, "burst": None}})
+    return store
+
+
+def make_gate(store: SqlStore, redis: streams.Redis, keys: Keys, **breaker: Any) -> UpstreamGate:
+    cfg = BreakerConfig(**breaker) if breaker else None
+    return UpstreamGate(store, RedisLimiter(redis, keys), RedisBreakers(redis, keys), cfg)
+
+
+async def breaker(redis: streams.Redis, keys: Keys, name: str = "api") -> BreakerState:
+    return await RedisBreakers(redis, keys).state(name)
+
+
+async def slots_used(redis: streams.Redis, keys: Keys, name: str = "api") -> int:
+    return int(await redis.zcard(keys.limiter(name)))
+
+
+async def test_a_full_limiter_refuses_before_sending(
+    limits: SqlStore, redis: streams.Redis, keys: Keys
+) -> None:
+    client = UpstreamClient(make_gate(limits, redis, keys).bind(()))
+    async with Loopback(Reply(200, b"ok")) as server:
+        for _ in range(2):
+            assert (await client.get(server.url("/x"), upstream="api")).status == 200
+        with pytest.raises(UpstreamDeferred) as refused:
+            await client.get(server.url("/x"), upstream="api")
+        await client.aclose()
+    assert refused.value.upstream == "api"
+    assert 50_000 <= refused.value.retry_after_ms <= 60_000
+    assert len(server.seen) == 2
+    assert await slots_used(redis, keys) == 2
+
+
+async def test_an_open_breaker_refuses_before_sending(
+    limits: SqlStore, redis: streams.Redis, keys: Keys
+) -> None:
+    gate = make_gate(limits, redis, keys, failure_threshold=1, cooldown_ms=60_000)
+    client = UpstreamClient(gate.bind(()))
+    async with Loopback(Reply(503)) as server:
+        with pytest.raises(UpstreamUnavailable):
+            await client.get(server.url(), upstream="api")
+        assert (await breaker(redis, keys)).status is BreakerStatus.OPEN
+        with pytest.raises(UpstreamDeferred) as refused:
+            await client.get(server.url(), upstream="api")
+        await client.aclose()
+    assert 50_000 <= refused.value.retry_after_ms <= 60_000
+    assert len(server.seen) == 1
+
+
+@pytest.mark.parametrize(
+    ("reply", "error", "calls", "failures"),
+    [
+        (Reply(200, b"fine"), None, 1, 0),
+        (Reply(301, headers={"Location": "/elsewhere"}), None, 1, 0),
+        (Reply(404), UpstreamRejected, 0, 0),
+        (Reply(401), UpstreamRejected, 0, 0),
+        (Reply(429, headers={"Retry-After": "7"}), UpstreamUnavailable, 1, 1),
+        (Reply(500), UpstreamUnavailable, 1, 1),
+        (Reply(503), UpstreamUnavailable, 1, 1),
+    ],
+)
+async def test_each_call_is_recorded_once_by_its_status(
+    limits: SqlStore,
+    redis: streams.Redis,
+    keys: Keys,
+    reply: Reply,
+    error: type[Exception] | None,
+    calls: int,
+    failures: int,
+) -> None:
+    client = UpstreamClient(make_gate(limits, redis, keys).bind(()))
+    async with Loopback(reply) as server:
+        if error is None:
+            assert (await client.get(server.url(), upstream="api")).status == reply.status
+        else:
+            with pytest.raises(error) as caught:
+                await client.get(server.url(), upstream="api")
+            assert getattr(caught.value, "status", None) == reply.status
+        await client.aclose()
+    state = await breaker(redis, keys)
+    assert (state.window_calls, state.window_failures) == (calls, failures)
+    if reply.status == 429:
+        assert getattr(caught.value, "retry_after_ms", None) == 7_000
+
+
+async def test_a_half_open_probe_refused_by_the_limiter_is_handed_back(
+    limits: SqlStore, redis: streams.Redis, keys: Keys
+) -> None:
+    await limits.upsert_upstreams({"api": {"limit": 1, "window": 60.0, "burst": None}})
+    gate = make_gate(limits, redis, keys, failure_threshold=1, cooldown_ms=1, probes=1)
+    client = UpstreamClient(gate.bind(()))
+    async with Loopback(Reply(503)) as server:
+        with pytest.raises(UpstreamUnavailable):
+            await client.get(server.url(), upstream="api")
+        await client.aclose()
+    opened = await breaker(redis, keys)
+    assert opened.status is BreakerStatus.OPEN
+    await RedisRig(redis, keys).wait_until_ms(opened.since_ms + 1)
+    assert await gate.admit_one("api") is not None  # the breaker lets a probe by; the window not
+    state = await breaker(redis, keys)
+    assert (state.status, state.probes_admitted) == (BreakerStatus.HALF_OPEN, 0)
+
+
+async def test_check_false_returns_error_responses_but_still_records_them(
+    limits: SqlStore, redis: streams.Redis, keys: Keys
+) -> None:
+    client = UpstreamClient(make_gate(limits, redis, keys).bind(()))
+    async with Loopback(Reply(503, b"down")) as server:
+        response = await client.get(server.url(), upstream="api", check=False)
+        await client.aclose()
+    assert (response.status, response.text) == (503, "down")
+    assert (await breaker(redis, keys)).window_failures == 1
+
+
+async def test_a_timeout_is_retriable_and_a_breaker_failure(
+    limits: SqlStore, redis: streams.Redis, keys: Keys
+) -> None:
+    client = UpstreamClient(make_gate(limits, redis, keys).bind(()), timeout_s=0.2)
+    async with Loopback(Reply(200, hold=asyncio.Event())) as server:
+        with pytest.raises(UpstreamUnavailable, match=r"timed out after 0\.2 s") as caught:
+            await client.get(server.url("/slow"), upstream="api")
+        await client.aclose()
+    assert caught.value.status is None
+    assert (await breaker(redis, keys)).window_failures == 1
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+async def test_a_refused_connection_is_retriable_and_a_breaker_failure(
+    limits: SqlStore, redis: streams.Redis, keys: Keys
+) -> None:
+    client = UpstreamClient(make_gate(limits, redis, keys).bind(()))
+    with pytest.raises(UpstreamUnavailable, match="ConnectError"):
+        await client.get(f"http://127.0.0.1:{closed_port()}/", upstream="api")
+    await client.aclose()
+    assert (await breaker(redis, keys)).window_failures == 1
+
+
+async def test_a_request_that_cannot_be_sent_is_fatal_and_ignored_by_the_breaker(
+    limits: SqlStore, redis: streams.Redis, keys: Keys
+) -> None:
+    client = UpstreamClient(make_gate(limits, redis, keys).bind(()))
+    with pytest.raises(UpstreamRejected, match="could not be sent"):
+        await client.get("gopher://127.0.0.1/", upstream="api")
+    await client.aclose()
+    state = await breaker(redis, keys)
+    assert (state.window_calls, state.window_failures) == (0, 0)
+
+
+async def test_the_first_call_uses_the_runs_admission_and_later_ones_acquire(
+    limits: SqlStore, redis: streams.Redis, keys: Keys
+) -> None:
+    gate = make_gate(limits, redis, keys)
+    assert await gate.admit(["api"]) is None  # the run-level admission: 1 of 2 slots
+    access = gate.bind(["api"])
+    client = UpstreamClient(access)
+    async with Loopback(Reply(200)) as server:
+        await client.get(server.url(), upstream="api")
+        assert await slots_used(redis, keys) == 1
+        await client.get(server.url(), upstream="api")
+        assert await slots_used(redis, keys) == 2
+        with pytest.raises(UpstreamDeferred):
+            await client.get(server.url(), upstream="api")
+        await client.aclose()
+    await access.settle(["api"], Outcome.SUCCESS)
+    assert (await breaker(redis, keys)).window_calls == 2  # the two calls, not the run again
+
+
+async def test_settle_records_unused_upstreams_and_interrupted_calls(
+    limits: SqlStore, redis: streams.Redis, keys: Keys
+) -> None:
+    gate = make_gate(limits, redis, keys)
+    assert await gate.admit(["api", "other"]) is None
+    access = gate.bind(["api", "other"])
+    client = UpstreamClient(access)
+    async with Loopback(Reply(200, hold=asyncio.Event())) as server:
+        call = asyncio.create_task(client.get(server.url(), upstream="api"))
+        await asyncio.wait_for(server.arrived.wait(), timeout=10)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        await client.aclose()
+    assert (await breaker(redis, keys)).window_calls == 0
+    await access.settle(["api", "other"], Outcome.FAILURE)
+    assert (await breaker(redis, keys, "api")).window_failures == 1
+    assert (await breaker(redis, keys, "other")).window_failures == 1
+
+
+async def test_no_secret_reaches_logs_or_errors(
+    limits: SqlStore, redis: streams.Redis, keys: Keys
+) -> None:
+    headers = {"Authorization": f"Bearer {SECRET}", "X-Api-Key": SECRET}
+    texts: list[str] = []
+
+    async def attempt(url: str, **kwargs: Any) -> None:
+        try:
+            await client.get(url, upstream="api", headers=headers, **kwargs)
+        except Exception as exc:
+            texts.extend([str(exc), repr(exc)])
+
+    await limits.upsert_upstreams({"api": {"limit": 100, "window": 60.0, "burst": None}})
+    seen = []
+    with capture_logs() as logs:
+        client = UpstreamClient(make_gate(limits, redis, keys).bind(()), timeout_s=0.2)
+        for reply in (Reply(401), Reply(503), Reply(200), Reply(200, hold=asyncio.Event())):
+            async with Loopback(reply) as server:
+                await attempt(server.url(f"/p?token={SECRET}"))
+            seen += server.seen
+        await attempt(f"http://user:{SECRET}@127.0.0.1:{closed_port()}/?key={SECRET}")
+        await client.aclose()
+    assert [x.headers["authorization"] for x in seen] == [f"Bearer {SECRET}"] * 4  # all sent
+    assert len(texts) == 8 and len(logs) == 5
+    assert {entry["event"] for entry in logs} >= {"upstream.call", "upstream.call_failed"}
+    assert not [text for text in texts if SECRET in text]
+    assert not [entry for entry in logs if SECRET in repr(entry)]
+
+
+class DownGuard:
+    """An `UpstreamAccess` whose Redis cannot be reached (for `acquire` when `admits` is
+    False; always for `record`)."""
+
+    def __init__(self, admits: bool) -> None:
+        self.admits = admits
+
+    async def acquire(self, name: str) -> int | None:
+        if not self.admits:
+            raise GuardUnavailable("redis down")
+        return None
+
+    async def record(self, name: str, outcome: Outcome) -> None:
+        raise GuardUnavailable("redis down")
+
+
+async def test_an_unreachable_guard_defers_the_call() -> None:
+    client = UpstreamClient(DownGuard(admits=False))
+    async with Loopback(Reply(200)) as server:
+        with pytest.raises(UpstreamDeferred) as refused:
+            await client.get(server.url(), upstream="api")
+        await client.aclose()
+    assert refused.value.retry_after_ms == GUARD_DOWN_WAIT_MS
+    assert server.seen == []
+
+
+async def test_a_lost_breaker_record_keeps_the_calls_result() -> None:
+    client = UpstreamClient(DownGuard(admits=True))
+    async with Loopback(Reply(200, b"done")) as server:
+        assert (await client.get(server.url(), upstream="api")).text == "done"
+        with pytest.raises(UpstreamRejected):
+            await client.get(server.url("/missing"), upstream="api", headers={"x": "\n"})
+        await client.aclose()
