@@ -7,6 +7,7 @@ from its work stream in the same MULTI, so it is never lost and never read again
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +60,20 @@ async def publish(redis: Redis, keys: Keys, priority: Priority, entry: WorkEntry
     """XADD one entry to its priority stream; returns the entry id."""
     entry_id = await redis.xadd(keys.stream(priority), encode(entry))  # type: ignore[arg-type]
     return as_text(entry_id)
+
+
+async def publish_many(
+    redis: Redis, keys: Keys, entries: Sequence[tuple[Priority, WorkEntry]]
+) -> list[str]:
+    """XADD many entries in one pipeline (no MULTI: each XADD stands alone); their ids in
+    order. An error may leave some added: the outbox's reconciler covers that case."""
+    if not entries:
+        return []
+    async with redis.pipeline(transaction=False) as pipe:
+        for priority, entry in entries:
+            pipe.xadd(keys.stream(priority), encode(entry))  # type: ignore[arg-type]
+        ids = await pipe.execute()
+    return [as_text(i) for i in ids]
 
 
 async def read(

@@ -112,6 +112,16 @@ class CreateResult:
 
 
 @dataclass(frozen=True, slots=True)
+class DispatchRequest:
+    """The outbox's last step for one instance: CAS `src` (PENDING or RETRYING) -> DISPATCHED
+    at `attempt`, after its entry was added to a stream."""
+
+    instance_id: str
+    src: Status
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
 class CasResult:
     """Outcome of a compare-and-set. `found` is the status seen when the race was lost
     (None when the row does not exist)."""
@@ -199,6 +209,18 @@ class Store(Protocol):
 
     # instances
     async def create_instance(self, new: NewInstance) -> CreateResult: ...
+
+    async def create_instances(self, news: Sequence[NewInstance]) -> list[CreateResult]:
+        """`create_instance` for many, in request order, normally in one transaction. A later
+        request with the dedupe key (or id) of an earlier one is its duplicate."""
+        ...
+
+    async def dispatch_many(self, requests: Sequence[DispatchRequest]) -> dict[str, CasResult]:
+        """CAS each request's row `src` -> DISPATCHED (reason `published`) in one transaction;
+        a row no longer at (`src`, `attempt`) is left alone and gets `ok=False`.
+        `InvalidTransition` before any SQL for a `src` other than PENDING or RETRYING, and
+        `ValueError` for an instance named twice."""
+        ...
 
     async def get_instance(self, instance_id: str) -> InstanceRow | None: ...
 

@@ -30,13 +30,11 @@ from taskstream.core.store.port import (
     Claim,
     Claimed,
     ClaimRequest,
-    CreateResult,
     DecisionRow,
     DefinitionRecord,
     FinishRequest,
     HistoryRow,
     InstanceRow,
-    NewInstance,
 )
 from taskstream.core.store.sql_engine import (
     READ_ONLY,
@@ -44,13 +42,14 @@ from taskstream.core.store.sql_engine import (
     make_engine,
     translate_errors,
 )
+from taskstream.core.store.sql_outbox import OutboxMethods
 from taskstream.core.store.sql_scheduling import SchedulingMethods
 from taskstream.core.store.urls import normalize_url, redact_url
 
 _CREATE_TRIES = 3
 
 
-class SqlStore(SchedulingMethods):
+class SqlStore(OutboxMethods, SchedulingMethods):
     """The SQL adapter of `taskstream.core.store.port.Store`. Build it with `connect`."""
 
     def __init__(self, engine: AsyncEngine, *, display_url: str) -> None:
@@ -144,28 +143,6 @@ class SqlStore(SchedulingMethods):
             return await defs.set_cursor(conn, task_id, fire_time_ms, token)
 
     # instances
-
-    async def create_instance(self, new: NewInstance) -> CreateResult:
-        """Insert a PENDING row and its first history row. When the dedupe key (or id) is
-        taken, nothing is written and the existing row's id is returned with created=False.
-        Safe under concurrent inserts: the UNIQUE index decides, each try is a fresh
-        transaction."""
-        last: ConstraintViolation | None = None
-        for _ in range(_CREATE_TRIES):
-            try:
-                async with self._write() as conn:
-                    await rows.insert_instance(conn, new)
-                    await rows.append_history(
-                        conn, new.id, src=None, dst=Status.PENDING, owner=None, reason=new.reason
-                    )
-                return CreateResult(created=True, instance_id=new.id)
-            except ConstraintViolation as exc:
-                last = exc
-            async with self._read() as conn:
-                existing = await rows.existing_id(conn, new)
-            if existing is not None:
-                return CreateResult(created=False, instance_id=existing)
-        raise StoreError(f"instance {new.id!r} could not be inserted: {last}") from last
 
     async def get_instance(self, instance_id: str) -> InstanceRow | None:
         """One instance, None when it does not exist."""

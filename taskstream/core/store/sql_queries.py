@@ -70,15 +70,16 @@ async def append_history(
     conn: AsyncConnection,
     ids: Sequence[str],
     *,
-    src: Status,
+    src: Status | None,
     owners: Mapping[str, str | None],
     reasons: Mapping[str, str],
 ) -> None:
-    """One history row per id, copying dst, attempt and time from the row just written."""
+    """One history row per id, copying dst, attempt and time from the row just written
+    (`src` None: the row was just created)."""
     source = (
         select(
             inst.c.id,
-            literal(src.value, String(STATUS_LEN)),
+            literal(None if src is None else src.value, String(STATUS_LEN)),
             inst.c.status,
             inst.c.attempt,
             per_id(owners, String(OWNER_LEN)),

@@ -1,0 +1,199 @@
+"""The outbox's writes (DESIGN.md §6.1): create PENDING instances, then move them to DISPATCHED
+once their entries are on a stream, one instance or many per transaction.
+
+Batches keep the single-row rules: the UNIQUE dedupe key decides duplicates (checked first,
+so a duplicate does not abort its batch; a concurrent insert that slips in after the check
+rolls the batch back and each instance is then created on its own), every change has its
+history row copied from the row just written, and the DISPATCHED step is a compare-and-set on
+(id, status, attempt) over rows locked in id order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
+
+from sqlalchemy import insert, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from taskstream.core.errors import StoreError
+from taskstream.core.states import Status, check_transition
+from taskstream.core.store import sql_codec as codec
+from taskstream.core.store import sql_instances as rows
+from taskstream.core.store import sql_queries as q
+from taskstream.core.store.dbclock import db_now_ms
+from taskstream.core.store.port import CasResult, CreateResult, DispatchRequest, NewInstance
+from taskstream.core.store.sql_engine import ConstraintViolation
+from taskstream.core.store.tables import task_instances as inst
+
+_CREATE_TRIES = 3
+PUBLISHED = "published"
+
+
+class OutboxMethods:
+    """Mixed into `SqlStore`; relies on its `_read` / `_write` transaction helpers."""
+
+    def _read(self) -> AbstractAsyncContextManager[AsyncConnection]:
+        raise NotImplementedError
+
+    def _write(self) -> AbstractAsyncContextManager[AsyncConnection]:
+        raise NotImplementedError
+
+    async def create_instance(self, new: NewInstance) -> CreateResult:
+        """Insert a PENDING row and its first history row. When the dedupe key (or id) is
+        taken, nothing is written and the existing row's id is returned with created=False.
+        Safe under concurrent inserts: the UNIQUE index decides, each try is a fresh
+        transaction."""
+        last: ConstraintViolation | None = None
+        for _ in range(_CREATE_TRIES):
+            try:
+                async with self._write() as conn:
+                    await rows.insert_instance(conn, new)
+                    await rows.append_history(
+                        conn, new.id, src=None, dst=Status.PENDING, owner=None, reason=new.reason
+                    )
+                return CreateResult(created=True, instance_id=new.id)
+            except ConstraintViolation as exc:
+                last = exc
+            async with self._read() as conn:
+                existing = await rows.existing_id(conn, new)
+            if existing is not None:
+                return CreateResult(created=False, instance_id=existing)
+        raise StoreError(f"instance {new.id!r} could not be inserted: {last}") from last
+
+    async def create_instances(self, news: Sequence[NewInstance]) -> list[CreateResult]:
+        """`create_instance` for many, in request order, in one transaction when no concurrent
+        writer takes one of the keys between the check and the insert (else one by one)."""
+        if not news:
+            return []
+        try:
+            async with self._write() as conn:
+                return await create_many(conn, news)
+        except ConstraintViolation:
+            return [await self.create_instance(new) for new in news]
+
+    async def dispatch_many(self, requests: Sequence[DispatchRequest]) -> dict[str, CasResult]:
+        """CAS each row `src` -> DISPATCHED at its attempt, in one transaction (see the port)."""
+        for r in requests:
+            check_transition(r.src, Status.DISPATCHED)
+        if len({r.instance_id for r in requests}) != len(requests):
+            raise ValueError("dispatch_many: an instance is named twice")
+        if not requests:
+            return {}
+        async with self._write() as conn:
+            return await dispatch_many(conn, requests)
+
+
+async def _taken(
+    conn: AsyncConnection, news: Sequence[NewInstance]
+) -> tuple[dict[str, str], set[str]]:
+    """Dedupe keys already stored (key -> row id), and ids already stored, among `news`."""
+    by_key: dict[str, str] = {}
+    ids: set[str] = set()
+    for part in q.chunks(sorted({n.dedupe_key for n in news})):
+        stmt = select(inst.c.dedupe_key, inst.c.id).where(inst.c.dedupe_key.in_(part))
+        by_key.update((str(k), str(i)) for k, i in (await conn.execute(stmt)).all())
+    for part in q.chunks(sorted({n.id for n in news})):
+        stmt = select(inst.c.id).where(inst.c.id.in_(part))
+        ids.update(str(i) for i in (await conn.execute(stmt)).scalars())
+    return by_key, ids
+
+
+def _split(
+    news: Sequence[NewInstance], by_key: dict[str, str], ids: set[str]
+) -> tuple[list[CreateResult], list[NewInstance]]:
+    """Results in request order and the instances to insert. Like sequential
+    `create_instance` calls: a taken key names its row, else a taken id names itself."""
+    results: list[CreateResult] = []
+    fresh: list[NewInstance] = []
+    keys, used_ids = dict(by_key), set(ids)
+    for new in news:
+        if new.dedupe_key in keys:
+            results.append(CreateResult(created=False, instance_id=keys[new.dedupe_key]))
+        elif new.id in used_ids:
+            results.append(CreateResult(created=False, instance_id=new.id))
+        else:
+            keys[new.dedupe_key] = new.id
+            used_ids.add(new.id)
+            fresh.append(new)
+            results.append(CreateResult(created=True, instance_id=new.id))
+    return results, fresh
+
+
+def _values(new: NewInstance) -> dict[str, object]:
+    """The columns `sql_instances.insert_instance` writes."""
+    return {
+        "id": new.id,
+        "task_id": new.task_id,
+        "agent": new.agent,
+        "dedupe_key": new.dedupe_key,
+        "status": Status.PENDING.value,
+        "attempt": 0,
+        "max_attempts": new.max_attempts,
+        "priority": new.priority,
+        "scheduled_for_ms": new.scheduled_for_ms,
+        "business_date": new.business_date,
+        "payload": codec.dumps(new.payload, what="payload"),
+        "context": codec.dumps({}, what="context"),
+        "not_before_ms": new.not_before_ms,
+        "deadline_ms": new.deadline_ms,
+        "trace_id": new.trace_id,
+    }
+
+
+async def create_many(conn: AsyncConnection, news: Sequence[NewInstance]) -> list[CreateResult]:
+    """Insert the PENDING rows of `news` whose key and id are free, with their history rows;
+    results in request order. A key taken concurrently raises an IntegrityError."""
+    results, fresh = _split(news, *await _taken(conn, news))
+    # In key order, so two batches racing for the same keys wait instead of deadlocking.
+    fresh.sort(key=lambda n: n.dedupe_key)
+    for part in q.chunks(fresh):
+        now = db_now_ms()
+        values = [_values(n) | {"created_at_ms": now, "updated_at_ms": now} for n in part]
+        await conn.execute(insert(inst).values(values))
+        await q.append_history(
+            conn,
+            sorted(n.id for n in part),
+            src=None,
+            owners={n.id: None for n in part},
+            reasons={n.id: n.reason for n in part},
+        )
+    return results
+
+
+async def dispatch_many(
+    conn: AsyncConnection, requests: Sequence[DispatchRequest]
+) -> dict[str, CasResult]:
+    """CAS src -> DISPATCHED for each request whose row is at (src, attempt) under its lock;
+    one UPDATE and one history INSERT per source status and chunk."""
+    results: dict[str, CasResult] = {}
+    for part in q.chunks(sorted(requests, key=lambda r: r.instance_id)):
+        seen = await q.lock_states(conn, [r.instance_id for r in part])
+        groups: dict[Status, list[tuple[str, int]]] = {}
+        for r in part:
+            state = seen.get(r.instance_id)
+            if state is None or (state.status, state.attempt) != (r.src, r.attempt):
+                found = None if state is None else state.status
+                results[r.instance_id] = CasResult(ok=False, found=found)
+                continue
+            groups.setdefault(r.src, []).append((r.instance_id, r.attempt))
+            results[r.instance_id] = CasResult(ok=True)
+        for src, pairs in sorted(groups.items(), key=lambda g: g[0].value):
+            stmt = (
+                update(inst)
+                .where(inst.c.status == src.value, q.match_pairs(pairs))
+                .values(
+                    **rows.status_values(Status.DISPATCHED, None, None, None),
+                    updated_at_ms=db_now_ms(),
+                )
+            )
+            await q.update_exactly(conn, stmt, len(pairs), "dispatch batch")
+            ids = sorted(i for i, _ in pairs)
+            await q.append_history(
+                conn,
+                ids,
+                src=src,
+                owners=dict.fromkeys(ids),
+                reasons=dict.fromkeys(ids, PUBLISHED),
+            )
+    return {r.instance_id: results[r.instance_id] for r in requests}

@@ -1,0 +1,173 @@
+"""The outbox's group commit on real Redis and a real store: concurrent emits share a few
+batches, each instance still ends up created once, published once and DISPATCHED, duplicates
+are answered as such, and a failed batch reaches every caller while its rows stay PENDING for
+the reconciler."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import random
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from sqlalchemy import event
+from sqlalchemy.engine import Connection
+
+from taskstream.core import streams
+from taskstream.core.errors import QueueUnavailable
+from taskstream.core.outbox import Outbox
+from taskstream.core.protocol import Keys, Priority, decode
+from taskstream.core.specfile import parse_task_file_text
+from taskstream.core.states import Status
+from taskstream.core.store.port import NewInstance
+from taskstream.core.store.sql import SqlStore
+from taskstream.scheduler.instances import new_instance
+
+T0 = 1_780_000_000_000
+SPEC = parse_task_file_text("tasks: [{id: t, agent: echo}]", "t.yaml").tasks[0]
+
+
+def news(n: int) -> list[NewInstance]:
+    return [new_instance(SPEC, T0 + i * 1000) for i in range(n)]
+
+
+@contextmanager
+def inserts_into_instances(store: SqlStore) -> Iterator[list[str]]:
+    """The INSERT statements into `task_instances` sent while the block runs."""
+    sent: list[str] = []
+
+    def record(conn: Connection, cursor: Any, statement: str, *rest: Any) -> None:
+        if statement.lstrip().upper().startswith("INSERT INTO TASK_INSTANCES"):
+            sent.append(statement)
+
+    event.listen(store.engine.sync_engine, "before_cursor_execute", record)
+    try:
+        yield sent
+    finally:
+        event.remove(store.engine.sync_engine, "before_cursor_execute", record)
+
+
+async def stream_ids(redis: streams.Redis, keys: Keys) -> list[str]:
+    entries: Any = await redis.xrange(keys.stream(Priority.DEFAULT))
+    return [decode(fields).instance_id for _, fields in entries]
+
+
+async def test_concurrent_emits_share_batches(
+    store: SqlStore, redis: streams.Redis, keys: Keys
+) -> None:
+    outbox = Outbox(store, redis, keys)
+    batch = news(60)
+    with inserts_into_instances(store) as inserts:
+        emitted = await asyncio.gather(*(outbox.emit(n, now_ms=T0) for n in batch))
+
+    assert [e.outcome for e in emitted] == ["published"] * 60
+    assert [e.instance_id for e in emitted] == [n.id for n in batch]
+    assert 1 <= len(inserts) <= 3  # the first emit alone, then the rest together
+    assert sorted(await stream_ids(redis, keys)) == sorted(n.id for n in batch)
+    for new in batch:
+        row = await store.get_instance(new.id)
+        assert row is not None and row.status is Status.DISPATCHED
+        history = [(h.from_status, h.to_status) for h in await store.history(new.id)]
+        assert history == [(None, Status.PENDING), (Status.PENDING, Status.DISPATCHED)]
+
+
+async def test_duplicates_in_and_across_batches_publish_once(
+    store: SqlStore, redis: streams.Redis, keys: Keys
+) -> None:
+    outbox = Outbox(store, redis, keys)
+    first, second = news(2)
+    await outbox.emit(first, now_ms=T0)
+    twin = dataclasses.replace(second, id="i_twin")  # same dedupe key, other id
+    emitted = await asyncio.gather(
+        outbox.emit(first, now_ms=T0),
+        outbox.emit(second, now_ms=T0),
+        outbox.emit(twin, now_ms=T0),
+    )
+    assert [(e.outcome, e.instance_id, e.status) for e in emitted] == [
+        ("duplicate", first.id, Status.DISPATCHED),
+        ("published", second.id, Status.DISPATCHED),
+        ("duplicate", second.id, Status.DISPATCHED),
+    ]
+    assert sorted(await stream_ids(redis, keys)) == sorted([first.id, second.id])
+    assert await store.get_instance("i_twin") is None
+
+
+async def test_a_failed_batch_reaches_every_caller_and_leaves_rows_pending(
+    store: SqlStore, keys: Keys
+) -> None:
+    dead = streams.connect("redis://127.0.0.1:1/0")  # nothing listens on port 1
+    outbox = Outbox(store, dead, keys)
+    batch = news(5)
+    try:
+        results = await asyncio.gather(
+            *(outbox.emit(n, now_ms=T0) for n in batch), return_exceptions=True
+        )
+    finally:
+        await dead.aclose()
+    assert all(isinstance(r, (QueueUnavailable, *streams.DRIVER_ERRORS)) for r in results)
+    for new in batch:
+        row = await store.get_instance(new.id)
+        assert row is not None and row.status is Status.PENDING
+
+
+async def test_a_cancelled_caller_does_not_stop_its_batch(
+    store: SqlStore, redis: streams.Redis, keys: Keys
+) -> None:
+    outbox = Outbox(store, redis, keys)
+    batch = news(10)
+    tasks = [asyncio.create_task(outbox.emit(n, now_ms=T0)) for n in batch]
+    await asyncio.sleep(0)  # every emit is queued and the batch writer has started
+    tasks[3].cancel()
+    done = await asyncio.gather(*tasks, return_exceptions=True)
+    assert isinstance(done[3], asyncio.CancelledError)
+    assert sorted(await stream_ids(redis, keys)) == sorted(n.id for n in batch)
+    for new in batch:
+        row = await store.get_instance(new.id)
+        assert row is not None and row.status is Status.DISPATCHED
+
+
+@pytest.mark.parametrize("count", [1, 250])
+async def test_batches_are_cut_at_the_chunk_size(
+    store: SqlStore, redis: streams.Redis, keys: Keys, count: int
+) -> None:
+    outbox = Outbox(store, redis, keys)
+    emitted = await asyncio.gather(*(outbox.emit(n, now_ms=T0) for n in news(count)))
+    assert {e.outcome for e in emitted} == {"published"}
+    assert await redis.xlen(keys.stream(Priority.DEFAULT)) == count
+
+
+async def test_emits_arriving_at_any_step_of_a_batch_are_written(
+    store: SqlStore, redis: streams.Redis, keys: Keys
+) -> None:
+    """Emits start while earlier batches are at every step (creating, publishing, the CAS
+    step, or the writer about to finish); none is left waiting."""
+    outbox = Outbox(store, redis, keys)
+    batch = news(40)
+    rng = random.Random(7)
+    tasks = []
+    for new in batch:
+        tasks.append(asyncio.create_task(outbox.emit(new, now_ms=T0)))
+        for _ in range(rng.randrange(0, 30)):
+            await asyncio.sleep(0)
+    emitted = await asyncio.wait_for(asyncio.gather(*tasks), timeout=30)
+    assert {e.outcome for e in emitted} == {"published"}
+    assert sorted(await stream_ids(redis, keys)) == sorted(n.id for n in batch)
+
+
+async def test_an_emit_during_the_last_cas_step_is_written(
+    store: SqlStore, redis: streams.Redis, keys: Keys
+) -> None:
+    outbox = Outbox(store, redis, keys)
+    first, second = news(2)
+    writing = asyncio.create_task(outbox.emit(first, now_ms=T0))
+    # The entry is on the stream before the CAS step: the writer is at its last step now.
+    for _ in range(10_000):
+        if await redis.xlen(keys.stream(Priority.DEFAULT)) or writing.done():
+            break
+    assert not writing.done(), "the CAS step ended before the second emit could start"
+    emitted = await asyncio.wait_for(outbox.emit(second, now_ms=T0), timeout=10)
+    assert emitted.outcome == "published"
+    assert (await writing).outcome == "published"
