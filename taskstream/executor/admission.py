@@ -19,7 +19,7 @@ from taskstream.core.spec_parts import UpstreamLimit
 from taskstream.core.store.port import Store
 from taskstream.ratelimit.backend import Breakers, Limiter
 from taskstream.ratelimit.breaker import BreakerConfig, Outcome
-from taskstream.ratelimit.window import Limits, limits_from_spec
+from taskstream.ratelimit.window import Limits, guarded, limits_from_spec
 
 RELOAD_S = 10.0
 """How often stored upstream limits are read again (seconds)."""
@@ -45,8 +45,9 @@ class UpstreamGate:
         if time.monotonic() - self._loaded_at < RELOAD_S:
             return
         stored = await self._store.list_upstreams()
+        # Guarded: arrivals at the upstream, not only admissions, respect the limit.
         self._limits = {
-            name: limits_from_spec(UpstreamLimit.model_validate(cfg))
+            name: guarded(limits_from_spec(UpstreamLimit.model_validate(cfg)))
             for name, cfg in stored.items()
         }
         self._loaded_at = time.monotonic()
