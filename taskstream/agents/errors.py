@@ -73,3 +73,26 @@ class UpstreamRejected(FatalError):
         super().__init__(message)
         self.upstream = upstream
         self.status = status
+
+
+# The bases type `upstream` and `retry_after_ms` differently (str / int vs optional); an
+# outage always has both, so it satisfies each base's reading.
+class UpstreamOutage(UpstreamDeferred, UpstreamUnavailable):  # type: ignore[misc]
+    """A call that failed (timeout, connection error, HTTP 429 or 5xx) and left its upstream's
+    circuit breaker open: this failure tripped it, a half-open probe failed, or the call was in
+    flight when it opened.
+
+    The outage is known now, so the executor defers the run (RETRYING, due in `retry_after_ms`
+    >= 1, the cool-down left) without spending an attempt, as for a refused admission. It is
+    also an `UpstreamUnavailable` (`status` None when there was no response), so code that
+    handles those keeps working.
+    """
+
+    def __init__(
+        self, message: str, *, upstream: str, status: int | None, retry_after_ms: int
+    ) -> None:
+        wait_ms = max(1, retry_after_ms)
+        AgentError.__init__(self, f"{message}; breaker open, retry in {wait_ms} ms")
+        self.upstream = upstream
+        self.status = status
+        self.retry_after_ms = wait_ms

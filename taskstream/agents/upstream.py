@@ -7,7 +7,10 @@ Each call through `UpstreamClient.request` with an `upstream` name:
    defers the run without spending an attempt;
 2. sends the request under a total timeout (seconds) and reads at most `max_body_bytes`;
 3. records the outcome in the breaker and raises the typed error the retry policy reads (see
-   `upstream_rules` for the table).
+   `upstream_rules` for the table). A failure that leaves the breaker open (it tripped it, a
+   half-open probe failed, or the call was in flight when it opened) raises `UpstreamOutage`
+   instead: an `UpstreamDeferred` (the run waits out the cool-down without spending an
+   attempt) that is also an `UpstreamUnavailable`.
 
 Calls without an upstream name, or through a client without access, skip steps 1 and 3 but
 are classified the same way. A call interrupted by cancellation is not recorded here: the
@@ -28,7 +31,12 @@ from typing import Any, Final, Protocol
 import httpx
 import structlog
 
-from taskstream.agents.errors import UpstreamDeferred, UpstreamRejected, UpstreamUnavailable
+from taskstream.agents.errors import (
+    UpstreamDeferred,
+    UpstreamOutage,
+    UpstreamRejected,
+    UpstreamUnavailable,
+)
 from taskstream.agents.upstream_response import UpstreamResponse, read_capped
 from taskstream.agents.upstream_rules import (
     describe,
@@ -65,8 +73,9 @@ class UpstreamAccess(Protocol):
         """Take one call to upstream `name`: None when it may go now, else the wait (ms)."""
         ...
 
-    async def record(self, name: str, outcome: Outcome) -> None:
-        """Report the outcome of a call that `acquire` admitted."""
+    async def record(self, name: str, outcome: Outcome) -> int | None:
+        """Report the outcome of a call that `acquire` admitted. For a failure that leaves the
+        breaker open: the cool-down left (ms, >= 1), by which the run is deferred; else None."""
         ...
 
 
@@ -128,8 +137,9 @@ class UpstreamClient:
         """One call to `url` as `upstream` (None: no admission, nothing recorded).
 
         Raises `UpstreamDeferred` when admission is refused, `UpstreamUnavailable` (retriable)
-        on a timeout, a connection error, 429 or 5xx, and `UpstreamRejected` (fatal) on other
-        4xx or a request that cannot be sent. With `check=False` every response is returned
+        on a timeout, a connection error, 429 or 5xx (`UpstreamOutage`, deferred, when that
+        failure leaves the breaker open), and `UpstreamRejected` (fatal) on other 4xx or a
+        request that cannot be sent. With `check=False` every response is returned
         (its outcome is still recorded). `timeout_s` and `max_body_bytes` default to the client's.
         """
         call = _Call(upstream, method, url)
@@ -185,15 +195,29 @@ class UpstreamClient:
             self._log.info("upstream.call_deferred", upstream=upstream, retry_after_ms=wait_ms)
             raise UpstreamDeferred(upstream, wait_ms)
 
-    async def _record(self, upstream: str | None, outcome: Outcome) -> None:
-        """Report to the breaker. The call has happened: an unreachable breaker store costs
-        one observation, never the call's result."""
+    async def _record(self, upstream: str | None, outcome: Outcome) -> int | None:
+        """Report to the breaker; returns the cool-down left (ms) when a failure left it open.
+        The call has happened: an unreachable breaker store costs one observation, never the
+        call's result."""
         if upstream is None or self._access is None:
-            return
+            return None
         try:
-            await self._access.record(upstream, outcome)
+            return await self._access.record(upstream, outcome)
         except QueueUnavailable as exc:
             self._log.warning("upstream.record_lost", upstream=upstream, error=str(exc)[:300])
+            return None
+
+    def _outage(self, error: Exception, open_ms: int | None) -> Exception:
+        """`error`, or an `UpstreamOutage` in its place when it is an upstream failure that
+        left the breaker open for `open_ms` more (the run defers without an attempt; a longer
+        `Retry-After` from the upstream is honoured)."""
+        if open_ms is None or not isinstance(error, UpstreamUnavailable) or not error.upstream:
+            return error
+        wait_ms = max(open_ms, error.retry_after_ms or 0)
+        self._log.info("upstream.outage_deferred", upstream=error.upstream, retry_after_ms=wait_ms)
+        return UpstreamOutage(
+            str(error), upstream=error.upstream, status=error.status, retry_after_ms=wait_ms
+        )
 
     async def _send(
         self, method: str, url: str, limits: tuple[float, int], **kwargs: Any
@@ -219,7 +243,7 @@ class UpstreamClient:
         self, call: _Call, response: UpstreamResponse, elapsed_ms: int, check: bool
     ) -> UpstreamResponse:
         outcome = outcome_of(response.status)
-        await self._record(call.upstream, outcome)
+        open_ms = await self._record(call.upstream, outcome)
         self._log.info(
             "upstream.call",
             **call.fields(),
@@ -234,7 +258,7 @@ class UpstreamClient:
             response.status, upstream=call.upstream, call=call.text, retry_after_ms=wait_ms
         )
         if error is not None:
-            raise error
+            raise self._outage(error, open_ms)
         return response
 
     async def _failed(self, call: _Call, exc: Exception, timeout_s: float) -> Exception:
@@ -252,11 +276,11 @@ class UpstreamClient:
                 f"{call.text} could not be sent: {kind}", upstream=upstream, status=None
             )
         outcome = Outcome.FAILURE if isinstance(error, UpstreamUnavailable) else Outcome.IGNORE
-        await self._record(upstream, outcome)
+        open_ms = await self._record(upstream, outcome)
         self._log.warning(
             "upstream.call_failed",
             **call.fields(),
             error_type=kind,
             outcome=outcome.value,
         )
-        return error
+        return self._outage(error, open_ms)

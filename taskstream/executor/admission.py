@@ -5,8 +5,10 @@ the breaker frees) without spending an attempt.
 
 During the run the gate is bound as the agent's `UpstreamAccess` (`RunUpstreams`): calls
 through the context's HTTP client are admitted and recorded one by one, the first call to a
-declared upstream using the run's admission. After the run, its outcome is recorded in the
-breakers of the admissions no call reported on."""
+declared upstream using the run's admission. A call whose failure leaves the breaker open
+learns the cool-down left, so the client defers the run instead of spending an attempt on a
+known outage. After the run, its outcome is recorded in the breakers of the admissions no
+call reported on."""
 
 from __future__ import annotations
 
@@ -17,12 +19,27 @@ from collections.abc import Sequence
 from taskstream.core.logging import get_logger
 from taskstream.core.spec_parts import UpstreamLimit
 from taskstream.core.store.port import Store
-from taskstream.ratelimit.backend import Breakers, Limiter
-from taskstream.ratelimit.breaker import BreakerConfig, Outcome
+from taskstream.ratelimit.backend import Breakers, BreakerUpdate, GuardUnavailable, Limiter
+from taskstream.ratelimit.breaker import (
+    BreakerConfig,
+    BreakerState,
+    BreakerStatus,
+    Outcome,
+    Transition,
+)
 from taskstream.ratelimit.window import Limits, guarded, limits_from_spec
 
 RELOAD_S = 10.0
 """How often stored upstream limits are read again (seconds)."""
+
+
+def open_left_ms(state: BreakerState, now_ms: int, cfg: BreakerConfig) -> int:
+    """How long (ms, >= 1) to defer a run whose failed call found `state` at `now_ms` (the
+    breaker's clock): until the cool-down of an open breaker ends, else 1 (its cool-down is
+    over, the next admission decides)."""
+    if state.status is not BreakerStatus.OPEN:
+        return 1
+    return max(1, state.since_ms + cfg.cooldown_ms - now_ms)
 
 
 class UpstreamGate:
@@ -65,6 +82,7 @@ class UpstreamGate:
         is taken), else the wait (ms, >= 1) before asking again."""
         await self._reload()
         decision = await self._breakers.admit(name, self._config)
+        self._changed(name, decision.transition)
         if not decision.allowed:
             self._log.info(
                 "upstream.breaker_refused", upstream=name, retry_after_ms=decision.retry_after_ms
@@ -87,8 +105,31 @@ class UpstreamGate:
         """Feed a run's outcome to the breakers of its upstreams; log state changes."""
         for name in upstreams:
             update = await self._breakers.record(name, outcome, self._config)
-            if update.transition is not None:
-                self._log.warning("upstream.breaker", upstream=name, transition=update.transition)
+            self._changed(name, update.transition)
+
+    async def record_call(self, name: str, outcome: Outcome) -> int | None:
+        """Record one call's `outcome` in `name`'s breaker. A failure that leaves the breaker
+        open (it tripped it, a probe failed, or the call was in flight when it opened) returns
+        the cool-down left (ms, >= 1): the outage is known, so the run is to be deferred until
+        then. Anything else returns None."""
+        update = await self._breakers.record(name, outcome, self._config)
+        self._changed(name, update.transition)
+        if outcome is not Outcome.FAILURE or update.state.status is not BreakerStatus.OPEN:
+            return None
+        return await self._cooldown_left(name, update)
+
+    async def _cooldown_left(self, name: str, update: BreakerUpdate) -> int:
+        if update.transition is Transition.OPENED:  # opened by this failure: all of it is left
+            return self._config.cooldown_ms
+        try:  # already open: measure what is left on the breakers' own clock
+            read = await self._breakers.states([name])
+        except GuardUnavailable:
+            return self._config.cooldown_ms
+        return open_left_ms(read.states[name], read.at_ms, self._config)
+
+    def _changed(self, name: str, transition: Transition | None) -> None:
+        if transition is not None:
+            self._log.warning("upstream.breaker", upstream=name, transition=transition)
 
     def bind(self, admitted: Sequence[str]) -> RunUpstreams:
         """The gate as one run's `UpstreamAccess`; `admitted` are the upstreams `admit` has
@@ -124,10 +165,11 @@ class RunUpstreams:
             self._open[name] += 1
         return wait_ms
 
-    async def record(self, name: str, outcome: Outcome) -> None:
-        """Record one admitted call's outcome in `name`'s breaker."""
+    async def record(self, name: str, outcome: Outcome) -> int | None:
+        """Record one admitted call's outcome in `name`'s breaker; for a failure that leaves
+        it open, the cool-down left (ms) to defer the run by (see `UpstreamGate.record_call`)."""
         self._open[name] = max(0, self._open[name] - 1)
-        await self._gate.record((name,), outcome)
+        return await self._gate.record_call(name, outcome)
 
     async def settle(self, declared: Sequence[str], outcome: Outcome) -> None:
         """After the run: record `outcome` for the admissions that no call has reported on."""
