@@ -8,6 +8,8 @@
 #                     -> exports TASKSTREAM_TEST_MYSQL_URL
 #   detect_postgres   PostgreSQL on 127.0.0.1:${TASKSTREAM_TEST_POSTGRES_PORT:-5432} if one answers
 #                     -> exports TASKSTREAM_TEST_POSTGRES_URL, or unsets it
+#   ensure_faketime   libfaketime (clock-skew fault runs); as root, installs Debian's `faketime`
+#                     -> exports TASKSTREAM_TEST_LIBFAKETIME (path of libfaketime.so.1)
 #
 # Each one uses a server that already answers; otherwise it starts a local binary; otherwise, as
 # root with apt-get, it installs the Debian package first. PostgreSQL is never installed or
@@ -288,4 +290,26 @@ detect_postgres() {
 		fi
 	done
 	say "postgres: 127.0.0.1:$port answers but neither postgres nor root can log in; PostgreSQL tests will skip"
+}
+
+# --- libfaketime ---------------------------------------------------------------------------
+
+# find_libfaketime: path of libfaketime.so.1, the library Debian's `faketime` preloads.
+find_libfaketime() {
+	local lib
+	for lib in "${TASKSTREAM_TEST_LIBFAKETIME:-}" /usr/lib/*/faketime/libfaketime.so.1 \
+		/usr/lib/faketime/libfaketime.so.1 /usr/local/lib/faketime/libfaketime.so.1; do
+		[[ -n $lib && -f $lib ]] && printf '%s\n' "$lib" && return 0
+	done
+	return 1
+}
+
+ensure_faketime() {
+	local lib
+	if ! lib=$(find_libfaketime); then
+		apt_install faketime && lib=$(find_libfaketime) ||
+			die "libfaketime.so.1 not found and could not be installed (as root: apt-get install faketime; or set TASKSTREAM_TEST_LIBFAKETIME)"
+	fi
+	say "faketime: using $lib"
+	export TASKSTREAM_TEST_LIBFAKETIME="$lib"
 }
