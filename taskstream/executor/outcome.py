@@ -66,6 +66,23 @@ def deferred(wait_ms: int) -> RunEnd:
     return RunEnd(DEFERRED, defer_ms=wait_ms)
 
 
+DEFER_JITTER = 0.2
+"""Deferred runs are due up to this fraction of their wait later than the slot or breaker
+frees (at most `DEFER_JITTER_MAX_MS`), so runs refused together do not all come back at the
+same instant, where all but one would be refused again."""
+DEFER_JITTER_MAX_MS = 5_000
+
+
+def defer_jitter_max_ms(wait_ms: int) -> int:
+    """The largest extra delay (ms) of a run deferred by `wait_ms`."""
+    return round(min(wait_ms * DEFER_JITTER, DEFER_JITTER_MAX_MS))
+
+
+def defer_jitter_ms(wait_ms: int, rng: Random) -> int:
+    """The extra delay (ms, 0 to `defer_jitter_max_ms`) of a run deferred by `wait_ms`."""
+    return round(rng.uniform(0, defer_jitter_max_ms(wait_ms)))
+
+
 def final(reason: str, fail_class: FailClass, error: str) -> RunEnd:
     """An end that no retry can change (poison entry, params that do not validate)."""
     return RunEnd(
@@ -103,7 +120,8 @@ def plan(attempt: Attempt, end: RunEnd, *, now_ms: int, rng: Random) -> Plan:
         error=end.error,
     )
     if end.defer_ms is not None:
-        return Plan(replace(base, dst=Status.RETRYING, next_attempt_at_ms=now_ms + end.defer_ms))
+        due = now_ms + end.defer_ms + defer_jitter_ms(end.defer_ms, rng)
+        return Plan(replace(base, dst=Status.RETRYING, next_attempt_at_ms=due))
     if end.failure is None:
         return Plan(base)
     if end.fail_class is not None:

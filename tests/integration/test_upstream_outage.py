@@ -24,6 +24,7 @@ from taskstream.core.protocol import Keys
 from taskstream.core.states import Status
 from taskstream.core.store.sql import SqlStore
 from taskstream.executor.admission import UpstreamGate
+from taskstream.executor.outcome import defer_jitter_max_ms
 from taskstream.executor.retry import attempts_used
 from taskstream.executor.service import Executor, ExecutorConfig, ExecutorDeps
 from taskstream.ratelimit.breaker import BreakerConfig, BreakerStatus
@@ -187,5 +188,7 @@ tasks:
     assert history[-1].reason == "deferred"
     assert attempts_used(row.attempt, [(x.reason, x.attempt) for x in history]) == 0
     assert row.next_attempt_at_ms is not None
-    assert 59_000 <= row.next_attempt_at_ms - h.clock.now_ms() <= 61_000
+    assert (
+        59_000 <= row.next_attempt_at_ms - h.clock.now_ms() <= 61_000 + defer_jitter_max_ms(60_000)
+    )
     assert len(server.seen) == 1
