@@ -50,7 +50,7 @@ async def _status() -> dict[str, Any]:
             cluster.store,
             RedisLimiter(cluster.queue, cluster.keys),
             RedisBreakers(cluster.queue, cluster.keys),
-            BreakerConfig(),  # what executors run with (cli/roles.py passes none)
+            BreakerConfig(),  # the executors' default; stored `breaker:` settings override it
         )
     return {
         "redis_url": redact_url(cluster.endpoints.redis_url),

@@ -17,12 +17,13 @@ from taskstream.agents.registry import default_registry
 from taskstream.cli.common import Cluster, err_console, open_cluster, run_async, settings
 from taskstream.core import preconditions, streams
 from taskstream.core.clock import Clock, SystemClock
+from taskstream.core.definitions import UpstreamCache
 from taskstream.core.notify import Wakeups
 from taskstream.core.outbox import Outbox
 from taskstream.core.settings import Settings
 from taskstream.core.store.migrate import upgrade
 from taskstream.core.timesync import keep_synced, synced_clock
-from taskstream.executor.admission import UpstreamGate
+from taskstream.executor.admission import RELOAD_S, UpstreamGate
 from taskstream.executor.service import Executor, ExecutorConfig, ExecutorDeps, consumer_name
 from taskstream.executor.sweeper import Sweeper, SweeperConfig
 from taskstream.ratelimit.breaker import BreakerConfig
@@ -73,8 +74,13 @@ def scheduler_cmd() -> None:
             cluster.queue, cluster.keys, owner, lease_ms=round(s.scheduler_lease_s * 1000)
         )
         wakeups = Wakeups(cluster.queue, cluster.keys)
-        # The executors' UpstreamGate admits with the default BreakerConfig too.
-        holds = BreakerHolds(RedisBreakers(cluster.queue, cluster.keys), BreakerConfig())
+        # As the executors' UpstreamGate: each upstream's stored breaker settings, read again
+        # every RELOAD_S, else the default BreakerConfig.
+        holds = BreakerHolds(
+            RedisBreakers(cluster.queue, cluster.keys),
+            BreakerConfig(),
+            UpstreamCache(cluster.store, min_interval_s=RELOAD_S),
+        )
         return Scheduler(
             cluster.store,
             outbox,

@@ -2,8 +2,8 @@
 `upstreams:` limits plus the names tasks declare), its limiter's usage in the current window,
 and its breaker's stored state, all read on the Redis server's clock without recording anything.
 
-Breakers have no stored configuration yet: the cool-down shown is that of the `BreakerConfig`
-the executors run with (its defaults), passed in as `cfg`.
+Each breaker is shown with its own settings: the upstream's stored `breaker:`, else the default
+`BreakerConfig` the executors run with, passed in as `cfg`.
 """
 
 from __future__ import annotations
@@ -16,12 +16,17 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from taskstream.core.definitions import from_record
+from taskstream.core.definitions import from_record, upstream_from_config
 from taskstream.core.errors import ConfigError
 from taskstream.core.spec_parts import UpstreamLimit
 from taskstream.core.store.port import DefinitionRecord, Store
 from taskstream.ratelimit.backend import Breakers, Limiter, Usage
-from taskstream.ratelimit.breaker import BreakerConfig, BreakerState, BreakerStatus
+from taskstream.ratelimit.breaker import (
+    BreakerConfig,
+    BreakerState,
+    BreakerStatus,
+    upstream_breaker_config,
+)
 from taskstream.ratelimit.window import Limits, limits_from_spec
 
 
@@ -43,12 +48,12 @@ def known_upstreams(
     return {name: sorted(found[name]) for name in sorted(found)}
 
 
-def stored_limits(config: object) -> Limits | str:
-    """A stored upstream's limits, or why they do not validate."""
+def stored_upstream(name: str, config: Mapping[str, Any]) -> UpstreamLimit | str:
+    """A stored upstream's spec, or why it does not validate (its first problem)."""
     try:
-        return limits_from_spec(UpstreamLimit.model_validate(config))
-    except (ValueError, ConfigError) as exc:
-        return str(exc).splitlines()[0]
+        return upstream_from_config(name, config)
+    except ConfigError as exc:
+        return exc.problems[0].removeprefix(f"stored upstream '{name}': ")
 
 
 def limiter_view(limits: Limits, usage: Usage) -> dict[str, Any]:
@@ -63,13 +68,20 @@ def limiter_view(limits: Limits, usage: Usage) -> dict[str, Any]:
 
 
 def breaker_view(state: BreakerState, at_ms: int, cfg: BreakerConfig) -> dict[str, Any]:
-    """A breaker's stored state; for an open one, when its cool-down ends (UTC epoch ms) and
-    how long that is after `at_ms` (0 once over: the next call goes half-open)."""
+    """A breaker's stored state and its settings `cfg`; for an open one, when its cool-down
+    ends (UTC epoch ms) and how long that is after `at_ms` (0 once over: the next call goes
+    half-open)."""
     ends_ms = state.since_ms + cfg.cooldown_ms if state.status is BreakerStatus.OPEN else None
     return {
         **asdict(state),
         "status": state.status.value,
         "failure_threshold": cfg.failure_threshold,
+        "failure_rate": cfg.failure_rate,
+        "min_calls": cfg.min_calls,
+        "rate_window_ms": cfg.window_ms,
+        "cooldown_ms": cfg.cooldown_ms,
+        "probes": cfg.probes,
+        "probe_timeout_ms": cfg.probe_timeout_ms,
         "cooldown_ends_ms": ends_ms,
         "cooldown_left_ms": None if ends_ms is None else max(0, ends_ms - at_ms),
     }
@@ -85,16 +97,17 @@ async def upstreams_status(
     read = await breakers.states(list(names))
     upstreams: dict[str, Any] = {}
     for name, tasks in names.items():
-        limits = stored_limits(stored[name]) if name in stored else None
+        spec = stored_upstream(name, stored[name]) if name in stored else None
         limiter_data: dict[str, Any] | None = None
-        if isinstance(limits, Limits):
+        if isinstance(spec, str):
+            limiter_data = {"error": spec}
+        elif spec is not None and (limits := limits_from_spec(spec)) is not None:
             limiter_data = limiter_view(limits, await limiter.usage(name, limits.window_ms))
-        elif limits is not None:
-            limiter_data = {"error": limits}
+        own = upstream_breaker_config(spec if isinstance(spec, UpstreamLimit) else None, cfg)
         upstreams[name] = {
             "tasks": tasks,
             "limiter": limiter_data,
-            "breaker": breaker_view(read.states[name], read.at_ms, cfg),
+            "breaker": breaker_view(read.states[name], read.at_ms, own),
         }
     return {"upstreams": upstreams, "upstreams_at_ms": read.at_ms}
 
@@ -137,14 +150,26 @@ def _breaker_cells(breaker: Mapping[str, Any]) -> tuple[str, str]:
     return "closed", failures
 
 
+def _settings_cell(breaker: Mapping[str, Any]) -> str:
+    probes = breaker["probes"]
+    rate = round(100 * breaker["failure_rate"], 1)
+    return (
+        f"{breaker['failure_threshold']} in a row or {rate:g}% of "
+        f"{breaker['min_calls']}+ in {_seconds(breaker['rate_window_ms'])}; "
+        f"cool-down {_seconds(breaker['cooldown_ms'])}, {probes} probe{'s' if probes > 1 else ''}"
+    )
+
+
 def render_upstreams(console: Console, upstreams: Mapping[str, Any]) -> None:
     """The `upstreams` status key as a table."""
     if not upstreams:
         console.print("upstreams: none")
         return
-    table = Table("upstream", "limit", "used", "breaker", "failures", "tasks")
+    table = Table("upstream", "limit", "used", "breaker", "failures", "breaker settings", "tasks")
     for name, data in upstreams.items():
         limit, used = _limit_cells(data["limiter"])
         breaker, failures = _breaker_cells(data["breaker"])
-        table.add_row(name, limit, used, breaker, failures, ", ".join(data["tasks"]) or "-")
+        settings = _settings_cell(data["breaker"])
+        tasks = ", ".join(data["tasks"]) or "-"
+        table.add_row(name, limit, used, breaker, failures, settings, tasks)
     console.print(table)

@@ -1,14 +1,20 @@
-"""Task definitions as stored: conversion between validated specs and store records, and a
-cache that reloads only when the store says definitions changed."""
+"""Task definitions and upstream configs as stored: conversion between validated specs and
+store records, a cache of definitions that reloads only when the store says they changed, and
+a cache of upstream configs that reloads on an interval."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
+
+from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
 from taskstream.core.errors import ConfigError
 from taskstream.core.spec import TaskFile, TaskSpec, spec_hash
+from taskstream.core.spec_parts import UpstreamLimit
 from taskstream.core.store.port import DefinitionRecord, Store
 
 
@@ -23,8 +29,37 @@ def to_records(taskfile: TaskFile) -> list[DefinitionRecord]:
 
 
 def upstream_configs(taskfile: TaskFile) -> dict[str, dict[str, Any]]:
-    """The file's `upstreams:` section as stored (JSON per upstream name)."""
-    return {name: limit.model_dump(mode="json") for name, limit in taskfile.upstreams.items()}
+    """The file's `upstreams:` section as stored (JSON per upstream name).
+
+    `breaker` is stored only when the file sets it, so an upstream without one is stored as
+    before breakers were configurable and applying such a file again changes nothing.
+    """
+    return {name: _stored_upstream(upstream) for name, upstream in taskfile.upstreams.items()}
+
+
+def _stored_upstream(upstream: UpstreamLimit) -> dict[str, Any]:
+    data = upstream.model_dump(mode="json")
+    if upstream.breaker is None:
+        del data["breaker"]
+    return data
+
+
+def upstream_from_config(name: str, config: Mapping[str, Any]) -> UpstreamLimit:
+    """The spec of a stored upstream config; a config without `breaker` (stored by an older
+    version, or from a file that sets none) loads with `breaker` None. A config that no longer
+    validates is a `ConfigError` naming the upstream."""
+    try:
+        return UpstreamLimit.model_validate(config)
+    except ValidationError as exc:
+        problems = [_problem(name, error) for error in exc.errors()]
+        raise ConfigError(problems) from exc
+
+
+def _problem(name: str, error: ErrorDetails) -> str:
+    where = ".".join(str(part) for part in error["loc"])
+    cause = (error.get("ctx") or {}).get("error")
+    message = str(cause) if error["type"] == "value_error" and cause else error["msg"]
+    return f"stored upstream '{name}': {where + ': ' if where else ''}{message}"
 
 
 def from_record(record: DefinitionRecord) -> TaskSpec:
@@ -78,3 +113,42 @@ class DefinitionCache:
 
     def get(self, task_id: str) -> TaskSpec | None:
         return self.current.specs.get(task_id)
+
+
+class UpstreamSource(Protocol):
+    """Where stored upstream configs come from (the `Store` method)."""
+
+    async def list_upstreams(self) -> dict[str, dict[str, Any]]: ...
+
+
+@dataclass(slots=True)
+class UpstreamCache:
+    """Stored upstream specs by name, read again at most every `min_interval_s` seconds (the
+    store keeps no version for them). Configs that do not validate are left out of `specs`
+    and listed in `invalid` (name -> reason)."""
+
+    store: UpstreamSource
+    min_interval_s: float = 10.0
+    specs: dict[str, UpstreamLimit] = field(default_factory=dict)
+    invalid: dict[str, str] = field(default_factory=dict)
+    _checked_at: float = float("-inf")
+
+    async def refresh(self) -> bool:
+        """Read the store unless it was read less than `min_interval_s` ago; True when read.
+
+        A failed read raises and the next call tries again. Only a completed read starts the
+        interval, so callers never go on with nothing loaded while the first read is under way.
+        """
+        if time.monotonic() - self._checked_at < self.min_interval_s:
+            return False
+        stored = await self.store.list_upstreams()
+        self._checked_at = time.monotonic()
+        specs: dict[str, UpstreamLimit] = {}
+        invalid: dict[str, str] = {}
+        for name, config in stored.items():
+            try:
+                specs[name] = upstream_from_config(name, config)
+            except ConfigError as exc:
+                invalid[name] = str(exc).splitlines()[0]
+        self.specs, self.invalid = specs, invalid
+        return True

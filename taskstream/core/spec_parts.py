@@ -1,4 +1,5 @@
-"""Building blocks of a task definition: schedule, calendar, catch-up, retry and limits.
+"""Building blocks of a task definition: schedule, calendar, catch-up, retry, upstream limits
+and breakers.
 
 Every model is frozen and forbids unknown fields. Durations are float seconds (see
 `taskstream.core.durations`); times of day are `datetime.time` read from `"HH:MM"` strings and
@@ -267,9 +268,47 @@ class RetryPolicy(SpecModel):
     ] = ("retriable", "timeout")
 
 
-class UpstreamLimit(SpecModel):
-    """A shared limit: at most `limit` calls per sliding `window` seconds, plus `burst`."""
+class BreakerSpec(SpecModel):
+    """An upstream's circuit breaker, shared by every executor (`taskstream.ratelimit.breaker`).
 
-    limit: int = Field(ge=1)
-    window: PositiveDuration
+    It opens after `failures` consecutive failures, or when at least `min_calls` calls counted
+    in a `rate_window` include a `failure_rate` share (0 < rate <= 1) of failures; stays open
+    for `cooldown`; then lets `probes` trial calls through, each presumed lost when it has not
+    reported after `probe_timeout`. Durations are float seconds. The defaults are those of
+    `BreakerConfig`.
+    """
+
+    failures: int = Field(default=5, ge=1)
+    failure_rate: float = Field(default=0.5, gt=0.0, le=1.0, allow_inf_nan=False)
+    min_calls: int = Field(default=10, ge=1)
+    rate_window: PositiveDuration = 30.0
+    cooldown: PositiveDuration = 30.0
+    probes: int = Field(default=1, ge=1)
+    probe_timeout: PositiveDuration = 60.0
+
+
+class UpstreamLimit(SpecModel):
+    """One upstream of the `upstreams:` section: a shared rate limit of at most `limit` calls
+    per sliding `window` seconds, plus `burst`, and its circuit `breaker`.
+
+    `limit` and `window` come together; without them the upstream has no rate limit (`burst`
+    then makes no sense and is rejected). `breaker` None means not configured: executors use
+    their default `BreakerConfig` (configs stored before `breaker` existed load that way).
+    """
+
+    limit: int | None = Field(default=None, ge=1)
+    window: PositiveDuration | None = None
     burst: int | None = Field(default=None, ge=0)
+    breaker: BreakerSpec | None = None
+
+    @model_validator(mode="after")
+    def _limit_with_window(self) -> UpstreamLimit:
+        if (self.limit is None) != (self.window is None):
+            given, missing = ("limit", "window") if self.window is None else ("window", "limit")
+            raise ValueError(
+                f"limit and window go together: {given} is set but {missing} is missing "
+                "(set both for a rate limit, or neither for a breaker only)"
+            )
+        if self.burst is not None and self.limit is None:
+            raise ValueError("burst needs limit and window (it is headroom above the limit)")
+        return self

@@ -8,16 +8,19 @@ through the context's HTTP client are admitted and recorded one by one, the firs
 declared upstream using the run's admission. A call whose failure leaves the breaker open
 learns the cool-down left, so the client defers the run instead of spending an attempt on a
 known outage. After the run, its outcome is recorded in the breakers of the admissions no
-call reported on."""
+call reported on.
+
+Each upstream's limit and breaker settings are its stored `upstreams:` config (read again every
+`RELOAD_S`); an upstream with no stored config, or one stored without `breaker`, uses the
+gate's default `BreakerConfig`."""
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from collections.abc import Sequence
 
+from taskstream.core.definitions import UpstreamCache
 from taskstream.core.logging import get_logger
-from taskstream.core.spec_parts import UpstreamLimit
 from taskstream.core.store.port import Store
 from taskstream.ratelimit.backend import Breakers, BreakerUpdate, GuardUnavailable, Limiter
 from taskstream.ratelimit.breaker import (
@@ -26,11 +29,12 @@ from taskstream.ratelimit.breaker import (
     BreakerStatus,
     Outcome,
     Transition,
+    upstream_breaker_config,
 )
 from taskstream.ratelimit.window import Limits, guarded, limits_from_spec
 
 RELOAD_S = 10.0
-"""How often stored upstream limits are read again (seconds)."""
+"""How often stored upstream limits and breaker settings are read again (seconds)."""
 
 
 def open_left_ms(state: BreakerState, now_ms: int, cfg: BreakerConfig) -> int:
@@ -43,7 +47,11 @@ def open_left_ms(state: BreakerState, now_ms: int, cfg: BreakerConfig) -> int:
 
 
 class UpstreamGate:
-    """Limiter and breaker checks for one executor process."""
+    """Limiter and breaker checks for one executor process.
+
+    `config` is the breaker setting of upstreams that have none stored (default
+    `BreakerConfig()`); stored ones override it per upstream.
+    """
 
     def __init__(
         self,
@@ -52,22 +60,29 @@ class UpstreamGate:
         breakers: Breakers,
         config: BreakerConfig | None = None,
     ) -> None:
-        self._store, self._limiter, self._breakers = store, limiter, breakers
-        self._config = config or BreakerConfig()
+        self._limiter, self._breakers = limiter, breakers
+        self._default = config or BreakerConfig()
+        self._upstreams = UpstreamCache(store, min_interval_s=RELOAD_S)
         self._limits: dict[str, Limits] = {}
-        self._loaded_at = float("-inf")
+        self._configs: dict[str, BreakerConfig] = {}
         self._log = get_logger(role="executor")
 
     async def _reload(self) -> None:
-        if time.monotonic() - self._loaded_at < RELOAD_S:
+        if not await self._upstreams.refresh():
             return
-        stored = await self._store.list_upstreams()
+        for name, reason in self._upstreams.invalid.items():
+            self._log.warning("upstream.config_invalid", upstream=name, reason=reason)
+        specs = self._upstreams.specs
+        limits = {name: limits_from_spec(spec) for name, spec in specs.items()}
         # Guarded: arrivals at the upstream, not only admissions, respect the limit.
-        self._limits = {
-            name: guarded(limits_from_spec(UpstreamLimit.model_validate(cfg)))
-            for name, cfg in stored.items()
+        self._limits = {name: guarded(lim) for name, lim in limits.items() if lim is not None}
+        self._configs = {
+            name: upstream_breaker_config(spec, self._default) for name, spec in specs.items()
         }
-        self._loaded_at = time.monotonic()
+
+    def config(self, name: str) -> BreakerConfig:
+        """The breaker settings `name` is admitted and recorded with (as last loaded)."""
+        return self._configs.get(name, self._default)
 
     async def admit(self, upstreams: Sequence[str]) -> int | None:
         """None when the run may call every upstream now; else the wait (ms) before retrying."""
@@ -81,7 +96,8 @@ class UpstreamGate:
         """Admit one call to `name`: None when it may go now (a breaker probe or a window slot
         is taken), else the wait (ms, >= 1) before asking again."""
         await self._reload()
-        decision = await self._breakers.admit(name, self._config)
+        cfg = self.config(name)
+        decision = await self._breakers.admit(name, cfg)
         self._changed(name, decision.transition)
         if not decision.allowed:
             self._log.info(
@@ -97,14 +113,14 @@ class UpstreamGate:
                 "upstream.limited", upstream=name, retry_after_ms=admission.retry_after_ms
             )
             if decision.probe:  # hand the half-open probe slot back: no call goes out
-                await self._breakers.record(name, Outcome.IGNORE, self._config)
+                await self._breakers.record(name, Outcome.IGNORE, cfg)
             return max(1, admission.retry_after_ms)
         return None
 
     async def record(self, upstreams: Sequence[str], outcome: Outcome) -> None:
         """Feed a run's outcome to the breakers of its upstreams; log state changes."""
         for name in upstreams:
-            update = await self._breakers.record(name, outcome, self._config)
+            update = await self._breakers.record(name, outcome, self.config(name))
             self._changed(name, update.transition)
 
     async def record_call(self, name: str, outcome: Outcome) -> int | None:
@@ -112,20 +128,21 @@ class UpstreamGate:
         open (it tripped it, a probe failed, or the call was in flight when it opened) returns
         the cool-down left (ms, >= 1): the outage is known, so the run is to be deferred until
         then. Anything else returns None."""
-        update = await self._breakers.record(name, outcome, self._config)
+        cfg = self.config(name)
+        update = await self._breakers.record(name, outcome, cfg)
         self._changed(name, update.transition)
         if outcome is not Outcome.FAILURE or update.state.status is not BreakerStatus.OPEN:
             return None
-        return await self._cooldown_left(name, update)
+        return await self._cooldown_left(name, update, cfg)
 
-    async def _cooldown_left(self, name: str, update: BreakerUpdate) -> int:
+    async def _cooldown_left(self, name: str, update: BreakerUpdate, cfg: BreakerConfig) -> int:
         if update.transition is Transition.OPENED:  # opened by this failure: all of it is left
-            return self._config.cooldown_ms
+            return cfg.cooldown_ms
         try:  # already open: measure what is left on the breakers' own clock
             read = await self._breakers.states([name])
         except GuardUnavailable:
-            return self._config.cooldown_ms
-        return open_left_ms(read.states[name], read.at_ms, self._config)
+            return cfg.cooldown_ms
+        return open_left_ms(read.states[name], read.at_ms, cfg)
 
     def _changed(self, name: str, transition: Transition | None) -> None:
         if transition is not None:

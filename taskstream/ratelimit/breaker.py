@@ -18,7 +18,8 @@ States and rules (times are UTC epoch ms; `cfg` is a `BreakerConfig`):
 Opening, half-opening and closing each start from a fresh state (all counters 0,
 `since_ms = window_start_ms = now`). Outcomes are attributed to the state current when they are
 recorded. `classify_http` maps an HTTP result to an outcome: failures are what the upstream's
-health is judged by, and "ignore" counts neither way.
+health is judged by, and "ignore" counts neither way. `breaker_config` reads an upstream's
+`breaker:` settings from a task file (`BreakerSpec`, seconds) into a `BreakerConfig` (ms).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from taskstream.core.errors import ConfigError
+from taskstream.core.spec_parts import BreakerSpec, UpstreamLimit
 
 
 class BreakerStatus(StrEnum):
@@ -97,6 +99,35 @@ class BreakerConfig:
             problems.append(f"failure_rate must be in (0, 1], got {self.failure_rate}")
         if problems:
             raise ConfigError(problems)
+
+
+def _ms(seconds: float) -> int:
+    """Float seconds as whole milliseconds, at least 1 (specs only hold durations > 0)."""
+    return max(1, round(seconds * 1000))
+
+
+def breaker_config(spec: BreakerSpec) -> BreakerConfig:
+    """The `breaker:` of an upstream in a task file as a `BreakerConfig` (durations in whole
+    ms, >= 1). `BreakerSpec()` converts to `BreakerConfig()`."""
+    return BreakerConfig(
+        failure_threshold=spec.failures,
+        failure_rate=spec.failure_rate,
+        window_ms=_ms(spec.rate_window),
+        min_calls=spec.min_calls,
+        cooldown_ms=_ms(spec.cooldown),
+        probes=spec.probes,
+        probe_timeout_ms=_ms(spec.probe_timeout),
+    )
+
+
+def upstream_breaker_config(
+    upstream: UpstreamLimit | None, default: BreakerConfig
+) -> BreakerConfig:
+    """The breaker settings of one upstream: its own `breaker:` when it has one, else
+    `default` (an upstream with no stored config, or one stored without `breaker`)."""
+    if upstream is None or upstream.breaker is None:
+        return default
+    return breaker_config(upstream.breaker)
 
 
 @dataclass(frozen=True, slots=True)

@@ -81,8 +81,11 @@ def check_limits(limit: int, window_ms: int, burst: int) -> Limits:
     return Limits(limit, window_ms, burst)
 
 
-def limits_from_spec(spec: UpstreamLimit) -> Limits:
-    """A task spec's upstream limit (window in float seconds) in whole milliseconds (>= 1)."""
+def limits_from_spec(spec: UpstreamLimit) -> Limits | None:
+    """A task spec's upstream limit (window in float seconds) in whole milliseconds (>= 1);
+    None for an upstream without a rate limit (a breaker only)."""
+    if spec.limit is None or spec.window is None:
+        return None
     window_ms = max(1, round(spec.window * 1000))
     return check_limits(spec.limit, window_ms, spec.burst or 0)
 

@@ -12,9 +12,10 @@ from taskstream.cli.upstreams_view import (
     known_upstreams,
     limiter_view,
     render_upstreams,
-    stored_limits,
+    stored_upstream,
 )
 from taskstream.core.definitions import to_records
+from taskstream.core.spec_parts import UpstreamLimit
 from taskstream.core.specfile import parse_task_file_text
 from taskstream.ratelimit.backend import Usage
 from taskstream.ratelimit.breaker import BreakerConfig, BreakerStatus, fresh
@@ -37,9 +38,12 @@ def test_known_upstreams_are_stored_ones_and_task_named_ones() -> None:
     assert got == {"llm": ["summarize"], "search": ["crawl", "summarize"], "webhook": []}
 
 
-def test_stored_limits_in_milliseconds_or_why_not() -> None:
-    assert stored_limits({"limit": 50, "window": 10.0, "burst": None}) == Limits(50, 10_000, 0)
-    assert isinstance(stored_limits({"limit": 0, "window": 10.0}), str)
+def test_stored_upstreams_load_or_say_why_not() -> None:
+    spec = stored_upstream("llm", {"limit": 50, "window": 10.0, "burst": None})
+    assert isinstance(spec, UpstreamLimit) and (spec.limit, spec.breaker) == (50, None)
+    assert stored_upstream("llm", {"limit": 0, "window": 10.0}) == (
+        "limit: Input should be greater than or equal to 1"
+    )
 
 
 def test_used_is_a_percentage_of_the_limit_and_may_pass_100_with_burst() -> None:
