@@ -16,7 +16,6 @@ gate's default `BreakerConfig`."""
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 
 from taskstream.core.definitions import UpstreamCache
@@ -168,7 +167,7 @@ class RunUpstreams:
         self._gate = gate
         self._spare = set(admitted)
         self._called: set[str] = set()
-        self._open: Counter[str] = Counter()
+        self._open: dict[str, int] = {}  # admitted calls not reported yet, by upstream
 
     async def acquire(self, name: str) -> int | None:
         """Admit one call to `name` (the run's spare admission first); None or a wait (ms)."""
@@ -179,18 +178,21 @@ class RunUpstreams:
         else:
             wait_ms = await self._gate.admit_one(name)
         if wait_ms is None:
-            self._open[name] += 1
+            self._open[name] = self._open.get(name, 0) + 1
         return wait_ms
 
     async def record(self, name: str, outcome: Outcome) -> int | None:
         """Record one admitted call's outcome in `name`'s breaker; for a failure that leaves
         it open, the cool-down left (ms) to defer the run by (see `UpstreamGate.record_call`)."""
-        self._open[name] = max(0, self._open[name] - 1)
+        self._open[name] = max(0, self._open.get(name, 0) - 1)
         return await self._gate.record_call(name, outcome)
 
-    async def settle(self, declared: Sequence[str], outcome: Outcome) -> None:
-        """After the run: record `outcome` for the admissions that no call has reported on."""
+    async def settle(self, declared: Sequence[str], outcome: Outcome) -> int | None:
+        """After the run: record `outcome` for the admissions that no call has reported on.
+        When such a failure leaves a breaker open, the longest cool-down left (ms): the run
+        is then deferred like a failed call through the client (see `record_call`)."""
         unused = [name for name in declared if name not in self._called]
         unreported = [name for name, count in self._open.items() for _ in range(count)]
         self._open.clear()
-        await self._gate.record([*unused, *unreported], outcome)
+        waits = [await self._gate.record_call(name, outcome) for name in [*unused, *unreported]]
+        return max((w for w in waits if w is not None), default=None)

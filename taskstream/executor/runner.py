@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import httpx
 from pydantic import BaseModel, ValidationError
@@ -115,9 +115,14 @@ async def _admitted_call(
         end = await _call(run, ctx, params, timeout_s)
     finally:
         await ctx.http.aclose()
-    if access is not None:
-        await access.settle(ctx.upstreams, _breaker_outcome(end))
-    return end
+    if access is None:
+        return end
+    wait_ms = await access.settle(ctx.upstreams, _breaker_outcome(end))
+    if wait_ms is None:
+        return end
+    # This run's failure opened (or kept open) an upstream's breaker: the outage is known,
+    # so the run waits it out without spending an attempt, as a failed call through ctx.http.
+    return replace(deferred(wait_ms), error=end.error)
 
 
 async def _call(run: Run, ctx: AgentContext, params: BaseModel, timeout_s: float) -> RunEnd:

@@ -100,12 +100,17 @@ async def test_an_open_breaker_defers_instead_of_calling(h: Harness) -> None:
     ex = Running(gated(h, cfg))
     try:
 
-        async def failed() -> bool:
-            return await status(h, failing.id) is Status.FAILED
+        async def tripped() -> bool:
+            return await status(h, failing.id) is Status.RETRYING
 
-        await until(failed)
+        # Its failure opened the breaker: the outage is known, so even with max_attempts 1
+        # the run is deferred, not failed.
+        await until(tripped)
         state: Any = await RedisBreakers(h.redis, h.keys).state("llm")
         assert state.status == "open"
+        trip = await h.store.get_instance(failing.id)
+        assert trip is not None and trip.last_error is not None
+        assert [x.reason for x in await h.store.history(failing.id)][-1] == "deferred"
         later = await h.trigger(TASKS, "ask", 2_000)
 
         async def deferred() -> bool:

@@ -95,9 +95,11 @@ async def test_runs_behind_the_configured_breaker_are_deferred_by_its_cool_down(
     )
     ex = Running(Executor(deps, ExecutorConfig(consumer="g1", block_ms=20)))
     try:
-        for n in range(2):  # one at a time: each failure is recorded before the next run
+        # One at a time, so each failure is recorded before the next run. The first fails
+        # (max_attempts 1); the second opens the breaker and is deferred instead.
+        for n, ends_as in enumerate((Status.FAILED, Status.RETRYING)):
             failing = await h.trigger(TASKS, "flaky", 1_000 + n)
-            await until(partial(has_status, h, failing.id, Status.FAILED))
+            await until(partial(has_status, h, failing.id, ends_as))
         assert (await RedisBreakers(h.redis, h.keys).state("llm")).status is BreakerStatus.OPEN
         later = await h.trigger(TASKS, "ask", 2_000)
         await until(partial(has_status, h, later.id, Status.RETRYING))
