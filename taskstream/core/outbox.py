@@ -78,18 +78,19 @@ class Outbox:
         """XADD the row's entry, then move it to DISPATCHED: CAS PENDING or RETRYING ->
         DISPATCHED (a DISPATCHED row whose entry was lost is only published again). Losing
         the CAS is normal: an executor that already saw the entry may have moved the row on."""
-        entry = WorkEntry(
-            instance_id=row.id,
-            task_id=row.task_id,
-            agent=row.agent,
-            attempt=row.attempt,
-            scheduled_for_ms=row.scheduled_for_ms,
-            emitted_at_ms=now_ms,
-            trace_id=row.trace_id,
-        )
-        await streams.publish(self.redis, self.keys, Priority(row.priority), entry)
-        if row.status in (Status.PENDING, Status.RETRYING):
-            await self._dispatch([DispatchRequest(row.id, row.status, row.attempt)])
+        await self.publish_many([row], now_ms=now_ms)
+
+    async def publish_many(self, rows: Sequence[InstanceRow], *, now_ms: int) -> None:
+        """`publish` for many rows: one pipeline of XADDs, then one batch of CAS updates per
+        `MAX_BATCH` rows."""
+        for start in range(0, len(rows), MAX_BATCH):
+            part = rows[start : start + MAX_BATCH]
+            entries = [(Priority(r.priority), _row_entry(r, now_ms)) for r in part]
+            await streams.publish_many(self.redis, self.keys, entries)
+            waiting = (Status.PENDING, Status.RETRYING)
+            await self._dispatch(
+                [DispatchRequest(r.id, r.status, r.attempt) for r in part if r.status in waiting]
+            )
 
     async def _write_queue(self) -> None:
         """Write queued emits batch by batch. A batch's CAS step overlaps the next batch's
@@ -159,6 +160,18 @@ def _consume(done: asyncio.Future[Emitted]) -> None:
     """Mark a failed emit's error as seen: its caller may have been cancelled meanwhile."""
     if not done.cancelled():
         done.exception()
+
+
+def _row_entry(row: InstanceRow, now_ms: int) -> WorkEntry:
+    return WorkEntry(
+        instance_id=row.id,
+        task_id=row.task_id,
+        agent=row.agent,
+        attempt=row.attempt,
+        scheduled_for_ms=row.scheduled_for_ms,
+        emitted_at_ms=now_ms,
+        trace_id=row.trace_id,
+    )
 
 
 def _new_entry(new: NewInstance, now_ms: int) -> WorkEntry:

@@ -159,8 +159,8 @@ class Scheduler:
 
     async def _emit_due_retries(self, now_ms: int) -> None:
         """Publish RETRYING rows whose next attempt is due (RETRYING -> DISPATCHED)."""
-        for row in await self._store.due_retries(now_ms=now_ms, limit=MAX_RETRIES_PER_PASS):
-            await self._outbox.publish(row, now_ms=now_ms)
-            self._log.info(
-                "retry.emitted", instance_id=row.id, task_id=row.task_id, attempt=row.attempt
-            )
+        due = await self._store.due_retries(now_ms=now_ms, limit=MAX_RETRIES_PER_PASS)
+        if not due:
+            return
+        await self._outbox.publish_many(due, now_ms=now_ms)
+        self._log.info("retries.emitted", count=len(due), runs=[f"{r.id}@{r.attempt}" for r in due])

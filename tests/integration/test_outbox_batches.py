@@ -171,3 +171,28 @@ async def test_an_emit_during_the_last_cas_step_is_written(
     emitted = await asyncio.wait_for(outbox.emit(second, now_ms=T0), timeout=10)
     assert emitted.outcome == "published"
     assert (await writing).outcome == "published"
+
+
+async def test_publish_many_adds_every_entry_and_dispatches_the_waiting_rows(
+    store: SqlStore, redis: streams.Redis, keys: Keys
+) -> None:
+    pending, retrying, dispatched = news(3)
+    for new in (pending, retrying, dispatched):
+        await store.create_instance(new)
+    await store.transition(dispatched.id, Status.PENDING, Status.DISPATCHED, reason="setup")
+    for src, dst in (
+        (Status.PENDING, Status.DISPATCHED),
+        (Status.DISPATCHED, Status.RUNNING),
+        (Status.RUNNING, Status.RETRYING),
+    ):
+        await store.transition(retrying.id, src, dst, reason="setup")
+    rows = [await store.get_instance(n.id) for n in (pending, retrying, dispatched)]
+    await Outbox(store, redis, keys).publish_many([r for r in rows if r is not None], now_ms=T0)
+
+    assert sorted(await stream_ids(redis, keys)) == sorted([pending.id, retrying.id, dispatched.id])
+    for new in (pending, retrying, dispatched):
+        row = await store.get_instance(new.id)
+        assert row is not None and row.status is Status.DISPATCHED
+    assert len(await store.history(dispatched.id)) == 2  # only published again: no CAS
+    last = (await store.history(retrying.id))[-1]
+    assert (last.from_status, last.reason) == (Status.RETRYING, "published")
