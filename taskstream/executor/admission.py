@@ -28,6 +28,7 @@ from taskstream.ratelimit.breaker import (
     BreakerStatus,
     Outcome,
     Transition,
+    refused_wait_ms,
     upstream_breaker_config,
 )
 from taskstream.ratelimit.window import Limits, guarded, limits_from_spec
@@ -99,10 +100,9 @@ class UpstreamGate:
         decision = await self._breakers.admit(name, cfg)
         self._changed(name, decision.transition)
         if not decision.allowed:
-            self._log.info(
-                "upstream.breaker_refused", upstream=name, retry_after_ms=decision.retry_after_ms
-            )
-            return max(1, decision.retry_after_ms)
+            wait_ms = refused_wait_ms(decision, cfg)
+            self._log.info("upstream.breaker_refused", upstream=name, retry_after_ms=wait_ms)
+            return wait_ms
         limits = self._limits.get(name)
         if limits is None:
             return None

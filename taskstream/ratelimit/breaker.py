@@ -219,6 +219,20 @@ def admit(
     return _decision(before, state, probe=True), state
 
 
+HALF_OPEN_RECHECK_MIN_MS = 1_000
+
+
+def refused_wait_ms(decision: BreakerDecision, cfg: BreakerConfig) -> int:
+    """How long (ms, >= 1) a refused call waits before asking again. Open: until the cool-down
+    ends. Half-open: `retry_after_ms` is when the probes' slots time out, but a probe usually
+    reports long before that, and a success closes the breaker; so ask again after a tenth of
+    the cool-down (at least `HALF_OPEN_RECHECK_MIN_MS`) when that is sooner."""
+    wait = decision.retry_after_ms
+    if decision.status is BreakerStatus.HALF_OPEN:
+        wait = min(wait, max(HALF_OPEN_RECHECK_MIN_MS, cfg.cooldown_ms // 10))
+    return max(1, wait)
+
+
 def _count(state: BreakerState, failed: bool, now_ms: int, cfg: BreakerConfig) -> BreakerState:
     """A closed breaker after one counted outcome: the window rolled, the trip rules applied."""
     if now_ms >= state.window_start_ms + cfg.window_ms:
