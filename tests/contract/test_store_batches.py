@@ -8,13 +8,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import random
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from typing import Any
 
 import pytest
-from sqlalchemy import event, func, insert, select
-from sqlalchemy.engine import Connection
+from sqlalchemy import func, insert, select
 
 from taskstream.core.errors import InvalidTransition
 from taskstream.core.states import FailClass, Status
@@ -23,6 +21,7 @@ from taskstream.core.store.port import CasResult, ClaimRequest, FinishRequest, I
 from taskstream.core.store.sql import SqlStore
 from taskstream.core.store.tables import instance_history, side_effects, task_instances
 from tests.contract.conftest import Advance, MakeNew
+from tests.support.statements import statements
 
 T0_MS = 1_700_000_000_000
 
@@ -88,24 +87,6 @@ async def _count(store: SqlStore, table: Any, *where: Any) -> int:
     async with store.engine.connect() as conn:
         stmt = select(func.count()).select_from(table).where(*where)
         return int((await conn.execute(stmt)).scalar_one())
-
-
-@contextmanager
-def _statements(store: SqlStore) -> Iterator[list[str]]:
-    """Collect the SELECT / UPDATE / INSERT statements sent while the block runs."""
-    sent: list[str] = []
-
-    def record(
-        conn: Connection, cursor: Any, statement: str, params: Any, context: Any, many: bool
-    ) -> None:
-        if statement.lstrip().upper().startswith(("SELECT", "UPDATE", "INSERT")):
-            sent.append(statement)
-
-    event.listen(store.engine.sync_engine, "before_cursor_execute", record)
-    try:
-        yield sent
-    finally:
-        event.remove(store.engine.sync_engine, "before_cursor_execute", record)
 
 
 # claim_many
@@ -274,7 +255,7 @@ async def test_finish_many_commits_winners_and_fences_only_the_others(
         FinishRequest("inst-missing", 1, Status.SUCCESS, "ghost"),
     ]
 
-    with _statements(store) as sent:
+    with statements(store) as sent:
         results = await store.finish_many(requests)
 
     # Known and repeated keys were settled inside the batch, without the per-run fallback.
@@ -470,14 +451,14 @@ async def test_batches_send_a_constant_number_of_statements(store: SqlStore) -> 
         ids = await _seed(store, (f"s{size}-{n:02d}" for n in range(size)))
         await store.claim_many([ClaimRequest(ids[0], 0, 30)], owner="warm-up")
 
-        with _statements(store) as claims:
+        with statements(store) as claims:
             claimed = await store.claim_many([ClaimRequest(i, 0, 30) for i in ids], owner="x")
-        with _statements(store) as leases:
+        with statements(store) as leases:
             held = await store.extend_leases([(i, c.token) for i, c in claimed.items()], lease_s=60)
         finishing = [
             FinishRequest(i, 1, Status.SUCCESS, "ok", {"i": i}, side_effects=(i,)) for i in ids
         ]
-        with _statements(store) as finishes:
+        with statements(store) as finishes:
             results = await store.finish_many(finishing)
 
         assert (len(claimed), len(held)) == (size - 1, size - 1)

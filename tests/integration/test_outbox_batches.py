@@ -8,13 +8,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import random
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from sqlalchemy import event
-from sqlalchemy.engine import Connection
 
 from taskstream.core import streams
 from taskstream.core.errors import QueueUnavailable
@@ -25,6 +21,7 @@ from taskstream.core.states import Status
 from taskstream.core.store.port import NewInstance
 from taskstream.core.store.sql import SqlStore
 from taskstream.scheduler.instances import new_instance
+from tests.support.statements import statements
 
 T0 = 1_780_000_000_000
 SPEC = parse_task_file_text("tasks: [{id: t, agent: echo}]", "t.yaml").tasks[0]
@@ -32,22 +29,6 @@ SPEC = parse_task_file_text("tasks: [{id: t, agent: echo}]", "t.yaml").tasks[0]
 
 def news(n: int) -> list[NewInstance]:
     return [new_instance(SPEC, T0 + i * 1000) for i in range(n)]
-
-
-@contextmanager
-def inserts_into_instances(store: SqlStore) -> Iterator[list[str]]:
-    """The INSERT statements into `task_instances` sent while the block runs."""
-    sent: list[str] = []
-
-    def record(conn: Connection, cursor: Any, statement: str, *rest: Any) -> None:
-        if statement.lstrip().upper().startswith("INSERT INTO TASK_INSTANCES"):
-            sent.append(statement)
-
-    event.listen(store.engine.sync_engine, "before_cursor_execute", record)
-    try:
-        yield sent
-    finally:
-        event.remove(store.engine.sync_engine, "before_cursor_execute", record)
 
 
 async def stream_ids(redis: streams.Redis, keys: Keys) -> list[str]:
@@ -60,7 +41,7 @@ async def test_concurrent_emits_share_batches(
 ) -> None:
     outbox = Outbox(store, redis, keys)
     batch = news(60)
-    with inserts_into_instances(store) as inserts:
+    with statements(store, ("INSERT INTO TASK_INSTANCES",)) as inserts:
         emitted = await asyncio.gather(*(outbox.emit(n, now_ms=T0) for n in batch))
 
     assert [e.outcome for e in emitted] == ["published"] * 60
