@@ -120,8 +120,7 @@ def plan(attempt: Attempt, end: RunEnd, *, now_ms: int, rng: Random) -> Plan:
         error=end.error,
     )
     if end.defer_ms is not None:
-        due = now_ms + end.defer_ms + defer_jitter_ms(end.defer_ms, rng)
-        return Plan(replace(base, dst=Status.RETRYING, next_attempt_at_ms=due))
+        return Plan(_deferral(base, attempt, end.defer_ms, now_ms, rng))
     if end.failure is None:
         return Plan(base)
     if end.fail_class is not None:
@@ -137,6 +136,22 @@ def plan(attempt: Attempt, end: RunEnd, *, now_ms: int, rng: Random) -> Plan:
             next_attempt_at_ms=decision.next_attempt_at_ms,
         )
     )
+
+
+def _deferral(
+    base: FinishRequest, attempt: Attempt, wait_ms: int, now_ms: int, rng: Random
+) -> FinishRequest:
+    """RETRYING after `wait_ms` plus jitter (never past the deadline); FAILED `exhausted` when
+    the upstream frees only at or after the instance's deadline, where waiting cannot help."""
+    due = now_ms + wait_ms
+    deadline = attempt.deadline_ms
+    if deadline is not None and due >= deadline:
+        error = f"the upstream frees in {wait_ms} ms, at or after the deadline"
+        return replace(base, dst=Status.FAILED, fail_class=FailClass.EXHAUSTED, error=error)
+    due += defer_jitter_ms(wait_ms, rng)
+    if deadline is not None:
+        due = min(due, deadline - 1)
+    return replace(base, dst=Status.RETRYING, next_attempt_at_ms=due)
 
 
 def _retry(

@@ -1,5 +1,6 @@
 """Deferred runs come back spread out: never earlier than the refusal's wait, at most 20% of it
-(and 5 s) later, deterministic for a seeded generator, and without spending an attempt."""
+(and 5 s) later, never past the instance's deadline (a wait that ends after it fails the
+instance), deterministic for a seeded generator, and without spending an attempt."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from random import Random
 import pytest
 
 from taskstream.core.spec_parts import RetryPolicy
-from taskstream.core.states import Status
+from taskstream.core.states import FailClass, Status
 from taskstream.executor.outcome import (
     Attempt,
     defer_jitter_max_ms,
@@ -45,3 +46,21 @@ def test_a_deferred_run_is_due_after_its_wait_and_keeps_its_attempt() -> None:
     assert len(dues) > 40  # runs refused together come back at different times
     again = plan(attempt, deferred(10_000), now_ms=NOW, rng=Random(7))
     assert again == plan(attempt, deferred(10_000), now_ms=NOW, rng=Random(7))
+
+
+def test_a_deferral_past_the_deadline_fails_the_instance() -> None:
+    policy = RetryPolicy(max_attempts=3)
+    attempt = Attempt("i_1", 1, 1, policy, deadline_ms=NOW + 10_000)
+    p = plan(attempt, deferred(10_000), now_ms=NOW, rng=Random(1))
+    assert (p.finish.dst, p.finish.fail_class) == (Status.FAILED, FailClass.EXHAUSTED)
+    assert p.finish.error is not None and "deadline" in p.finish.error
+    assert p.finish.next_attempt_at_ms is None
+
+
+def test_jitter_never_pushes_a_deferral_past_the_deadline() -> None:
+    policy = RetryPolicy(max_attempts=3)
+    attempt = Attempt("i_1", 1, 1, policy, deadline_ms=NOW + 10_500)
+    for seed in range(100):
+        p = plan(attempt, deferred(10_000), now_ms=NOW, rng=Random(seed))
+        assert p.finish.dst is Status.RETRYING and p.finish.next_attempt_at_ms is not None
+        assert NOW + 10_000 <= p.finish.next_attempt_at_ms < NOW + 10_500
