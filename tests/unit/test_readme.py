@@ -7,6 +7,7 @@ import types
 from pathlib import Path
 
 from taskstream.agents.base import FunctionAgent
+from taskstream.agents.http_agent import HttpParams
 from taskstream.agents.registry import Registry
 from taskstream.core.specfile import parse_task_file_text
 
@@ -29,7 +30,15 @@ def test_the_agent_example_defines_a_registrable_agent() -> None:
     assert registry.names() == {"ping"}
 
 
-def test_the_task_example_validates() -> None:
-    [source] = blocks("yaml")
-    taskfile = parse_task_file_text(source, "README.md", known_agents={"echo"})
-    assert [t.id for t in taskfile.tasks] == ["daily-report"]
+def test_the_task_examples_validate() -> None:
+    ids = []
+    for source in blocks("yaml"):
+        taskfile = parse_task_file_text(source, "README.md", known_agents={"echo", "http"})
+        ids += [t.id for t in taskfile.tasks]
+    assert ids == ["nightly-summary", "daily-report"]
+
+
+def test_the_http_example_payload_is_valid_http_params() -> None:
+    source = blocks("yaml")[0]
+    [task] = parse_task_file_text(source, "README.md", known_agents={"http"}).tasks
+    assert HttpParams.model_validate(task.payload).method == "POST"
