@@ -4,6 +4,8 @@
 - `backend`: the port (`Limiter`, `Breakers`) and its result types.
 - `memory`: in-process backends on an injected clock; `redis_backend` (+ `lua`): the shared
   ones, on the Redis server's clock.
+- `metrics`: Prometheus counters and gauges the backends update (refusals, breaker states and
+  transitions).
 
 This package imports nothing at import time, so the pure modules stay free of I/O.
 """
