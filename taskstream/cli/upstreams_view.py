@@ -25,6 +25,7 @@ from taskstream.ratelimit.breaker import (
     BreakerConfig,
     BreakerState,
     BreakerStatus,
+    cooldown_ends_ms,
     upstream_breaker_config,
 )
 from taskstream.ratelimit.window import Limits, limits_from_spec
@@ -71,7 +72,7 @@ def breaker_view(state: BreakerState, at_ms: int, cfg: BreakerConfig) -> dict[st
     """A breaker's stored state and its settings `cfg`; for an open one, when its cool-down
     ends (UTC epoch ms) and how long that is after `at_ms` (0 once over: the next call goes
     half-open)."""
-    ends_ms = state.since_ms + cfg.cooldown_ms if state.status is BreakerStatus.OPEN else None
+    ends_ms = cooldown_ends_ms(state, cfg)
     return {
         **asdict(state),
         "status": state.status.value,

@@ -28,6 +28,7 @@ from taskstream.ratelimit.breaker import (
     BreakerStatus,
     Outcome,
     Transition,
+    cooldown_left_ms,
     refused_wait_ms,
     upstream_breaker_config,
 )
@@ -41,9 +42,7 @@ def open_left_ms(state: BreakerState, now_ms: int, cfg: BreakerConfig) -> int:
     """How long (ms, >= 1) to defer a run whose failed call found `state` at `now_ms` (the
     breaker's clock): until the cool-down of an open breaker ends, else 1 (its cool-down is
     over, the next admission decides)."""
-    if state.status is not BreakerStatus.OPEN:
-        return 1
-    return max(1, state.since_ms + cfg.cooldown_ms - now_ms)
+    return max(1, cooldown_left_ms(state, now_ms, cfg))
 
 
 class UpstreamGate:

@@ -198,6 +198,19 @@ def _decision(
     )
 
 
+def cooldown_ends_ms(state: BreakerState, cfg: BreakerConfig) -> int | None:
+    """When an open breaker's cool-down ends (ms, the breaker's clock); None unless open."""
+    return state.since_ms + cfg.cooldown_ms if state.status is BreakerStatus.OPEN else None
+
+
+def cooldown_left_ms(state: BreakerState, now_ms: int, cfg: BreakerConfig) -> int:
+    """How long (ms) an open breaker keeps refusing calls at `now_ms`, as `admit` applies it.
+    0 for a closed or half-open breaker, and for an open one whose cool-down has passed (its
+    next admission probes)."""
+    ends = cooldown_ends_ms(state, cfg)
+    return 0 if ends is None else max(0, ends - now_ms)
+
+
 def admit(
     state: BreakerState, now_ms: int, cfg: BreakerConfig
 ) -> tuple[BreakerDecision, BreakerState]:
@@ -206,9 +219,8 @@ def admit(
     if state.status is BreakerStatus.CLOSED:
         return _decision(before, state, probe=False), state
     if state.status is BreakerStatus.OPEN:
-        reopen_at = state.since_ms + cfg.cooldown_ms
-        if now_ms < reopen_at:
-            return _decision(before, state, probe=False, retry_after_ms=reopen_at - now_ms), state
+        if left := cooldown_left_ms(state, now_ms, cfg):
+            return _decision(before, state, probe=False, retry_after_ms=left), state
         state = fresh(BreakerStatus.HALF_OPEN, now_ms)
     elif now_ms >= state.since_ms + cfg.probe_timeout_ms:
         state = replace(state, since_ms=now_ms, probes_admitted=state.probe_successes)

@@ -24,19 +24,9 @@ from taskstream.core.logging import get_logger
 from taskstream.ratelimit.backend import Breakers
 from taskstream.ratelimit.breaker import (
     BreakerConfig,
-    BreakerState,
-    BreakerStatus,
+    cooldown_left_ms,
     upstream_breaker_config,
 )
-
-
-def cooldown_left_ms(state: BreakerState, now_ms: int, cfg: BreakerConfig) -> int:
-    """How long (ms) an open breaker keeps refusing calls at `now_ms` (the breaker's clock):
-    until `since_ms + cooldown_ms`, as `breaker.admit` applies it. 0 for a closed or half-open
-    breaker, and for an open one whose cool-down has passed (its next admission probes)."""
-    if state.status is not BreakerStatus.OPEN:
-        return 0
-    return max(0, state.since_ms + cfg.cooldown_ms - now_ms)
 
 
 class BreakerHolds:

@@ -10,9 +10,15 @@ import pytest
 
 from taskstream.core.clock import FixedClock
 from taskstream.core.spec import TaskSpec
-from taskstream.ratelimit.breaker import BreakerConfig, BreakerState, BreakerStatus, Outcome
+from taskstream.ratelimit.breaker import (
+    BreakerConfig,
+    BreakerState,
+    BreakerStatus,
+    Outcome,
+    cooldown_left_ms,
+)
 from taskstream.ratelimit.memory import MemoryBreakers
-from taskstream.runtime.upstream_holds import BreakerHolds, cooldown_left_ms
+from taskstream.runtime.upstream_holds import BreakerHolds
 from taskstream.scheduler import manual
 from taskstream.scheduler.catchup import plan_catchup
 from taskstream.scheduler.decide import (
