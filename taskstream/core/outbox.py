@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from taskstream.core import streams
+from taskstream.core.futures import mark_retrieved
 from taskstream.core.logging import get_logger
 from taskstream.core.protocol import Keys, Priority, WorkEntry
 from taskstream.core.states import Status
@@ -68,7 +69,7 @@ class Outbox:
         when the existing row is still PENDING: its creator is publishing it right now, or
         crashed, and then the reconciler publishes it once it is older than its grace."""
         item = _Emit(new, now_ms)
-        item.done.add_done_callback(_consume)
+        item.done.add_done_callback(mark_retrieved)
         self._queue.append(item)
         if self._writer is None or self._writer.done():
             self._writer = asyncio.create_task(self._write_queue())
@@ -154,12 +155,6 @@ def _fail(batch: Sequence[_Emit], exc: Exception) -> None:
     for item in batch:
         if not item.done.done():
             item.done.set_exception(exc)
-
-
-def _consume(done: asyncio.Future[Emitted]) -> None:
-    """Mark a failed emit's error as seen: its caller may have been cancelled meanwhile."""
-    if not done.cancelled():
-        done.exception()
 
 
 def _row_entry(row: InstanceRow, now_ms: int) -> WorkEntry:

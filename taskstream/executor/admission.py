@@ -115,12 +115,6 @@ class UpstreamGate:
             return max(1, admission.retry_after_ms)
         return None
 
-    async def record(self, upstreams: Sequence[str], outcome: Outcome) -> None:
-        """Feed a run's outcome to the breakers of its upstreams; log state changes."""
-        for name in upstreams:
-            update = await self._breakers.record(name, outcome, self.config(name))
-            self._changed(name, update.transition)
-
     async def record_call(self, name: str, outcome: Outcome) -> int | None:
         """Record one call's `outcome` in `name`'s breaker. A failure that leaves the breaker
         open (it tripped it, a probe failed, or the call was in flight when it opened) returns

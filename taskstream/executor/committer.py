@@ -15,6 +15,7 @@ from random import Random
 
 from taskstream.core import notify, streams
 from taskstream.core.clock import Clock
+from taskstream.core.futures import mark_retrieved
 from taskstream.core.logging import get_logger
 from taskstream.core.protocol import Keys
 from taskstream.core.spec_parts import RetryPolicy
@@ -64,7 +65,7 @@ class Committer:
         p = plan(attempt, end, now_ms=self._clock.now_ms(), rng=self._rng)
         item = _Item(run, _with_effects(p, run.side_effects))
         # Failures are logged by the loop (`commit.failed`); nobody else must report them.
-        item.done.add_done_callback(_consume)
+        item.done.add_done_callback(mark_retrieved)
         self._queue.put_nowait(item)
         return item.done
 
@@ -162,11 +163,6 @@ class Committer:
             fail_class=decision.fail_class,
             next_attempt_at_ms=decision.next_attempt_at_ms,
         )
-
-
-def _consume(done: asyncio.Future[bool]) -> None:
-    if not done.cancelled():
-        done.exception()
 
 
 def _named(item: _Item) -> str:

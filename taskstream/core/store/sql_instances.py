@@ -62,30 +62,33 @@ def claim_values(owner: str, lease_length_ms: int) -> dict[str, Any]:
     return values
 
 
+def instance_values(new: NewInstance) -> dict[str, Any]:
+    """The columns of `new`'s PENDING row at attempt 0, times left out."""
+    return {
+        "id": new.id,
+        "task_id": new.task_id,
+        "agent": new.agent,
+        "dedupe_key": new.dedupe_key,
+        "status": Status.PENDING.value,
+        "attempt": 0,
+        "max_attempts": new.max_attempts,
+        "priority": new.priority,
+        "scheduled_for_ms": new.scheduled_for_ms,
+        "business_date": new.business_date,
+        "payload": codec.dumps(new.payload, what="payload"),
+        "context": codec.dumps({}, what="context"),
+        "not_before_ms": new.not_before_ms,
+        "deadline_ms": new.deadline_ms,
+        "trace_id": new.trace_id,
+    }
+
+
 async def insert_instance(conn: AsyncConnection, new: NewInstance) -> None:
     """INSERT a PENDING row at attempt 0. A taken id or dedupe key raises an IntegrityError
     (`ConstraintViolation` once `SqlStore` translated it)."""
-    await conn.execute(
-        insert(inst).values(
-            id=new.id,
-            task_id=new.task_id,
-            agent=new.agent,
-            dedupe_key=new.dedupe_key,
-            status=Status.PENDING.value,
-            attempt=0,
-            max_attempts=new.max_attempts,
-            priority=new.priority,
-            scheduled_for_ms=new.scheduled_for_ms,
-            business_date=new.business_date,
-            payload=codec.dumps(new.payload, what="payload"),
-            context=codec.dumps({}, what="context"),
-            not_before_ms=new.not_before_ms,
-            deadline_ms=new.deadline_ms,
-            trace_id=new.trace_id,
-            created_at_ms=db_now_ms(),
-            updated_at_ms=db_now_ms(),
-        )
-    )
+    now = db_now_ms()
+    values = instance_values(new) | {"created_at_ms": now, "updated_at_ms": now}
+    await conn.execute(insert(inst).values(**values))
 
 
 async def existing_id(conn: AsyncConnection, new: NewInstance) -> str | None:

@@ -18,7 +18,6 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from taskstream.core.errors import StoreError
 from taskstream.core.states import Status, check_transition
-from taskstream.core.store import sql_codec as codec
 from taskstream.core.store import sql_instances as rows
 from taskstream.core.store import sql_queries as q
 from taskstream.core.store.dbclock import db_now_ms
@@ -120,27 +119,6 @@ def _split(
     return results, fresh
 
 
-def _values(new: NewInstance) -> dict[str, object]:
-    """The columns `sql_instances.insert_instance` writes."""
-    return {
-        "id": new.id,
-        "task_id": new.task_id,
-        "agent": new.agent,
-        "dedupe_key": new.dedupe_key,
-        "status": Status.PENDING.value,
-        "attempt": 0,
-        "max_attempts": new.max_attempts,
-        "priority": new.priority,
-        "scheduled_for_ms": new.scheduled_for_ms,
-        "business_date": new.business_date,
-        "payload": codec.dumps(new.payload, what="payload"),
-        "context": codec.dumps({}, what="context"),
-        "not_before_ms": new.not_before_ms,
-        "deadline_ms": new.deadline_ms,
-        "trace_id": new.trace_id,
-    }
-
-
 async def create_many(conn: AsyncConnection, news: Sequence[NewInstance]) -> list[CreateResult]:
     """Insert the PENDING rows of `news` whose key and id are free, with their history rows;
     results in request order. A key taken concurrently raises an IntegrityError."""
@@ -149,7 +127,9 @@ async def create_many(conn: AsyncConnection, news: Sequence[NewInstance]) -> lis
     fresh.sort(key=lambda n: n.dedupe_key)
     for part in q.chunks(fresh):
         now = db_now_ms()
-        values = [_values(n) | {"created_at_ms": now, "updated_at_ms": now} for n in part]
+        values = [
+            rows.instance_values(n) | {"created_at_ms": now, "updated_at_ms": now} for n in part
+        ]
         await conn.execute(insert(inst).values(values))
         await q.append_history(
             conn,
