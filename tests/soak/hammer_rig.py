@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tests.fault.conftest import Cluster
+from tests.support.arrivals import read_log
 from tests.support.hammer import HammerConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -156,3 +158,30 @@ async def hammer(
         Report(m, _wall_offset_s(ready), int(end["calls"]), int(end["deferred"]), end["errors"])
         for m, ready, end in zip(crowd, readies, ends, strict=True)
     ]
+
+
+async def hammer_upstream(
+    cluster: Cluster,
+    crowd: Sequence[Member],
+    *,
+    limit: int,
+    window_s: float,
+    callers: int,
+    seconds: float,
+) -> tuple[list[Report], list[float]]:
+    """Store the upstream `api`'s limit, run `crowd` against an arrival-logging upstream for
+    `seconds`, and return the processes' reports and the upstream's arrival times."""
+    await cluster.store.upsert_upstreams({"api": {"limit": limit, "window": window_s}})
+    async with arrivals_upstream(cluster.env, cluster.logs) as upstream:
+        cfg = HammerConfig(
+            redis_url=cluster.env["TASKSTREAM_REDIS_URL"],
+            database_url=cluster.env["TASKSTREAM_DATABASE_URL"],
+            namespace=cluster.namespace,
+            key_prefix=cluster.keys.prefix,
+            url=upstream.url,
+            upstream="api",
+            callers=callers,
+            seconds=seconds,
+        )
+        reports = await hammer(cfg, crowd, cluster.env, cluster.logs)
+    return reports, read_log(upstream.log)

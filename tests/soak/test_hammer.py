@@ -13,9 +13,8 @@ from __future__ import annotations
 import pytest
 
 from tests.fault.conftest import Cluster, RecordProperty
-from tests.soak.hammer_rig import Member, arrivals_upstream, hammer
-from tests.support.arrivals import count_from, max_in_window, min_span, read_log
-from tests.support.hammer import HammerConfig
+from tests.soak.hammer_rig import Member, hammer_upstream
+from tests.support.arrivals import count_from, max_in_window, min_span
 
 pytestmark = pytest.mark.fault
 
@@ -46,21 +45,10 @@ async def test_hammer_stays_under_the_limit_and_uses_it(
       not lower the ceiling reachable here: a fresh 50 can start at 0, 10.2, ..., 51 s, and
       5 x 10.2 s = 51 s < 60 s leaves room for all six.
     """
-    await cluster.store.upsert_upstreams({"api": {"limit": LIMIT, "window": WINDOW_S}})
     crowd = [Member(f"hammer-{i}", {}) for i in range(1, PROCESSES + 1)]
-    async with arrivals_upstream(cluster.env, cluster.logs) as upstream:
-        cfg = HammerConfig(
-            redis_url=cluster.env["TASKSTREAM_REDIS_URL"],
-            database_url=cluster.env["TASKSTREAM_DATABASE_URL"],
-            namespace=cluster.namespace,
-            key_prefix=cluster.keys.prefix,
-            url=upstream.url,
-            upstream="api",
-            callers=CALLERS,
-            seconds=RUN_S,
-        )
-        reports = await hammer(cfg, crowd, cluster.env, cluster.logs)
-    arrivals = read_log(upstream.log)
+    reports, arrivals = await hammer_upstream(
+        cluster, crowd, limit=LIMIT, window_s=WINDOW_S, callers=CALLERS, seconds=RUN_S
+    )
 
     made = sum(r.calls for r in reports)
     in_run = count_from(arrivals, arrivals[0], RUN_S) if arrivals else 0

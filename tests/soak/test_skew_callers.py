@@ -14,10 +14,9 @@ from pathlib import Path
 import pytest
 
 from tests.fault.conftest import Cluster, RecordProperty
-from tests.soak.hammer_rig import Member, Report, arrivals_upstream, hammer
-from tests.support.arrivals import count_from, max_in_window, min_span, read_log
+from tests.soak.hammer_rig import Member, Report, hammer_upstream
+from tests.support.arrivals import count_from, max_in_window, min_span
 from tests.support.faketime import skew_env
-from tests.support.hammer import HammerConfig
 
 pytestmark = pytest.mark.fault
 
@@ -57,21 +56,10 @@ def _assert_skews_applied(reports: list[Report]) -> None:
 async def test_skewed_callers_share_one_limit(
     cluster: Cluster, libfaketime: Path, record_property: RecordProperty
 ) -> None:
-    await cluster.store.upsert_upstreams({"api": {"limit": LIMIT, "window": WINDOW_S}})
     crowd = _crowd(libfaketime)
-    async with arrivals_upstream(cluster.env, cluster.logs) as upstream:
-        cfg = HammerConfig(
-            redis_url=cluster.env["TASKSTREAM_REDIS_URL"],
-            database_url=cluster.env["TASKSTREAM_DATABASE_URL"],
-            namespace=cluster.namespace,
-            key_prefix=cluster.keys.prefix,
-            url=upstream.url,
-            upstream="api",
-            callers=CALLERS,
-            seconds=RUN_S,
-        )
-        reports = await hammer(cfg, crowd, cluster.env, cluster.logs)
-    arrivals = read_log(upstream.log)
+    reports, arrivals = await hammer_upstream(
+        cluster, crowd, limit=LIMIT, window_s=WINDOW_S, callers=CALLERS, seconds=RUN_S
+    )
 
     in_run = count_from(arrivals, arrivals[0], RUN_S) if arrivals else 0
     fullest = max_in_window(arrivals, WINDOW_S)
