@@ -6,20 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 
 from taskstream.core import streams
-from taskstream.core.protocol import Keys
 from taskstream.ratelimit.breaker import BreakerConfig, BreakerState, Outcome
 from taskstream.ratelimit.redis_backend import RedisBreakers
-from tests.e2e.test_cli_status_upstreams import Cli
+from tests.e2e.cli_rig import Cli, applied
 
 TASKS = """
 upstreams:
@@ -47,24 +43,8 @@ LLM = BreakerConfig(
 
 @pytest.fixture
 def cli(tmp_path: Path, redis_url: str) -> Iterator[Cli]:
-    namespace = "e2e" + uuid.uuid4().hex[:12]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TASKSTREAM_")}
-    env |= {
-        "TASKSTREAM_DATABASE_URL": f"sqlite:///{tmp_path / 'store.db'}",
-        "TASKSTREAM_REDIS_URL": redis_url,
-        "TASKSTREAM_NAMESPACE": namespace,
-        "COLUMNS": "250",
-    }
-    (tmp_path / "tasks.yaml").write_text(TASKS)
-    run = Cli(tmp_path, env, redis_url, Keys(namespace=namespace))
-    run("migrate")
-    run("tasks", "apply", "tasks.yaml")
-    yield run
-    client = redis.Redis.from_url(redis_url)
-    found = list(client.scan_iter(match=f"{run.keys.base}:*", count=500))
-    if found:
-        client.delete(*found)
-    client.close()
+    with applied(tmp_path, redis_url, {"tasks.yaml": TASKS}) as run:
+        yield run
 
 
 async def _open_llm(cli: Cli) -> BreakerState:

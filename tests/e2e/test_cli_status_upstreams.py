@@ -6,22 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
-import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 
 from taskstream.core import streams
-from taskstream.core.protocol import Keys
 from taskstream.ratelimit.breaker import BreakerConfig, BreakerState, Outcome
 from taskstream.ratelimit.redis_backend import RedisBreakers, RedisLimiter
+from tests.e2e.cli_rig import Cli, applied
 
 WITH_LIMITS = """
 upstreams:
@@ -38,51 +32,12 @@ tasks:
 EXECUTOR_BREAKERS = BreakerConfig()
 
 
-@dataclass(frozen=True)
-class Cli:
-    """Runs `taskstream` in `cwd` against one namespace of the test Redis."""
-
-    cwd: Path
-    env: dict[str, str]
-    redis_url: str
-    keys: Keys
-
-    def __call__(self, *args: str) -> str:
-        out = subprocess.run(
-            [sys.executable, "-m", "taskstream", *args],
-            cwd=self.cwd,
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        assert out.returncode == 0, (args, out.stdout, out.stderr)
-        return out.stdout
-
-
 @pytest.fixture
 def cli(tmp_path: Path, redis_url: str) -> Iterator[Cli]:
-    namespace = "e2e" + uuid.uuid4().hex[:12]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TASKSTREAM_")}
-    env |= {
-        "TASKSTREAM_DATABASE_URL": f"sqlite:///{tmp_path / 'store.db'}",
-        "TASKSTREAM_REDIS_URL": redis_url,
-        "TASKSTREAM_NAMESPACE": namespace,
-        "COLUMNS": "250",
-    }
-    (tmp_path / "limits.yaml").write_text(WITH_LIMITS)
-    (tmp_path / "names.yaml").write_text(NAMES_ONLY)
-    run = Cli(tmp_path, env, redis_url, Keys(namespace=namespace))
-    run("migrate")
-    run("tasks", "apply", "limits.yaml")
-    run("tasks", "apply", "names.yaml")
-    yield run
-    client = redis.Redis.from_url(redis_url)
-    found = list(client.scan_iter(match=f"{run.keys.base}:*", count=500))
-    if found:
-        client.delete(*found)
-    client.close()
+    with applied(
+        tmp_path, redis_url, {"limits.yaml": WITH_LIMITS, "names.yaml": NAMES_ONLY}
+    ) as run:
+        yield run
 
 
 async def _load_guards(cli: Cli) -> BreakerState:
