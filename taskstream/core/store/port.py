@@ -172,6 +172,10 @@ class FinishRequest:
     error: str | None = None
     next_attempt_at_ms: int | None = None
     side_effects: tuple[str, ...] = ()
+    owner: str | None = None
+    """The lease owner that claimed the run at `token`, when the caller knows it (an executor
+    finishing its own run). Only the history row uses it; with it, and no side effects, a
+    store may write the CAS without first reading the row."""
 
 
 class Store(Protocol):

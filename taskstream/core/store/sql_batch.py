@@ -240,8 +240,10 @@ def _decide_finishes(
 
 
 async def _finish_chunk(
-    conn: AsyncConnection, winners: Sequence[PreparedFinish], seen: Mapping[str, q.Seen]
+    conn: AsyncConnection, winners: Sequence[PreparedFinish], owners: Mapping[str, str | None]
 ) -> None:
+    """One CAS UPDATE RUNNING -> dst at each run's token (all must match, else
+    `q.RowsMoved`), and the history rows naming `owners`."""
     by_id = {p.request.instance_id: p.values for p in winners}
     values: dict[str, Any] = {}
     for name in sorted({c for v in by_id.values() for c in v}):
@@ -260,9 +262,26 @@ async def _finish_chunk(
         conn,
         sorted(by_id),
         src=Status.RUNNING,
-        owners={i: seen[i].lease_owner for i in by_id},
+        owners={i: owners[i] for i in by_id},
         reasons={p.request.instance_id: p.request.reason for p in winners},
     )
+
+
+def unread_ok(prepared: Sequence[PreparedFinish]) -> bool:
+    """The batch may be written by `finish_unread`: every run names its owner and records no
+    side effects (a key check would need a read anyway)."""
+    return all(p.request.owner is not None and not p.keys for p in prepared)
+
+
+async def finish_unread(
+    conn: AsyncConnection, prepared: Sequence[PreparedFinish]
+) -> dict[str, CasResult]:
+    """`finish_many` for a batch that passes `unread_ok`, without reading the rows first:
+    each chunk's CAS UPDATE must match every run (it locks their rows in id order), else
+    `q.RowsMoved` and the caller's transaction rolls back."""
+    for part in q.chunks(sorted(prepared, key=lambda p: p.request.instance_id)):
+        await _finish_chunk(conn, part, {p.request.instance_id: p.request.owner for p in part})
+    return {p.request.instance_id: CasResult(ok=True) for p in prepared}
 
 
 async def finish_many(
@@ -276,8 +295,9 @@ async def finish_many(
         seen |= await q.lock_states(conn, ids)
     keys = sorted({k for p in prepared if p.request.instance_id in seen for k in p.keys})
     results, winners = _decide_finishes(prepared, seen, await q.recorded_keys(conn, keys))
+    owners = {i: s.lease_owner for i, s in seen.items()}
     for part in q.chunks(sorted(winners, key=lambda p: p.request.instance_id)):
-        await _finish_chunk(conn, part, seen)
+        await _finish_chunk(conn, part, owners)
     effects = sorted((k, p.request.instance_id, p.request.token) for p in winners for k in p.keys)
     for rows_part in q.chunks(effects):
         stmt = insert(side_effects).values(

@@ -5,15 +5,18 @@ Batches keep the single-row rules: the UNIQUE dedupe key decides duplicates (che
 so a duplicate does not abort its batch; a concurrent insert that slips in after the check
 rolls the batch back and each instance is then created on its own), every change has its
 history row copied from the row just written, and the DISPATCHED step is a compare-and-set on
-(id, status, attempt) over rows locked in id order.
+(id, status, attempt) over rows locked in id order. The DISPATCHED step first updates without
+reading (the rows are almost always where the outbox left them); when an UPDATE matches fewer
+rows than it names, that transaction rolls back and the rows are read under lock to decide each
+one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractAsyncContextManager, suppress
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from taskstream.core.errors import StoreError
@@ -79,6 +82,12 @@ class OutboxMethods:
             raise ValueError("dispatch_many: an instance is named twice")
         if not requests:
             return {}
+        if len({r.src for r in requests}) == 1:
+            # Usually every row is still where the outbox left it: update without reading
+            # first, and take the locking path only when some row has moved on.
+            with suppress(q.RowsMoved):
+                async with self._write() as conn:
+                    return await dispatch_unread(conn, requests)
         async with self._write() as conn:
             return await dispatch_many(conn, requests)
 
@@ -86,15 +95,20 @@ class OutboxMethods:
 async def _taken(
     conn: AsyncConnection, news: Sequence[NewInstance]
 ) -> tuple[dict[str, str], set[str]]:
-    """Dedupe keys already stored (key -> row id), and ids already stored, among `news`."""
+    """Dedupe keys already stored (key -> row id), and ids already stored, among `news`: one
+    SELECT per chunk of instances, through both unique indexes."""
     by_key: dict[str, str] = {}
     ids: set[str] = set()
-    for part in q.chunks(sorted({n.dedupe_key for n in news})):
-        stmt = select(inst.c.dedupe_key, inst.c.id).where(inst.c.dedupe_key.in_(part))
-        by_key.update((str(k), str(i)) for k, i in (await conn.execute(stmt)).all())
-    for part in q.chunks(sorted({n.id for n in news})):
-        stmt = select(inst.c.id).where(inst.c.id.in_(part))
-        ids.update(str(i) for i in (await conn.execute(stmt)).scalars())
+    for part in q.chunks(sorted(news, key=lambda n: n.dedupe_key)):
+        keys, wanted = {n.dedupe_key for n in part}, {n.id for n in part}
+        stmt = select(inst.c.dedupe_key, inst.c.id).where(
+            or_(inst.c.dedupe_key.in_(sorted(keys)), inst.c.id.in_(sorted(wanted)))
+        )
+        for key, found in (await conn.execute(stmt)).all():
+            if key in keys:
+                by_key[str(key)] = str(found)
+            if found in wanted:
+                ids.add(str(found))
     return by_key, ids
 
 
@@ -159,21 +173,33 @@ async def dispatch_many(
             groups.setdefault(r.src, []).append((r.instance_id, r.attempt))
             results[r.instance_id] = CasResult(ok=True)
         for src, pairs in sorted(groups.items(), key=lambda g: g[0].value):
-            stmt = (
-                update(inst)
-                .where(inst.c.status == src.value, q.match_pairs(pairs))
-                .values(
-                    **rows.status_values(Status.DISPATCHED, None, None, None),
-                    updated_at_ms=db_now_ms(),
-                )
-            )
-            await q.update_exactly(conn, stmt, len(pairs), "dispatch batch")
-            ids = sorted(i for i, _ in pairs)
-            await q.append_history(
-                conn,
-                ids,
-                src=src,
-                owners=dict.fromkeys(ids),
-                reasons=dict.fromkeys(ids, PUBLISHED),
-            )
+            await _dispatch(conn, src, pairs)
     return {r.instance_id: results[r.instance_id] for r in requests}
+
+
+async def dispatch_unread(
+    conn: AsyncConnection, requests: Sequence[DispatchRequest]
+) -> dict[str, CasResult]:
+    """`dispatch_many` for requests that share one source status, without reading the rows
+    first: each chunk's CAS UPDATE must match all of its rows (it locks them in id order),
+    else `q.RowsMoved` and the caller's transaction rolls back."""
+    for part in q.chunks(sorted(requests, key=lambda r: r.instance_id)):
+        await _dispatch(conn, part[0].src, [(r.instance_id, r.attempt) for r in part])
+    return {r.instance_id: CasResult(ok=True) for r in requests}
+
+
+async def _dispatch(conn: AsyncConnection, src: Status, pairs: Sequence[tuple[str, int]]) -> None:
+    """CAS the rows of `pairs` (id, attempt) from `src` to DISPATCHED (all must match), and
+    their history rows."""
+    stmt = (
+        update(inst)
+        .where(inst.c.status == src.value, q.match_pairs(pairs))
+        .values(
+            **rows.status_values(Status.DISPATCHED, None, None, None), updated_at_ms=db_now_ms()
+        )
+    )
+    await q.update_exactly(conn, stmt, len(pairs), "dispatch batch")
+    ids = sorted(i for i, _ in pairs)
+    await q.append_history(
+        conn, ids, src=src, owners=dict.fromkeys(ids), reasons=dict.fromkeys(ids, PUBLISHED)
+    )

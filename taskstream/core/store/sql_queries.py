@@ -33,6 +33,11 @@ limit (SQLite 32766, PostgreSQL 32767, MySQL 65535)."""
 _T = TypeVar("_T")
 
 
+class RowsMoved(StoreError):
+    """A batch CAS UPDATE matched fewer rows than it named: some row is no longer at the
+    status and attempt the batch expected. The caller's transaction rolls back."""
+
+
 class Seen(NamedTuple):
     """A row's state as read under its lock."""
 
@@ -94,11 +99,12 @@ async def append_history(
 
 
 async def update_exactly(conn: AsyncConnection, stmt: Update, expected: int, what: str) -> None:
-    """Run a CAS UPDATE over rows this transaction locked; `StoreError` (the caller's
-    transaction then rolls back) unless it matched exactly `expected` rows."""
+    """Run a CAS UPDATE that must match exactly `expected` rows (those this transaction
+    locked, or all those it names); `RowsMoved` (the caller's transaction then rolls back)
+    otherwise."""
     matched = (await conn.execute(stmt)).rowcount
     if matched != expected:
-        raise StoreError(f"{what}: {matched} rows matched, {expected} were locked")
+        raise RowsMoved(f"{what}: {matched} rows matched, {expected} expected")
 
 
 async def lock_states(conn: AsyncConnection, ids: Sequence[str]) -> dict[str, Seen]:

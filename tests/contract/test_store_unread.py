@@ -1,0 +1,167 @@
+"""The unread paths: `dispatch_many` with one source status, and `finish_many` whose runs name
+their owner and carry no side effects, update without reading first. When every row is where
+the batch expects it they send two statements per chunk (update, history); when one row has
+moved on, that transaction rolls back and the locking path decides each row, so the results,
+rows and history equal those of the locking path, on every dialect."""
+
+from __future__ import annotations
+
+from taskstream.core.states import Status
+from taskstream.core.store.port import CasResult, DispatchRequest, FinishRequest
+from taskstream.core.store.sql import SqlStore
+from tests.contract.conftest import Advance, MakeNew
+from tests.support.statements import statements
+
+
+async def _pending(store: SqlStore, make_new: MakeNew, *names: str) -> list[str]:
+    for name in names:
+        await store.create_instance(make_new(name))
+    return [f"inst-{n}" for n in names]
+
+
+async def _running(
+    store: SqlStore, make_new: MakeNew, advance: Advance, name: str, owner: str
+) -> tuple[str, int]:
+    [instance_id] = await _pending(store, make_new, name)
+    await advance(instance_id, Status.DISPATCHED)
+    claim = await store.claim(instance_id, expected_attempt=0, owner=owner, lease_s=30)
+    assert claim is not None
+    return instance_id, claim.token
+
+
+async def _trail(store: SqlStore, instance_id: str) -> list[tuple[object, ...]]:
+    return [
+        (h.from_status, h.to_status, h.attempt, h.owner, h.reason)
+        for h in await store.history(instance_id)
+    ]
+
+
+async def test_dispatch_of_rows_where_the_outbox_left_them_reads_nothing(
+    store: SqlStore, make_new: MakeNew
+) -> None:
+    ids = await _pending(store, make_new, "a", "b", "c")
+
+    with statements(store) as sent:
+        results = await store.dispatch_many([DispatchRequest(i, Status.PENDING, 0) for i in ids])
+
+    assert [s.lstrip().split()[0].upper() for s in sent] == ["UPDATE", "INSERT"]
+    assert results == dict.fromkeys(ids, CasResult(ok=True))
+    for instance_id in ids:
+        row = await store.get_instance(instance_id)
+        assert row is not None and row.status is Status.DISPATCHED
+        last = (await store.history(instance_id))[-1]
+        assert (last.from_status, last.to_status, last.reason, last.at_ms) == (
+            Status.PENDING,
+            Status.DISPATCHED,
+            "published",
+            row.updated_at_ms,
+        )
+
+
+async def test_dispatch_with_a_moved_row_rolls_back_and_decides_each_row(
+    store: SqlStore, make_new: MakeNew, advance: Advance
+) -> None:
+    a, moved, c = await _pending(store, make_new, "a", "moved", "c")
+    await advance(moved, Status.DISPATCHED)  # e.g. an executor saw its entry first
+    before = await _trail(store, moved)
+
+    with statements(store) as sent:
+        results = await store.dispatch_many(
+            [DispatchRequest(i, Status.PENDING, 0) for i in (a, moved, c)]
+        )
+
+    # The unread UPDATE (rolled back), then lock and read, update, history.
+    assert [s.lstrip().split()[0].upper() for s in sent] == ["UPDATE", "SELECT", "UPDATE", "INSERT"]
+    assert results == {
+        a: CasResult(ok=True),
+        moved: CasResult(ok=False, found=Status.DISPATCHED),
+        c: CasResult(ok=True),
+    }
+    assert await _trail(store, moved) == before
+    for instance_id in (a, c):
+        assert [t[:2] for t in await _trail(store, instance_id)] == [
+            (None, Status.PENDING),
+            (Status.PENDING, Status.DISPATCHED),
+        ]
+
+
+async def test_finish_naming_owners_reads_nothing_and_records_them(
+    store: SqlStore, make_new: MakeNew, advance: Advance
+) -> None:
+    done, done_t = await _running(store, make_new, advance, "done", owner="exec-1")
+    retry, retry_t = await _running(store, make_new, advance, "retry", owner="exec-2")
+    requests = [
+        FinishRequest(done, done_t, Status.SUCCESS, "ok", {"n": 1}, owner="exec-1"),
+        FinishRequest(
+            retry,
+            retry_t,
+            Status.RETRYING,
+            "503",
+            error="boom",
+            next_attempt_at_ms=9,
+            owner="exec-2",
+        ),
+    ]
+
+    with statements(store) as sent:
+        results = await store.finish_many(requests)
+
+    assert [s.lstrip().split()[0].upper() for s in sent] == ["UPDATE", "INSERT"]
+    assert results == {done: CasResult(ok=True), retry: CasResult(ok=True)}
+    for instance_id, owner, status in (
+        (done, "exec-1", Status.SUCCESS),
+        (retry, "exec-2", Status.RETRYING),
+    ):
+        row = await store.get_instance(instance_id)
+        assert row is not None and (row.status, row.lease_owner) == (status, None)
+        last = (await store.history(instance_id))[-1]
+        assert (last.from_status, last.to_status, last.attempt, last.owner, last.at_ms) == (
+            Status.RUNNING,
+            status,
+            1,
+            owner,
+            row.updated_at_ms,
+        )
+    retried = await store.get_instance(retry)
+    assert retried is not None and (retried.last_error, retried.next_attempt_at_ms) == ("boom", 9)
+
+
+async def test_finish_with_a_fenced_run_rolls_back_and_fences_only_it(
+    store: SqlStore, make_new: MakeNew, advance: Advance
+) -> None:
+    done, done_t = await _running(store, make_new, advance, "done", owner="exec-1")
+    stale, stale_t = await _running(store, make_new, advance, "stale", owner="exec-1")
+    before = (await store.get_instance(stale), await _trail(store, stale))
+    requests = [
+        FinishRequest(done, done_t, Status.SUCCESS, "ok", owner="exec-1"),
+        FinishRequest(stale, stale_t + 1, Status.SUCCESS, "late", owner="exec-1"),
+    ]
+
+    with statements(store) as sent:
+        results = await store.finish_many(requests)
+
+    # The unread UPDATE (rolled back), then the locking path: lock, update, history.
+    assert [s.lstrip().split()[0].upper() for s in sent] == ["UPDATE", "SELECT", "UPDATE", "INSERT"]
+    assert results == {done: CasResult(ok=True), stale: CasResult(ok=False, found=Status.RUNNING)}
+    assert (await store.get_instance(stale), await _trail(store, stale)) == before
+    assert [t[:2] for t in await _trail(store, done)][-1] == (Status.RUNNING, Status.SUCCESS)
+    assert len(await store.history(done)) == 4
+
+
+async def test_finish_without_owners_or_with_side_effects_takes_the_locking_path(
+    store: SqlStore, make_new: MakeNew, advance: Advance
+) -> None:
+    first, first_t = await _running(store, make_new, advance, "first", owner="exec-1")
+    second, second_t = await _running(store, make_new, advance, "second", owner="exec-1")
+
+    with statements(store) as no_owner:
+        await store.finish_many([FinishRequest(first, first_t, Status.SUCCESS, "ok")])
+    with statements(store) as keyed:
+        await store.finish_many(
+            [FinishRequest(second, second_t, Status.SUCCESS, "ok", side_effects=("k",), owner="x")]
+        )
+
+    assert no_owner[0].lstrip().upper().startswith("SELECT")
+    assert keyed[0].lstrip().upper().startswith("SELECT")
+    # Read under lock: the owner recorded is the row's, not the request's.
+    assert (await store.history(second))[-1].owner == "exec-1"
