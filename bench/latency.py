@@ -85,6 +85,10 @@ class LatencyResult:
     max_ms: float
     publish_lag_p99_ms: float
     emit_p50_ms: float
+    to_dispatched_p50_ms: float
+    """Creation -> the outbox's DISPATCHED history row (INSERT, commit, XADD, CAS), p50."""
+    to_running_p50_ms: float
+    """DISPATCHED history row -> RUNNING (the executor's read and claim), p50."""
     skipped: int
     """Instances of the schedule not emitted because the publishers fell too far behind."""
     raced: int
@@ -235,7 +239,9 @@ async def run_latency(
         " not emitted in time): p50"
         f" {result.p50_ms:.0f} ms, p99 {result.p99_ms:.0f} ms, max {result.max_ms:.0f} ms;"
         f" publish lag p99 {result.publish_lag_p99_ms:.0f} ms; executors exited"
-        f" {sorted(codes.values())}; emit p50 {result.emit_p50_ms:.1f} ms; raced"
+        f" {sorted(codes.values())}; emit p50 {result.emit_p50_ms:.1f} ms; created ->"
+        f" DISPATCHED p50 {result.to_dispatched_p50_ms:.0f} ms, -> RUNNING p50"
+        f" {result.to_running_p50_ms:.0f} ms; raced"
         f" {result.raced}; CPU ms/instance: "
         + ", ".join(f"{k} {used[k] * 1000 / max(total, 1):.2f}" for k in cpu.CATEGORIES)
         + "; per instance: "
@@ -263,21 +269,32 @@ async def _figures(
     used: dict[str, float],
     calls: dict[str, float],
 ) -> LatencyResult:
-    created = aliased(hist)
-    claimed = aliased(hist)
-    stmt = select(created.c.at_ms, claimed.c.at_ms).join(
-        claimed,
-        and_(
-            claimed.c.instance_id == created.c.instance_id,
-            claimed.c.to_status == Status.RUNNING.value,
-            claimed.c.attempt == 1,
-        ),
+    created, dispatched, claimed = aliased(hist), aliased(hist), aliased(hist)
+    stmt = (
+        select(created.c.at_ms, dispatched.c.at_ms, claimed.c.at_ms)
+        .join(
+            claimed,
+            and_(
+                claimed.c.instance_id == created.c.instance_id,
+                claimed.c.to_status == Status.RUNNING.value,
+                claimed.c.attempt == 1,
+            ),
+        )
+        .join(
+            dispatched,
+            and_(
+                dispatched.c.instance_id == created.c.instance_id,
+                dispatched.c.to_status == Status.DISPATCHED.value,
+                dispatched.c.attempt == 0,
+            ),
+        )
+        .where(created.c.from_status.is_(None))
     )
-    stmt = stmt.where(created.c.from_status.is_(None))
     raced_stmt = select(hist.c.id).where(hist.c.reason == "seen_on_stream")
     async with store.engine.connect() as conn:
-        pairs = [(int(a), int(b)) for a, b in (await conn.execute(stmt)).all()]
+        times = [(int(a), int(d), int(b)) for a, d, b in (await conn.execute(stmt)).all()]
         raced = len((await conn.execute(raced_stmt)).all())
+    pairs = [(a, b) for a, _, b in times]
     latencies = [float(b - a) for a, b in pairs]
     starts = [a for a, _ in pairs]
     span_s = (max(starts) - min(starts)) / 1000 if len(starts) > 1 else 0.0
@@ -294,6 +311,8 @@ async def _figures(
         max_ms=max(latencies, default=float("nan")),
         publish_lag_p99_ms=percentile(lags, 99),
         emit_p50_ms=percentile(emits, 50),
+        to_dispatched_p50_ms=percentile([float(d - a) for a, d, _ in times], 50),
+        to_running_p50_ms=percentile([float(b - d) for _, d, b in times], 50),
         skipped=sum(int(p["skipped"]) for p in published),
         raced=raced,
         cpu=used,
