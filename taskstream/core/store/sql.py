@@ -6,7 +6,8 @@ their history row in the same transaction; a lost race is a `CasResult(ok=False,
 never an exception. Transitions are checked against the state table before any SQL is sent.
 Leases and timestamps come from the database clock. Driver errors surface as
 `StoreUnavailable` / `StoreError` naming the redacted URL. The SQL lives in `sql_instances`,
-`sql_batch`, `sql_queries` and `sql_definitions`; the methods here own the transactions.
+`sql_batch`, `sql_finishes`, `sql_queries` and `sql_definitions`; the methods here own the
+transactions.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from taskstream.core.errors import StoreError
 from taskstream.core.states import FailClass, Status, check_transition
 from taskstream.core.store import sql_batch as batch
 from taskstream.core.store import sql_definitions as defs
+from taskstream.core.store import sql_finishes as finishes
 from taskstream.core.store import sql_instances as rows
 from taskstream.core.store import sql_queries as queries
 from taskstream.core.store.dbclock import db_now_ms
@@ -235,12 +237,12 @@ class SqlStore(OutboxMethods, SchedulingMethods):
         request = FinishRequest(
             instance_id, token, dst, reason, result, fail_class, error, next_attempt_at_ms, keys
         )
-        return await self._finish_one(batch.prepare_finish(request))
+        return await self._finish_one(finishes.prepare_finish(request))
 
-    async def _finish_one(self, prepared: batch.PreparedFinish) -> CasResult:
+    async def _finish_one(self, prepared: finishes.PreparedFinish) -> CasResult:
         try:
             async with self._write() as conn:
-                return await batch.finish_one(conn, prepared)
+                return await finishes.finish_one(conn, prepared)
         except ConstraintViolation:
             async with self._read() as conn:
                 found = await rows.status_of(conn, prepared.request.instance_id)
@@ -261,18 +263,18 @@ class SqlStore(OutboxMethods, SchedulingMethods):
         """`finish` for many runs in one transaction, with the results sequential `finish`
         calls in request order would give. `InvalidTransition`, or `ValueError` for an
         instance named twice, before any SQL."""
-        prepared = batch.prepare_finishes(requests)
+        prepared = finishes.prepare_finishes(requests)
         if not prepared:
             return {}
-        if batch.unread_ok(prepared):
+        if finishes.unread_ok(prepared):
             # Usually every run still holds its row: update without reading first, and take
             # the locking path only when some row has moved on (a fenced run).
             with suppress(queries.RowsMoved):
                 async with self._write() as conn:
-                    return await batch.finish_unread(conn, prepared)
+                    return await finishes.finish_unread(conn, prepared)
         try:
             async with self._write() as conn:
-                return await batch.finish_many(conn, prepared)
+                return await finishes.finish_many(conn, prepared)
         except ConstraintViolation:
             # A concurrent writer recorded one of the keys after the pre-check: settle each
             # run on its own so that only the run carrying that key is fenced.

@@ -1,55 +1,35 @@
-"""The run's status writes: claim, lease, finish, for one instance or many per transaction.
+"""The run's claim and lease writes, for one instance or many per transaction (finishes are in
+`sql_finishes`).
 
 Each function runs inside a write transaction the caller (`SqlStore`) owns and keeps the rules
 of `sql_instances`: compare-and-set on (id, status, attempt), one history row per change copied
 from the row just written, times from the database clock. For many instances:
 
-- Rows are locked and read first (`sql_queries.lock_states`) and the winners are decided in
+- Rows are locked and read first (`sql_queries.lock_rows`) and the winners are decided in
   Python from that read, so a row some earlier transaction already moved (e.g. RUNNING for this
   same owner at the expected attempt + 1) is never taken for a win. The UPDATE still names
-  (id, status, attempt) and must match exactly the winners, else `StoreError` rolls back.
-- Locks, and side-effect keys, are taken in sorted order, so two batches over the same rows
-  wait for each other instead of deadlocking.
-- Statements per chunk of `sql_queries.CHUNK` ids (and keys): claims 2 + one per distinct
-  lease length, leases 2, finishes at most 5 (lock, key check, update, history, side effects);
-  never one per row.
+  (id, status, attempt) and must match exactly the winners, else `RowsMoved` rolls back.
+- Locks are taken in sorted order, so two batches over the same rows wait for each other
+  instead of deadlocking.
+- Statements per chunk of `sql_queries.CHUNK` ids: claims 2 + one per distinct lease length,
+  leases 2; never one per row.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import replace
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from taskstream.core.errors import StoreError
-from taskstream.core.states import Status, check_transition
-from taskstream.core.store import sql_codec as codec
+from taskstream.core.states import Status
 from taskstream.core.store import sql_instances as rows
 from taskstream.core.store import sql_queries as q
 from taskstream.core.store.dbclock import db_now_ms
-from taskstream.core.store.port import (
-    CasResult,
-    Claim,
-    Claimed,
-    ClaimRequest,
-    FinishRequest,
-    InstanceRow,
-)
-from taskstream.core.store.tables import side_effects
+from taskstream.core.store.port import Claim, Claimed, ClaimRequest, InstanceRow
 from taskstream.core.store.tables import task_instances as inst
-
-
-@dataclass(frozen=True, slots=True)
-class PreparedFinish:
-    """A checked `FinishRequest`: the columns its CAS sets and its distinct side-effect keys
-    (first occurrence order)."""
-
-    request: FinishRequest
-    values: dict[str, Any]
-    keys: tuple[str, ...]
 
 
 def plan_claims(requests: Sequence[ClaimRequest]) -> dict[str, list[tuple[int, int]]]:
@@ -59,27 +39,6 @@ def plan_claims(requests: Sequence[ClaimRequest]) -> dict[str, list[tuple[int, i
     for r in requests:
         options.setdefault(r.instance_id, []).append((r.expected_attempt, rows.lease_ms(r.lease_s)))
     return options
-
-
-def prepare_finish(request: FinishRequest) -> PreparedFinish:
-    """Check RUNNING -> dst (`InvalidTransition`) and encode the result (`StoreError` when it
-    is not JSON), before any SQL."""
-    check_transition(Status.RUNNING, request.dst, fail_class=request.fail_class)
-    values = rows.status_values(
-        request.dst, request.fail_class, request.error, request.next_attempt_at_ms
-    )
-    result = request.result
-    values["result"] = None if result is None else codec.dumps(result, what="result")
-    return PreparedFinish(request, values, tuple(dict.fromkeys(request.side_effects)))
-
-
-def prepare_finishes(requests: Sequence[FinishRequest]) -> list[PreparedFinish]:
-    """`prepare_finish` for each request; `ValueError` when an instance appears twice (one
-    batch commits at most one run per instance)."""
-    ids = [r.instance_id for r in requests]
-    if len(set(ids)) != len(ids):
-        raise ValueError("finish_many: each instance may appear only once per batch")
-    return [prepare_finish(r) for r in requests]
 
 
 # claims
@@ -197,114 +156,3 @@ async def extend_leases(
         await q.update_exactly(conn, stmt, len(found), "lease batch")
         still.update(i for i, _ in found)
     return still
-
-
-# finishes
-
-
-async def finish_one(conn: AsyncConnection, prepared: PreparedFinish) -> CasResult:
-    """The single-run finish: CAS RUNNING -> dst at attempt == token, its history row and its
-    side-effect keys. A key already recorded raises an IntegrityError (the caller rolls back)."""
-    r, src = prepared.request, Status.RUNNING
-    # Owner changes only with the attempt, so if the CAS below wins this is its owner.
-    owner = await rows.owner_at(conn, r.instance_id, r.token)
-    if not await rows.cas_update(conn, r.instance_id, src, r.token, prepared.values):
-        return CasResult(ok=False, found=await rows.status_of(conn, r.instance_id))
-    await rows.append_history(conn, r.instance_id, src=src, dst=r.dst, owner=owner, reason=r.reason)
-    await rows.insert_side_effects(conn, r.instance_id, r.token, list(prepared.keys))
-    return CasResult(ok=True)
-
-
-def _decide_finishes(
-    prepared: Sequence[PreparedFinish], seen: Mapping[str, q.Seen], taken: set[str]
-) -> tuple[dict[str, CasResult], list[PreparedFinish]]:
-    """Results in request order, as sequential `finish` calls would give them: a run wins when
-    its row is RUNNING at its token and none of its keys is in `taken` (recorded before, or by
-    an earlier winner of this batch)."""
-    results: dict[str, CasResult] = {}
-    winners: list[PreparedFinish] = []
-    for p in prepared:
-        r = p.request
-        state = seen.get(r.instance_id)
-        if state is None or state.status is not Status.RUNNING or state.attempt != r.token:
-            results[r.instance_id] = CasResult(
-                ok=False, found=None if state is None else state.status
-            )
-        elif taken.intersection(p.keys):
-            results[r.instance_id] = CasResult(ok=False, found=Status.RUNNING)
-        else:
-            taken.update(p.keys)
-            winners.append(p)
-            results[r.instance_id] = CasResult(ok=True)
-    return results, winners
-
-
-async def _finish_chunk(
-    conn: AsyncConnection, winners: Sequence[PreparedFinish], owners: Mapping[str, str | None]
-) -> None:
-    """One CAS UPDATE RUNNING -> dst at each run's token (all must match, else
-    `q.RowsMoved`), and the history rows naming `owners`."""
-    by_id = {p.request.instance_id: p.values for p in winners}
-    values: dict[str, Any] = {}
-    for name in sorted({c for v in by_id.values() for c in v}):
-        per_row = {i: v[name] for i, v in by_id.items() if name in v}
-        # Rows without a value for the column (e.g. no error given) keep their own.
-        keep = None if len(per_row) == len(by_id) else inst.c[name]
-        values[name] = q.per_id(per_row, inst.c[name].type, keep)
-    pairs = [(p.request.instance_id, p.request.token) for p in winners]
-    stmt = (
-        update(inst)
-        .where(inst.c.status == Status.RUNNING.value, q.match_pairs(pairs))
-        .values(**values, updated_at_ms=db_now_ms())
-    )
-    await q.update_exactly(conn, stmt, len(pairs), "finish batch")
-    await q.append_history(
-        conn,
-        sorted(by_id),
-        src=Status.RUNNING,
-        owners={i: owners[i] for i in by_id},
-        reasons={p.request.instance_id: p.request.reason for p in winners},
-    )
-
-
-def unread_ok(prepared: Sequence[PreparedFinish]) -> bool:
-    """The batch may be written by `finish_unread`: every run names its owner and records no
-    side effects (a key check would need a read anyway)."""
-    return all(p.request.owner is not None and not p.keys for p in prepared)
-
-
-async def finish_unread(
-    conn: AsyncConnection, prepared: Sequence[PreparedFinish]
-) -> dict[str, CasResult]:
-    """`finish_many` for a batch that passes `unread_ok`, without reading the rows first:
-    each chunk's CAS UPDATE must match every run (it locks their rows in id order), else
-    `q.RowsMoved` and the caller's transaction rolls back."""
-    for part in q.chunks(sorted(prepared, key=lambda p: p.request.instance_id)):
-        await _finish_chunk(conn, part, {p.request.instance_id: p.request.owner for p in part})
-    return {p.request.instance_id: CasResult(ok=True) for p in prepared}
-
-
-async def finish_many(
-    conn: AsyncConnection, prepared: Sequence[PreparedFinish]
-) -> dict[str, CasResult]:
-    """Commit every run of `prepared` (from `prepare_finishes`) that still holds its row and
-    whose keys are free; the others change nothing. Results are in request order. A key taken
-    concurrently after the pre-check raises an IntegrityError and the whole batch rolls back."""
-    seen: dict[str, q.Seen] = {}
-    for ids in q.chunks(sorted(p.request.instance_id for p in prepared)):
-        seen |= await q.lock_states(conn, ids)
-    keys = sorted({k for p in prepared if p.request.instance_id in seen for k in p.keys})
-    results, winners = _decide_finishes(prepared, seen, await q.recorded_keys(conn, keys))
-    owners = {i: s.lease_owner for i, s in seen.items()}
-    for part in q.chunks(sorted(winners, key=lambda p: p.request.instance_id)):
-        await _finish_chunk(conn, part, owners)
-    effects = sorted((k, p.request.instance_id, p.request.token) for p in winners for k in p.keys)
-    for rows_part in q.chunks(effects):
-        stmt = insert(side_effects).values(
-            [
-                {"idempotency_key": k, "instance_id": i, "attempt": a, "created_at_ms": db_now_ms()}
-                for k, i, a in rows_part
-            ]
-        )
-        await conn.execute(stmt)
-    return results

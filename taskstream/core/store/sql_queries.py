@@ -1,5 +1,5 @@
-"""Set-at-a-time statements: the building blocks of the batch writes (`sql_batch`), the
-work-finding reads, and the review queue.
+"""Set-at-a-time statements: the building blocks of the batch writes (`sql_batch`,
+`sql_finishes`), the work-finding reads, and the review queue.
 
 Each function runs inside a transaction the caller owns. Batch statements address rows by id
 (through the primary key) and carry per-row values as `CASE id WHEN ... END`, so their count

@@ -1,0 +1,169 @@
+"""The records the store port takes and returns (see `port` for the invariants behind them).
+Times are UTC epoch milliseconds (`*_ms`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from taskstream.core.states import FailClass, Status
+
+
+@dataclass(frozen=True, slots=True)
+class DefinitionRecord:
+    """A stored task definition: the validated spec as JSON plus operator state."""
+
+    task_id: str
+    spec: dict[str, Any]
+    spec_hash: str
+    paused: bool = False
+    updated_at_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class NewInstance:
+    """Everything needed to insert a PENDING instance."""
+
+    id: str
+    task_id: str
+    agent: str
+    dedupe_key: str
+    scheduled_for_ms: int
+    priority: str = "default"
+    business_date: str | None = None
+    payload: dict[str, Any] = field(default_factory=dict)
+    max_attempts: int = 1
+    not_before_ms: int | None = None
+    deadline_ms: int | None = None
+    trace_id: str = ""
+    reason: str = "scheduled"
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceRow:
+    """One row of `task_instances`."""
+
+    id: str
+    task_id: str
+    agent: str
+    dedupe_key: str
+    status: Status
+    attempt: int
+    max_attempts: int
+    priority: str
+    scheduled_for_ms: int
+    business_date: str | None
+    payload: dict[str, Any]
+    result: Any
+    context: dict[str, Any]
+    fail_class: FailClass | None
+    last_error: str | None
+    lease_owner: str | None
+    lease_expires_at_ms: int | None
+    not_before_ms: int | None
+    deadline_ms: int | None
+    next_attempt_at_ms: int | None
+    trace_id: str
+    created_at_ms: int
+    updated_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryRow:
+    """One status change of an instance."""
+
+    instance_id: str
+    from_status: Status | None
+    to_status: Status
+    attempt: int
+    owner: str | None
+    reason: str
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionRow:
+    """One scheduling decision: the explain log."""
+
+    task_id: str
+    fire_time_ms: int
+    decision: str
+    reason: str
+    details: dict[str, Any]
+    instance_id: str | None
+    decided_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class CreateResult:
+    """`created` is False when the dedupe key already existed; `instance_id` is the row's id."""
+
+    created: bool
+    instance_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchRequest:
+    """The outbox's last step for one instance: CAS `src` (PENDING or RETRYING) -> DISPATCHED
+    at `attempt`, after its entry was added to a stream."""
+
+    instance_id: str
+    src: Status
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class CasResult:
+    """Outcome of a compare-and-set. `found` is the status seen when the race was lost
+    (None when the row does not exist)."""
+
+    ok: bool
+    found: Status | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A won claim: `token` is the new attempt number, the fencing token for every later
+    write of this run."""
+
+    token: int
+    lease_expires_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRequest:
+    """Claim `instance_id` if it is DISPATCHED with `attempt == expected_attempt`; the lease
+    ends `lease_s` seconds after the database clock's now."""
+
+    instance_id: str
+    expected_attempt: int
+    lease_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """A won claim and the row as it is after the claim (status RUNNING, attempt = token)."""
+
+    token: int
+    lease_expires_at_ms: int
+    row: InstanceRow
+
+
+@dataclass(frozen=True, slots=True)
+class FinishRequest:
+    """The final CAS of one run: RUNNING -> `dst` where attempt == `token`, with the run's
+    result and side-effect keys."""
+
+    instance_id: str
+    token: int
+    dst: Status
+    reason: str
+    result: Any = None
+    fail_class: FailClass | None = None
+    error: str | None = None
+    next_attempt_at_ms: int | None = None
+    side_effects: tuple[str, ...] = ()
+    owner: str | None = None
+    """The lease owner that claimed the run at `token`, when the caller knows it (an executor
+    finishing its own run). Only the history row uses it; with it, and no side effects, a
+    store may write the CAS without first reading the row."""
