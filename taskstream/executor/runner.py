@@ -68,17 +68,13 @@ async def execute(run: Run, env: RunEnv) -> RunEnd:
         timeout_s = min(timeout_s, (row.deadline_ms - env.clock.now_ms()) / 1000)
     if timeout_s <= 0:
         return failed(TimeoutError("deadline passed before the run started"))
-    ctx = _context(run, env.store, log, env.on_marker)
-    return await _admitted_call(run, ctx, params, timeout_s, env)
+    return await _admitted_call(run, log, params, timeout_s, env)
 
 
 def _context(
-    run: Run,
-    store: Store,
-    log: FilteringBoundLogger,
-    on_marker: Callable[[], Awaitable[None]] | None,
+    run: Run, env: RunEnv, log: FilteringBoundLogger, http: UpstreamClient
 ) -> AgentContext:
-    row = run.row
+    row, store = run.row, env.store
     return AgentContext(
         instance_id=row.id,
         task_id=row.task_id,
@@ -89,14 +85,19 @@ def _context(
         side_effects=run.side_effects,
         effect_done=store.side_effect_done,
         business_date=row.business_date,
-        set_marker=_marker_setter(store, on_marker),
-        upstreams=run.spec.upstreams if run.spec else (),
+        set_marker=_marker_setter(store, env.on_marker),
+        upstreams=_upstreams(run),
+        http=http,
     )
+
+
+def _upstreams(run: Run) -> tuple[str, ...]:
+    return run.spec.upstreams if run.spec else ()
 
 
 async def _admitted_call(
     run: Run,
-    ctx: AgentContext,
+    log: FilteringBoundLogger,
     params: BaseModel,
     timeout_s: float,
     env: RunEnv,
@@ -104,13 +105,14 @@ async def _admitted_call(
     """Admit the run to its declared upstreams (deferred when refused), run the agent with an
     HTTP client bound to the gate, then record the outcomes no call recorded itself."""
     access: RunUpstreams | None = None
-    gate = env.gate
+    gate, upstreams = env.gate, _upstreams(run)
     if gate is not None:
-        wait_ms = await gate.admit(ctx.upstreams) if ctx.upstreams else None
+        wait_ms = await gate.admit(upstreams) if upstreams else None
         if wait_ms is not None:
             return deferred(wait_ms)
-        access = gate.bind(ctx.upstreams)
-    ctx.http = UpstreamClient(access, http=env.http, log=ctx.log, clock=env.clock)
+        access = gate.bind(upstreams)
+    http = UpstreamClient(access, http=env.http, log=log, clock=env.clock)
+    ctx = _context(run, env, log, http)
     try:
         end = await _call(run, ctx, params, timeout_s)
     finally:
