@@ -61,9 +61,12 @@ class Committer:
         committed and acked, False when fenced. The caller may free the run's slot at once;
         the commit stays conditioned on the token and the ack still follows it."""
         policy = run.spec.retry if run.spec else DEFAULT_POLICY
-        attempt = Attempt(run.row.id, run.token, run.attempts_used, policy, run.row.deadline_ms)
+        row = run.row
+        attempt = Attempt(
+            row.id, run.token, run.attempts_used, policy, row.deadline_ms, row.lease_owner
+        )
         p = plan(attempt, end, now_ms=self._clock.now_ms(), rng=self._rng)
-        item = _Item(run, _for_run(p, run))
+        item = _Item(run, _with_effects(p, run.side_effects))
         # Failures are logged by the loop (`commit.failed`); nobody else must report them.
         item.done.add_done_callback(mark_retrieved)
         self._queue.put_nowait(item)
@@ -71,7 +74,7 @@ class Committer:
 
     async def submit_plan(self, run: Run, p: Plan) -> bool:
         """Queue an explicit plan (e.g. a lease release at shutdown)."""
-        item = _Item(run, _for_run(p, run))
+        item = _Item(run, _with_effects(p, run.side_effects))
         await self._queue.put(item)
         return await asyncio.shield(item.done)
 
@@ -179,8 +182,7 @@ def _retries(p: Plan) -> bool:
     )
 
 
-def _for_run(p: Plan, run: Run) -> Plan:
-    """The plan's finish with what the run knows: its side-effect keys and its own name as
-    the lease owner (it claimed the row at this token), so the store need not read it."""
-    owner = run.row.lease_owner
-    return replace(p, finish=replace(p.finish, side_effects=tuple(run.side_effects), owner=owner))
+def _with_effects(p: Plan, side_effects: list[str]) -> Plan:
+    if not side_effects:
+        return p
+    return replace(p, finish=replace(p.finish, side_effects=tuple(side_effects)))

@@ -100,13 +100,15 @@ class Plan:
 
 @dataclass(frozen=True, slots=True)
 class Attempt:
-    """The run being finished: its instance, fencing token and limits."""
+    """The run being finished: its instance, fencing token and limits, and the lease owner
+    that claimed it at this token (named in the finish's history row)."""
 
     instance_id: str
     token: int
     attempts_used: int
     policy: RetryPolicy
     deadline_ms: int | None = None
+    owner: str | None = None
 
 
 def plan(attempt: Attempt, end: RunEnd, *, now_ms: int, rng: Random) -> Plan:
@@ -118,6 +120,7 @@ def plan(attempt: Attempt, end: RunEnd, *, now_ms: int, rng: Random) -> Plan:
         end.reason,
         result=end.result,
         error=end.error,
+        owner=attempt.owner,
     )
     if end.defer_ms is not None:
         return Plan(_deferral(base, attempt, end.defer_ms, now_ms, rng))

@@ -190,6 +190,7 @@ class Executor:
                 Status.RETRYING,
                 RELEASED,
                 next_attempt_at_ms=self._deps.clock.now_ms(),
+                owner=run.row.lease_owner,
             )
         )
 

@@ -9,7 +9,15 @@ import pytest
 from taskstream.agents.errors import FatalError, NeedsReview, RetriableError
 from taskstream.core.spec_parts import Backoff, RetryPolicy
 from taskstream.core.states import FailClass, Status
-from taskstream.executor.outcome import Attempt, RunEnd, failed, final, plan, succeeded
+from taskstream.executor.outcome import (
+    Attempt,
+    RunEnd,
+    deferred,
+    failed,
+    final,
+    plan,
+    succeeded,
+)
 from taskstream.executor.retry import Failure
 from taskstream.scheduler.decide import MISSED, SHOULD_RUN, decide_window
 
@@ -99,3 +107,21 @@ def test_timeout_goes_through_timeout_then_retries_or_fails() -> None:
 def test_no_retry_is_planned_past_the_deadline() -> None:
     got = plan(attempt(1, deadline_ms=10_500), failed(ValueError()), now_ms=10_000, rng=Random(0))
     assert (got.finish.dst, got.finish.fail_class) == (Status.FAILED, FailClass.EXHAUSTED)
+
+
+@pytest.mark.parametrize(
+    "end",
+    [
+        succeeded(1),
+        failed(ValueError()),
+        failed(FatalError()),
+        failed(TimeoutError()),
+        deferred(5_000),
+    ],
+)
+def test_every_plan_names_the_attempts_owner(end: RunEnd) -> None:
+    owner_attempt = Attempt("i1", token=1, attempts_used=1, policy=POLICY, owner="host:1:2")
+
+    finish = plan(owner_attempt, end, now_ms=10_000, rng=Random(1)).finish
+
+    assert (finish.instance_id, finish.token, finish.owner) == ("i1", 1, "host:1:2")
