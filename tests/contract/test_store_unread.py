@@ -7,7 +7,7 @@ rows and history equal those of the locking path, on every dialect."""
 from __future__ import annotations
 
 from taskstream.core.states import Status
-from taskstream.core.store.port import CasResult, DispatchRequest, FinishRequest
+from taskstream.core.store.port import CasResult, ClaimRequest, DispatchRequest, FinishRequest
 from taskstream.core.store.sql import SqlStore
 from tests.contract.conftest import Advance, MakeNew
 from tests.support.statements import statements
@@ -165,3 +165,42 @@ async def test_finish_without_owners_or_with_side_effects_takes_the_locking_path
     assert keyed[0].lstrip().upper().startswith("SELECT")
     # Read under lock: the owner recorded is the row's, not the request's.
     assert (await store.history(second))[-1].owner == "exec-1"
+
+
+async def test_batches_mixing_attempts_match_each_row_at_its_own(
+    store: SqlStore, make_new: MakeNew, advance: Advance
+) -> None:
+    again, first_t = await _running(store, make_new, advance, "again", owner="exec-1")
+    retry = FinishRequest(again, first_t, Status.RETRYING, "503", next_attempt_at_ms=0)
+    assert (await store.finish_many([retry]))[again].ok
+    assert (await store.dispatch_many([DispatchRequest(again, Status.RETRYING, 1)]))[again].ok
+    [new] = await _pending(store, make_new, "new")
+    await advance(new, Status.DISPATCHED)
+
+    requests = [ClaimRequest(again, 1, 30), ClaimRequest(new, 0, 30)]
+    won = await store.claim_many(requests, owner="x")
+    results = await store.finish_many(
+        [
+            FinishRequest(again, won[again].token, Status.SUCCESS, "ok", owner="x"),
+            FinishRequest(new, won[new].token, Status.SUCCESS, "ok", owner="x"),
+        ]
+    )
+
+    assert (won[again].token, won[new].token) == (2, 1)
+    assert results == {again: CasResult(ok=True), new: CasResult(ok=True)}
+    for instance_id in (again, new):
+        row = await store.get_instance(instance_id)
+        assert row is not None and row.status is Status.SUCCESS
+        assert (await store.history(instance_id))[-1].owner == "x"
+
+
+async def test_a_batch_at_one_wrong_attempt_changes_nothing(
+    store: SqlStore, make_new: MakeNew
+) -> None:
+    ids = await _pending(store, make_new, "a", "b")
+    before = [await _trail(store, i) for i in ids]
+
+    results = await store.dispatch_many([DispatchRequest(i, Status.PENDING, 1) for i in ids])
+
+    assert results == dict.fromkeys(ids, CasResult(ok=False, found=Status.PENDING))
+    assert [await _trail(store, i) for i in ids] == before

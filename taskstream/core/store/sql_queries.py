@@ -53,11 +53,16 @@ def chunks(items: Sequence[_T]) -> Iterator[Sequence[_T]]:
 
 
 def match_pairs(pairs: Sequence[tuple[str, int]]) -> ColumnElement[bool]:
-    """Rows whose (id, attempt) is one of `pairs`: a row-value IN, one cached statement
-    whatever the batch size (an OR of ANDs is rebuilt and re-keyed for every batch)."""
+    """Rows whose (id, attempt) is one of `pairs`. When all pairs share one attempt (the
+    common case: a batch of fresh runs) `attempt = a AND id IN (...)`, else a row-value IN;
+    either is one cached statement whatever the batch size (an OR of ANDs is rebuilt and
+    re-keyed for every batch)."""
     # The plain IN on id lets every planner find the rows through the primary key.
-    exact = tuple_(inst.c.id, inst.c.attempt).in_(list(pairs))
-    return and_(inst.c.id.in_([i for i, _ in pairs]), exact)
+    ids = inst.c.id.in_([i for i, _ in pairs])
+    attempts = {a for _, a in pairs}
+    if len(attempts) == 1:
+        return and_(ids, inst.c.attempt == attempts.pop())
+    return and_(ids, tuple_(inst.c.id, inst.c.attempt).in_(list(pairs)))
 
 
 def per_id(
