@@ -15,6 +15,15 @@ from tests.support.databases import available_kinds, temp_database
 MakeNew = Callable[[str], NewInstance]
 Advance = Callable[[str, Status], Awaitable[None]]
 
+
+async def trail(store: SqlStore, instance_id: str) -> list[tuple[object, ...]]:
+    """An instance's history as (from, to, attempt, owner, reason), without ids and times."""
+    return [
+        (h.from_status, h.to_status, h.attempt, h.owner, h.reason)
+        for h in await store.history(instance_id)
+    ]
+
+
 # One allowed path from PENDING to every status, as (src, dst) steps.
 _PATHS: dict[Status, list[tuple[Status, Status]]] = {
     Status.PENDING: [],

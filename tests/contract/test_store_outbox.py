@@ -13,19 +13,12 @@ from taskstream.core.errors import InvalidTransition
 from taskstream.core.states import Status
 from taskstream.core.store.port import CasResult, CreateResult, DispatchRequest, NewInstance
 from taskstream.core.store.sql import SqlStore
-from tests.contract.conftest import Advance, MakeNew
+from tests.contract.conftest import Advance, MakeNew, trail
 
 
 def _strip(row: object) -> object:
     """A row without its times, which differ between two runs."""
     return dataclasses.replace(row, created_at_ms=0, updated_at_ms=0)  # type: ignore[type-var]
-
-
-async def _history(store: SqlStore, instance_id: str) -> list[tuple[object, ...]]:
-    return [
-        (h.from_status, h.to_status, h.attempt, h.owner, h.reason)
-        for h in await store.history(instance_id)
-    ]
 
 
 async def test_create_instances_equals_sequential_creates(
@@ -55,7 +48,7 @@ async def test_create_instances_equals_sequential_creates(
         if got is not None and want is not None:
             named = {k: getattr(got, k) for k in ("id", "dedupe_key", "payload", "trace_id")}
             assert _strip(got) == dataclasses.replace(_strip(want), **named)  # type: ignore[type-var]
-            assert await _history(store, got.id) == await _history(store, want.id)
+            assert await trail(store, got.id) == await trail(store, want.id)
     [created] = await store.history("inst-b-four")
     assert (created.from_status, created.to_status, created.reason) == (
         None,

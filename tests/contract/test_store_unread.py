@@ -9,7 +9,7 @@ from __future__ import annotations
 from taskstream.core.states import Status
 from taskstream.core.store.port import CasResult, ClaimRequest, DispatchRequest, FinishRequest
 from taskstream.core.store.sql import SqlStore
-from tests.contract.conftest import Advance, MakeNew
+from tests.contract.conftest import Advance, MakeNew, trail
 from tests.support.statements import statements
 
 
@@ -27,13 +27,6 @@ async def _running(
     claim = await store.claim(instance_id, expected_attempt=0, owner=owner, lease_s=30)
     assert claim is not None
     return instance_id, claim.token
-
-
-async def _trail(store: SqlStore, instance_id: str) -> list[tuple[object, ...]]:
-    return [
-        (h.from_status, h.to_status, h.attempt, h.owner, h.reason)
-        for h in await store.history(instance_id)
-    ]
 
 
 async def test_dispatch_of_rows_where_the_outbox_left_them_reads_nothing(
@@ -63,7 +56,7 @@ async def test_dispatch_with_a_moved_row_rolls_back_and_decides_each_row(
 ) -> None:
     a, moved, c = await _pending(store, make_new, "a", "moved", "c")
     await advance(moved, Status.DISPATCHED)  # e.g. an executor saw its entry first
-    before = await _trail(store, moved)
+    before = await trail(store, moved)
 
     with statements(store) as sent:
         results = await store.dispatch_many(
@@ -77,9 +70,9 @@ async def test_dispatch_with_a_moved_row_rolls_back_and_decides_each_row(
         moved: CasResult(ok=False, found=Status.DISPATCHED),
         c: CasResult(ok=True),
     }
-    assert await _trail(store, moved) == before
+    assert await trail(store, moved) == before
     for instance_id in (a, c):
-        assert [t[:2] for t in await _trail(store, instance_id)] == [
+        assert [t[:2] for t in await trail(store, instance_id)] == [
             (None, Status.PENDING),
             (Status.PENDING, Status.DISPATCHED),
         ]
@@ -131,7 +124,7 @@ async def test_finish_with_a_fenced_run_rolls_back_and_fences_only_it(
 ) -> None:
     done, done_t = await _running(store, make_new, advance, "done", owner="exec-1")
     stale, stale_t = await _running(store, make_new, advance, "stale", owner="exec-1")
-    before = (await store.get_instance(stale), await _trail(store, stale))
+    before = (await store.get_instance(stale), await trail(store, stale))
     requests = [
         FinishRequest(done, done_t, Status.SUCCESS, "ok", owner="exec-1"),
         FinishRequest(stale, stale_t + 1, Status.SUCCESS, "late", owner="exec-1"),
@@ -143,8 +136,8 @@ async def test_finish_with_a_fenced_run_rolls_back_and_fences_only_it(
     # The unread UPDATE (rolled back), then the locking path: lock, update, history.
     assert [s.lstrip().split()[0].upper() for s in sent] == ["UPDATE", "SELECT", "UPDATE", "INSERT"]
     assert results == {done: CasResult(ok=True), stale: CasResult(ok=False, found=Status.RUNNING)}
-    assert (await store.get_instance(stale), await _trail(store, stale)) == before
-    assert [t[:2] for t in await _trail(store, done)][-1] == (Status.RUNNING, Status.SUCCESS)
+    assert (await store.get_instance(stale), await trail(store, stale)) == before
+    assert [t[:2] for t in await trail(store, done)][-1] == (Status.RUNNING, Status.SUCCESS)
     assert len(await store.history(done)) == 4
 
 
@@ -198,9 +191,9 @@ async def test_a_batch_at_one_wrong_attempt_changes_nothing(
     store: SqlStore, make_new: MakeNew
 ) -> None:
     ids = await _pending(store, make_new, "a", "b")
-    before = [await _trail(store, i) for i in ids]
+    before = [await trail(store, i) for i in ids]
 
     results = await store.dispatch_many([DispatchRequest(i, Status.PENDING, 1) for i in ids])
 
     assert results == dict.fromkeys(ids, CasResult(ok=False, found=Status.PENDING))
-    assert [await _trail(store, i) for i in ids] == before
+    assert [await trail(store, i) for i in ids] == before
