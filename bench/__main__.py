@@ -21,36 +21,24 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any
 
 from bench import cpu
-from bench.common import ROOT, Services, median, mysql_value, say
-from bench.drain import EXECUTORS, DrainResult, run_drain
-from bench.latency import LatencyResult, run_latency
+from bench.common import ROOT, Services, mysql_value, say
+from bench.drain import EXECUTORS, run_drain
+from bench.latency import run_latency
 from bench.profile import summarize
-from bench.raw import CONSUMERS, RawResult, run_raw
-from bench.recovery import RecoveryResult, run_recovery
+from bench.raw import run_raw
+from bench.recovery import run_recovery
+from bench.report import Results, per_run, rows, table
 
 BEGIN = "<!-- bench:results:begin -->"
 END = "<!-- bench:results:end -->"
 QUIET_CORES = 0.3
 QUIET_WAIT_S = 30.0
-
-
-@dataclass(slots=True)
-class Results:
-    raw: list[RawResult] = field(default_factory=list)
-    drain: list[DrainResult] = field(default_factory=list)
-    latency: list[LatencyResult] = field(default_factory=list)
-    low: list[LatencyResult] = field(default_factory=list)
-    recovery: list[RecoveryResult] = field(default_factory=list)
-    foreign: dict[str, list[float]] = field(default_factory=dict)
-    """Cores used by other processes just before each measurement, by benchmark letter."""
 
 
 def parse(argv: Sequence[str]) -> argparse.Namespace:
@@ -160,251 +148,6 @@ def _fresh(path: Path) -> Path:
 
 
 # the table
-
-
-@dataclass(frozen=True, slots=True)
-class Row:
-    figure: str
-    values: list[float]
-    unit: str
-    target: str = ""
-    fmt: str = "{:,.0f}"
-
-    def cells(self) -> list[str]:
-        if not self.values:
-            return [self.figure, "-", "-", "-", "0", self.target]
-        f = self.fmt.format
-        vals = self.values
-        return [
-            self.figure,
-            f(median(vals)) + self.unit,
-            f(min(vals)) + self.unit,
-            f(max(vals)) + self.unit,
-            str(len(vals)),
-            self.target,
-        ]
-
-
-def rows(r: Results, args: argparse.Namespace) -> list[Row]:
-    pct = "{:.1%}"
-    ms = "{:.1f}"
-    sec = "{:.2f}"
-    ratios = [b.rate / a.rate for a, b in zip(r.raw, r.drain, strict=False) if a.rate > 0]
-    wall_ratios = [b.wall_rate / a.rate for a, b in zip(r.raw, r.drain, strict=False) if a.rate > 0]
-
-    def each(items: Sequence[Any], get: Callable[[Any], float]) -> list[float]:
-        return [get(x) for x in items]
-
-    out = [
-        Row(f"(a) raw drain, {CONSUMERS} consumers", each(r.raw, lambda x: x.rate), "/s"),
-        Row(
-            "(a) consumer CPU per entry (both processes)",
-            each(r.raw, lambda x: x.cpu_ms_per_entry("bench")),
-            " ms",
-            "",
-            "{:.3f}",
-        ),
-        Row(
-            "(a) MariaDB CPU per entry",
-            each(r.raw, lambda x: x.cpu_ms_per_entry("mariadb")),
-            " ms",
-            "",
-            "{:.3f}",
-        ),
-        Row(
-            f"(b) taskstream drain, {EXECUTORS} executors x {args.concurrency}: first claim"
-            " -> last commit",
-            each(r.drain, lambda x: x.rate),
-            "/s",
-        ),
-        Row(
-            "(b) same, from starting the executor processes",
-            each(r.drain, lambda x: x.wall_rate),
-            "/s",
-        ),
-        Row("(b)/(a), per pair", ratios, "", ">= 25%", pct),
-        Row("(b)/(a), per pair, (b) from process start", wall_ratios, "", "", pct),
-        Row(
-            "(b) executor CPU per instance (both processes)",
-            each(r.drain, lambda x: x.cpu_ms_per_instance("executor")),
-            " ms",
-            "",
-            "{:.3f}",
-        ),
-        Row(
-            "(b) MariaDB CPU per instance",
-            each(r.drain, lambda x: x.cpu_ms_per_instance("mariadb")),
-            " ms",
-            "",
-            "{:.3f}",
-        ),
-        Row(
-            f"(b) pre-publish ({args.publish}) rate",
-            each(r.drain, lambda x: x.publish_rate),
-            "/s",
-        ),
-    ]
-    for label, items, rate in (("(c)", r.latency, args.rate), ("(c')", r.low, args.low_rate)):
-        if not items:
-            continue
-        out += [
-            Row(
-                f"{label} achieved rate (target {rate:g}/s)",
-                each(items, lambda x: x.achieved_rate),
-                "/s",
-            ),
-            Row(
-                f"{label} enqueue -> start p50",
-                each(items, lambda x: x.p50_ms),
-                " ms",
-                "<= 5 ms",
-                ms,
-            ),
-            Row(
-                f"{label} enqueue -> start p99",
-                each(items, lambda x: x.p99_ms),
-                " ms",
-                "<= 50 ms",
-                ms,
-            ),
-            Row(f"{label} enqueue -> start max", each(items, lambda x: x.max_ms), " ms", "", ms),
-            Row(
-                f"{label} of which created -> DISPATCHED p50 (outbox)",
-                each(items, lambda x: x.to_dispatched_p50_ms),
-                " ms",
-                "",
-                ms,
-            ),
-            Row(
-                f"{label} of which DISPATCHED -> RUNNING p50 (read, claim)",
-                each(items, lambda x: x.to_running_p50_ms),
-                " ms",
-                "",
-                ms,
-            ),
-            Row(
-                f"{label} Outbox.emit duration p50",
-                each(items, lambda x: x.emit_p50_ms),
-                " ms",
-                "",
-                ms,
-            ),
-            Row(
-                f"{label} scheduled but not emitted (publishers behind)",
-                each(items, lambda x: float(x.skipped)),
-                "",
-            ),
-            Row(
-                f"{label} CPU per instance: executors",
-                each(items, lambda x: x.cpu["executor"] * 1000 / max(x.instances, 1)),
-                " ms",
-                "",
-                "{:.2f}",
-            ),
-            Row(
-                f"{label} CPU per instance: publisher (Outbox.emit)",
-                each(items, lambda x: x.cpu["bench"] * 1000 / max(x.instances, 1)),
-                " ms",
-                "",
-                "{:.2f}",
-            ),
-            Row(
-                f"{label} CPU per instance: MariaDB",
-                each(items, lambda x: x.cpu["mariadb"] * 1000 / max(x.instances, 1)),
-                " ms",
-                "",
-                "{:.2f}",
-            ),
-        ]
-    out += [
-        Row(
-            "(d) kill -9 -> re-run RUNNING",
-            each(r.recovery, lambda x: x.recovery_s),
-            " s",
-            "<= 15 s",
-            sec,
-        ),
-        Row("(d) kill -> TIMEOUT (sweeper)", each(r.recovery, lambda x: x.detect_s), " s", "", sec),
-        Row(
-            "(d) TIMEOUT -> DISPATCHED (backoff, scheduler)",
-            each(r.recovery, lambda x: x.reemit_s),
-            " s",
-            "",
-            sec,
-        ),
-        Row(
-            "(d) DISPATCHED -> RUNNING (claim)",
-            each(r.recovery, lambda x: x.claim_s),
-            " s",
-            "",
-            "{:.3f}",
-        ),
-    ]
-    for letter, loads in sorted(r.foreign.items()):
-        out.append(Row(f"other processes' CPU before ({letter})", loads, " cores", "", "{:.2f}"))
-    return out
-
-
-def table(all_rows: list[Row]) -> str:
-    head = ["figure", "median", "min", "max", "runs", "target"]
-    body = [row.cells() for row in all_rows]
-    widths = [max(len(c[i]) for c in [head, *body]) for i in range(len(head))]
-
-    def line(cells: list[str]) -> str:
-        parts = [
-            c.ljust(w) if i == 0 else c.rjust(w)
-            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
-        ]
-        return "| " + " | ".join(parts) + " |"
-
-    sep = (
-        "|"
-        + "|".join(
-            ("-" * (w + 1) + ":" if i else ":" + "-" * (w + 1)) for i, w in enumerate(widths)
-        )
-        + "|"
-    )
-    return "\n".join([line(head), sep, *(line(c) for c in body)])
-
-
-def per_run(r: Results) -> str:
-    """Every run's own figures, for the record."""
-    out = [
-        f"- (a) run {i + 1}: {x.entries} entries in {x.seconds:.3f} s = {x.rate:,.0f}/s,"
-        f" {x.batches} batches, {x.success_rows} rows SUCCESS; CPU s: {_cpu(x.cpu)}"
-        for i, x in enumerate(r.raw)
-    ]
-    for i, b in enumerate(r.drain):
-        out.append(
-            f"- (b) run {i + 1}: {b.success}/{b.instances} SUCCESS; drain {b.drain_s:.2f} s ="
-            f" {b.rate:,.0f}/s; from process start {b.wall_s:.2f} s; mean claim batch"
-            f" {b.instances / max(b.claim_batches, 1):.0f}, commit batch"
-            f" {b.instances / max(b.commit_batches, 1):.0f}; CPU s: {_cpu(b.cpu)};"
-            f" server commands per instance: {_calls(b.calls)}"
-        )
-    for label, items in (("(c)", r.latency), ("(c')", r.low)):
-        for i, c in enumerate(items):
-            out.append(
-                f"- {label} run {i + 1}: {c.instances} instances at {c.achieved_rate:,.0f}/s"
-                f" (target {c.target_rate:g}), {c.skipped} not emitted; p50 {c.p50_ms:.0f} ms,"
-                f" p99 {c.p99_ms:.0f} ms, max {c.max_ms:.0f} ms; publish lag p99"
-                f" {c.publish_lag_p99_ms:.0f} ms; claims that raced the outbox CAS: {c.raced};"
-                f" CPU s: {_cpu(c.cpu)}; server commands per instance: {_calls(c.calls)}"
-            )
-    out += [
-        f"- (d) run {i + 1}: {d.recovery_s:.2f} s (detect {d.detect_s:.2f}, re-emit"
-        f" {d.reemit_s:.2f}, claim {d.claim_s:.3f})"
-        for i, d in enumerate(r.recovery)
-    ]
-    return "\n".join(out)
-
-
-def _cpu(used: dict[str, float]) -> str:
-    return ", ".join(f"{k} {used.get(k, 0):.2f}" for k in cpu.CATEGORIES)
-
-
-def _calls(calls: dict[str, float]) -> str:
-    return ", ".join(f"{k} {v:.2f}" for k, v in calls.items())
 
 
 def _first(path: str, prefix: str) -> str:
