@@ -269,31 +269,7 @@ async def _figures(
     used: dict[str, float],
     calls: dict[str, float],
 ) -> LatencyResult:
-    created, dispatched, claimed = aliased(hist), aliased(hist), aliased(hist)
-    stmt = (
-        select(created.c.at_ms, dispatched.c.at_ms, claimed.c.at_ms)
-        .join(
-            claimed,
-            and_(
-                claimed.c.instance_id == created.c.instance_id,
-                claimed.c.to_status == Status.RUNNING.value,
-                claimed.c.attempt == 1,
-            ),
-        )
-        .join(
-            dispatched,
-            and_(
-                dispatched.c.instance_id == created.c.instance_id,
-                dispatched.c.to_status == Status.DISPATCHED.value,
-                dispatched.c.attempt == 0,
-            ),
-        )
-        .where(created.c.from_status.is_(None))
-    )
-    raced_stmt = select(hist.c.id).where(hist.c.reason == "seen_on_stream")
-    async with store.engine.connect() as conn:
-        times = [(int(a), int(d), int(b)) for a, d, b in (await conn.execute(stmt)).all()]
-        raced = len((await conn.execute(raced_stmt)).all())
+    times, raced = await _history_times(store)
     pairs = [(a, b) for a, _, b in times]
     latencies = [float(b - a) for a, b in pairs]
     starts = [a for a, _ in pairs]
@@ -318,3 +294,30 @@ async def _figures(
         cpu=used,
         calls=calls,
     )
+
+
+def _step(table: Any, src: Any, status: Status, attempt: int) -> Any:
+    """Join condition: `table`'s history row moving the same instance to `status` at
+    `attempt`."""
+    return and_(
+        table.c.instance_id == src.c.instance_id,
+        table.c.to_status == status.value,
+        table.c.attempt == attempt,
+    )
+
+
+async def _history_times(store: SqlStore) -> tuple[list[tuple[int, int, int]], int]:
+    """(created, DISPATCHED, RUNNING) `at_ms` of every instance's first attempt, and how many
+    claims raced the outbox's CAS (history rows `seen_on_stream`)."""
+    created, dispatched, claimed = aliased(hist), aliased(hist), aliased(hist)
+    stmt = (
+        select(created.c.at_ms, dispatched.c.at_ms, claimed.c.at_ms)
+        .join(claimed, _step(claimed, created, Status.RUNNING, 1))
+        .join(dispatched, _step(dispatched, created, Status.DISPATCHED, 0))
+        .where(created.c.from_status.is_(None))
+    )
+    raced_stmt = select(hist.c.id).where(hist.c.reason == "seen_on_stream")
+    async with store.engine.connect() as conn:
+        times = [(int(a), int(d), int(b)) for a, d, b in (await conn.execute(stmt)).all()]
+        raced = len((await conn.execute(raced_stmt)).all())
+    return times, raced
