@@ -25,22 +25,16 @@ from bench import cpu
 from bench.common import (
     Children,
     Services,
-    apply_tasks,
-    delete_keys,
     executor_argv,
     per_instance,
     role_env,
     say,
     server_counters,
-    temp_database,
-    unique,
 )
 from bench.publish import Mode, instances, publish
-from taskstream.core import streams
-from taskstream.core.protocol import Keys
+from bench.stage import Stage, staged
 from taskstream.core.specfile import parse_task_file_text
 from taskstream.core.states import Status
-from taskstream.core.store.migrate import upgrade
 from taskstream.core.store.sql import SqlStore
 from taskstream.core.store.tables import instance_history as hist
 from taskstream.core.timesync import synced_clock
@@ -99,40 +93,21 @@ async def run_drain(
     logdir: Path,
     profile: Path | None = None,
 ) -> DrainResult:
-    namespace = unique("bench-b-")
-    keys = Keys(namespace=namespace)
-    redis = streams.connect(svc.redis_url)
-    try:
-        async with temp_database(svc) as database:
-            url = svc.database_url(database)
-            await upgrade(url)
-            store = await SqlStore.connect(url)
-            try:
-                return await _measure(
-                    svc,
-                    store,
-                    redis,
-                    keys,
-                    database,
-                    n,
-                    concurrency=concurrency,
-                    mode=mode,
-                    logdir=logdir,
-                    profile=profile,
-                )
-            finally:
-                await store.close()
-    finally:
-        await delete_keys(redis, f"{keys.base}:*")
-        await redis.aclose()
+    async with staged(svc, "b", TASKS) as stage:
+        return await _measure(
+            svc,
+            stage,
+            n,
+            concurrency=concurrency,
+            mode=mode,
+            logdir=logdir,
+            profile=profile,
+        )
 
 
 async def _measure(
     svc: Services,
-    store: SqlStore,
-    redis: streams.Redis,
-    keys: Keys,
-    database: str,
+    stage: Stage,
     n: int,
     *,
     concurrency: int,
@@ -140,10 +115,11 @@ async def _measure(
     logdir: Path,
     profile: Path | None,
 ) -> DrainResult:
-    publish_s = await _prepublish(store, redis, keys, n, mode)
+    store = stage.store
+    publish_s = await _prepublish(stage, n, mode)
 
     children = Children(logdir)
-    env = role_env(svc, database, keys.namespace)
+    env = role_env(svc, stage.database, stage.namespace)
     spy: subprocess.Popen[bytes] | None = None
     before = cpu.snapshot()
     counted = await server_counters(svc)
@@ -187,17 +163,14 @@ async def _measure(
     return result
 
 
-async def _prepublish(
-    store: SqlStore, redis: streams.Redis, keys: Keys, n: int, mode: Mode
-) -> float:
+async def _prepublish(stage: Stage, n: int, mode: Mode) -> float:
     """Publish `n` instances of the echo task; returns the seconds it took."""
-    await streams.ensure_groups(redis, keys)
-    await apply_tasks(store, TASKS)
+    store = stage.store
     spec = parse_task_file_text(TASKS, "bench.yaml").tasks[0]
     clock = await synced_clock(store)
     news = instances(spec, n, FIRST_FIRE_MS)
     started = time.monotonic()
-    await publish(mode, store, redis, keys, clock, news)
+    await publish(mode, store, stage.redis, stage.keys, clock, news)
     publish_s = time.monotonic() - started
     dispatched = (await store.count_by_status())[Status.DISPATCHED]
     say(f"(b) published {n} ({mode}) in {publish_s:.1f} s; {dispatched} DISPATCHED")

@@ -31,8 +31,6 @@ from bench.common import (
     Barrier,
     Children,
     Services,
-    apply_tasks,
-    delete_keys,
     executor_argv,
     per_instance,
     percentile,
@@ -40,10 +38,9 @@ from bench.common import (
     run_workers,
     say,
     server_counters,
-    temp_database,
-    unique,
     wait_alive,
 )
+from bench.stage import Stage, staged
 from taskstream.core import streams
 from taskstream.core.clock import Clock
 from taskstream.core.logging import configure
@@ -51,7 +48,6 @@ from taskstream.core.outbox import Outbox
 from taskstream.core.protocol import Keys
 from taskstream.core.specfile import parse_task_file_text
 from taskstream.core.states import Status
-from taskstream.core.store.migrate import upgrade
 from taskstream.core.store.port import NewInstance
 from taskstream.core.store.sql import SqlStore
 from taskstream.core.store.tables import instance_history as hist
@@ -198,42 +194,20 @@ async def run_latency(
     publishers: int,
     logdir: Path,
 ) -> LatencyResult:
-    namespace = unique("bench-c-")
-    keys = Keys(namespace=namespace)
-    redis = streams.connect(svc.redis_url)
     children = Children(logdir)
-    try:
-        async with temp_database(svc) as database:
-            url = svc.database_url(database)
-            await upgrade(url)
-            store = await SqlStore.connect(url)
-            try:
-                await streams.ensure_groups(redis, keys)
-                await apply_tasks(store, TASKS)
-                env = role_env(svc, database, namespace)
-                for i in range(EXECUTORS):
-                    children.start(f"executor-{i}", executor_argv(svc, concurrency), env)
-                await wait_alive(redis, namespace, EXECUTORS, children)
-                jobs = [
-                    _PubJob(svc, database, namespace, i, publishers, rate, seconds)
-                    for i in range(publishers)
-                ]
-                before = cpu.snapshot()
-                counted = await server_counters(svc)
-                published = await run_workers(_publisher_main, jobs, seconds + 120)
-                total = sum(int(p["count"]) for p in published)
-                await _settle(store, total, children)
-                used = cpu.usage(before, cpu.snapshot())
-                calls = per_instance(counted, await server_counters(svc), total)
-                used["bench"] += sum(float(p["cpu_s"]) for p in published)
-                codes = await children.stop()
-                result = await _figures(store, published, total, rate, used, calls)
-            finally:
-                await store.close()
-    finally:
-        await children.stop()
-        await delete_keys(redis, f"{keys.base}:*")
-        await redis.aclose()
+    async with staged(svc, "c", TASKS) as stage:
+        try:
+            env = role_env(svc, stage.database, stage.namespace)
+            for i in range(EXECUTORS):
+                children.start(f"executor-{i}", executor_argv(svc, concurrency), env)
+            await wait_alive(stage.redis, stage.namespace, EXECUTORS, children)
+            total, published, used, calls = await _drive(
+                svc, stage, children, rate, seconds, publishers
+            )
+            codes = await children.stop()
+            result = await _figures(stage.store, published, total, rate, used, calls)
+        finally:
+            await children.stop()  # before the stage's database is dropped
     say(
         f"(c) {total} at {result.achieved_rate:,.0f}/s (target {rate:g}, {result.skipped}"
         " not emitted in time): p50"
@@ -248,6 +222,26 @@ async def run_latency(
         + ", ".join(f"{k} {v:.1f}" for k, v in calls.items())
     )
     return result
+
+
+async def _drive(
+    svc: Services, stage: Stage, children: Children, rate: float, seconds: float, publishers: int
+) -> tuple[int, list[dict[str, Any]], dict[str, float], dict[str, float]]:
+    """Run the publishers until every instance they emitted is SUCCESS; returns the count,
+    what each publisher reported, CPU seconds by category and server commands per instance."""
+    jobs = [
+        _PubJob(svc, stage.database, stage.namespace, i, publishers, rate, seconds)
+        for i in range(publishers)
+    ]
+    before = cpu.snapshot()
+    counted = await server_counters(svc)
+    published = await run_workers(_publisher_main, jobs, seconds + 120)
+    total = sum(int(p["count"]) for p in published)
+    await _settle(stage.store, total, children)
+    used = cpu.usage(before, cpu.snapshot())
+    calls = per_instance(counted, await server_counters(svc), total)
+    used["bench"] += sum(float(p["cpu_s"]) for p in published)
+    return total, published, used, calls
 
 
 async def _settle(store: SqlStore, total: int, children: Children) -> None:

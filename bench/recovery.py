@@ -24,21 +24,17 @@ from pathlib import Path
 from bench.common import (
     Children,
     Services,
-    apply_tasks,
-    delete_keys,
     executor_argv,
     role_env,
     say,
-    temp_database,
-    unique,
     wait_alive,
 )
+from bench.stage import Stage, staged
 from taskstream.core import streams
 from taskstream.core.outbox import Outbox
 from taskstream.core.protocol import Keys
 from taskstream.core.specfile import parse_task_file_text
 from taskstream.core.states import Status
-from taskstream.core.store.migrate import upgrade
 from taskstream.core.store.port import HistoryRow
 from taskstream.core.store.sql import SqlStore
 from taskstream.scheduler.service import new_instance
@@ -67,39 +63,30 @@ class RecoveryResult:
 
 
 async def run_recovery(svc: Services, *, logdir: Path) -> RecoveryResult:
-    namespace = unique("bench-d-")
-    keys = Keys(namespace=namespace)
-    redis = streams.connect(svc.redis_url)
     children = Children(logdir)
-    try:
-        async with temp_database(svc) as database:
-            url = svc.database_url(database)
-            await upgrade(url)
-            store = await SqlStore.connect(url)
-            try:
-                await streams.ensure_groups(redis, keys)
-                await apply_tasks(store, TASKS, (AGENT_MODULES,))
-                env = role_env(svc, database, namespace, TASKSTREAM_AGENT_MODULES=AGENT_MODULES)
-                py = svc.python
-                children.start("scheduler", [py, "-m", "taskstream", "scheduler"], env)
-                children.start("sweeper", [py, "-m", "taskstream", "sweeper"], env)
-                for i in range(EXECUTORS):
-                    children.start(f"executor-{i}", executor_argv(svc), env)
-                await wait_alive(redis, namespace, EXECUTORS, children)
-                await _wait_logged(children, ("scheduler.started", "sweeper.started"))
-                result = await _kill_and_measure(store, redis, keys, children)
-            finally:
-                await children.stop()
-                await store.close()
-    finally:
-        await children.stop()
-        await delete_keys(redis, f"{keys.base}:*")
-        await redis.aclose()
+    async with staged(svc, "d", TASKS, (AGENT_MODULES,)) as stage:
+        try:
+            await _start_roles(svc, stage, children)
+            result = await _kill_and_measure(stage.store, stage.redis, stage.keys, children)
+        finally:
+            await children.stop()  # before the stage's database is dropped
     say(
         f"(d) recovered in {result.recovery_s:.2f} s (detect {result.detect_s:.2f} s, re-emit"
         f" {result.reemit_s:.2f} s, claim {result.claim_s:.2f} s)"
     )
     return result
+
+
+async def _start_roles(svc: Services, stage: Stage, children: Children) -> None:
+    """Scheduler, sweeper and executors on the stage, each logged as started."""
+    env = role_env(svc, stage.database, stage.namespace, TASKSTREAM_AGENT_MODULES=AGENT_MODULES)
+    py = svc.python
+    children.start("scheduler", [py, "-m", "taskstream", "scheduler"], env)
+    children.start("sweeper", [py, "-m", "taskstream", "sweeper"], env)
+    for i in range(EXECUTORS):
+        children.start(f"executor-{i}", executor_argv(svc), env)
+    await wait_alive(stage.redis, stage.namespace, EXECUTORS, children)
+    await _wait_logged(children, ("scheduler.started", "sweeper.started"))
 
 
 async def _wait_logged(children: Children, events: tuple[str, ...], timeout_s: float = 60) -> None:

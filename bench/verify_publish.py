@@ -16,14 +16,14 @@ from typing import Any
 
 from sqlalchemy import select
 
-from bench.common import Services, apply_tasks, delete_keys, temp_database, unique
+from bench.common import Services
 from bench.drain import TASKS
 from bench.publish import Mode, instances, publish
+from bench.stage import staged
 from taskstream.core import streams
 from taskstream.core.clock import SystemClock
 from taskstream.core.protocol import Keys
 from taskstream.core.specfile import parse_task_file_text
-from taskstream.core.store.migrate import upgrade
 from taskstream.core.store.port import NewInstance
 from taskstream.core.store.sql import SqlStore
 from taskstream.core.store.tables import instance_history as hist
@@ -58,23 +58,9 @@ async def snapshot(store: SqlStore, redis: streams.Redis, keys: Keys) -> Snapsho
 
 
 async def published(svc: Services, mode: Mode, news: list[NewInstance]) -> Snapshot:
-    keys = Keys(namespace=unique("bench-v-"))
-    redis = streams.connect(svc.redis_url)
-    try:
-        async with temp_database(svc) as database:
-            url = svc.database_url(database)
-            await upgrade(url)
-            store = await SqlStore.connect(url)
-            try:
-                await streams.ensure_groups(redis, keys)
-                await apply_tasks(store, TASKS)
-                await publish(mode, store, redis, keys, SystemClock(), news)
-                return await snapshot(store, redis, keys)
-            finally:
-                await store.close()
-    finally:
-        await delete_keys(redis, f"{keys.base}:*")
-        await redis.aclose()
+    async with staged(svc, "v", TASKS) as stage:
+        await publish(mode, stage.store, stage.redis, stage.keys, SystemClock(), news)
+        return await snapshot(stage.store, stage.redis, stage.keys)
 
 
 async def verify(svc: Services, n: int) -> bool:
