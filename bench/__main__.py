@@ -106,14 +106,14 @@ async def run_all(args: argparse.Namespace, svc: Services, logdir: Path) -> Resu
                     logdir=_fresh(logdir / f"b{i}"),
                 )
             )
-    rates = [("c", args.rate, r.latency)]
+    rates = [("c", args.rate, 1, r.latency), ("c2", args.rate, 2, r.latency2)]
     if args.low_rate > 0:
-        rates.append(("c-low", args.low_rate, r.low))
-    for letter, rate, out in rates:
+        rates.append(("c-low", args.low_rate, 1, r.low))
+    for letter, rate, executors, out in rates:
         if "c" not in only:
             break
         for i in range(args.runs):
-            say(f"(c) {rate:g}/s run {i + 1}/{args.runs}")
+            say(f"(c) {rate:g}/s, {executors} executor(s), run {i + 1}/{args.runs}")
             await quiet(letter, r)
             out.append(
                 await run_latency(
@@ -122,6 +122,7 @@ async def run_all(args: argparse.Namespace, svc: Services, logdir: Path) -> Resu
                     seconds=args.seconds,
                     concurrency=args.concurrency,
                     publishers=publishers_for(rate),
+                    executors=executors,
                     logdir=_fresh(logdir / f"{letter}{i}"),
                 )
             )
@@ -197,7 +198,8 @@ def document(args: argparse.Namespace, facts: list[str], tbl: str, runs: str, co
         f"- settings: (a) {args.raw_size:,} entries; (b) {args.size:,} instances,"
         f" {EXECUTORS} executors `--concurrency {args.concurrency}`, pre-published"
         f" `{args.publish}`; (c) {args.rate:g}/s with {publishers_for(args.rate)} publisher"
-        f" process(es), (c') {args.low_rate:g}/s, {args.seconds:g} s each; (d) default"
+        f" process(es) and 1 executor, (c2) the same with 2 executors, (c') {args.low_rate:g}/s"
+        f" with 1 executor, {args.seconds:g} s each; (d) default"
         f" settings; {args.runs} run(s) of each"
     )
     return "\n".join(

@@ -1,12 +1,13 @@
 """(c) Enqueue-to-start latency at a steady rate.
 
-Two executors run (`python -m taskstream executor --concurrency C`); publisher processes emit
-instances through `taskstream.core.outbox.Outbox.emit` on a fixed schedule (together `rate`
-per second for `seconds`; instance k is due at start + k / rate whatever happened before, so a
-slow emit does not lower the rate). Afterwards the store answers, per instance, on the database
-clock: latency = `at_ms` of the RUNNING history row (the claim) minus `at_ms` of the creation
-history row (the INSERT of the PENDING row, the outbox's first step). So the figure includes the
-whole outbox (INSERT, XADD, CAS to DISPATCHED), the executor's read and its claim transaction.
+N executor processes run (`python -m taskstream executor --concurrency C`; `scripts/bench`
+uses one, and two for comparison); publisher processes emit instances through
+`taskstream.core.outbox.Outbox.emit` on a fixed schedule (together `rate` per second for
+`seconds`; instance k is due at start + k / rate whatever happened before, so a slow emit does
+not lower the rate). Afterwards the store answers, per instance, on the database clock:
+latency = `at_ms` of the RUNNING history row (the claim) minus `at_ms` of the creation history
+row (the INSERT of the PENDING row, the outbox's first step). So the figure includes the whole
+outbox (INSERT, XADD, CAS to DISPATCHED), the executor's read and its claim transaction.
 
 Also reported: the rate actually achieved (instances over the span of their creation rows), and
 how late the publishers started emits against their schedule (a publisher that cannot keep up
@@ -60,7 +61,6 @@ tasks:
     agent: echo
     payload: {n: 1}
 """
-EXECUTORS = 2
 FIRST_FIRE_MS = 1_800_000_000_000
 SETTLE_S = 60.0
 LATE_S = 1.0
@@ -73,6 +73,7 @@ publisher that falls behind queues here, visibly (publish lag), instead of timin
 
 @dataclass(frozen=True, slots=True)
 class LatencyResult:
+    executors: int
     instances: int
     target_rate: float
     achieved_rate: float
@@ -192,25 +193,27 @@ async def run_latency(
     seconds: float,
     concurrency: int,
     publishers: int,
+    executors: int,
     logdir: Path,
 ) -> LatencyResult:
     children = Children(logdir)
     async with staged(svc, "c", TASKS) as stage:
         try:
             env = role_env(svc, stage.database, stage.namespace)
-            for i in range(EXECUTORS):
+            for i in range(executors):
                 children.start(f"executor-{i}", executor_argv(svc, concurrency), env)
-            await wait_alive(stage.redis, stage.namespace, EXECUTORS, children)
+            await wait_alive(stage.redis, stage.namespace, executors, children)
             total, published, used, calls = await _drive(
                 svc, stage, children, rate, seconds, publishers
             )
             codes = await children.stop()
-            result = await _figures(stage.store, published, total, rate, used, calls)
+            setting = (rate, executors)
+            result = await _figures(stage.store, published, total, setting, used, calls)
         finally:
             await children.stop()  # before the stage's database is dropped
     say(
-        f"(c) {total} at {result.achieved_rate:,.0f}/s (target {rate:g}, {result.skipped}"
-        " not emitted in time): p50"
+        f"(c) {executors} executor(s), {total} at {result.achieved_rate:,.0f}/s (target"
+        f" {rate:g}, {result.skipped} not emitted in time): p50"
         f" {result.p50_ms:.0f} ms, p99 {result.p99_ms:.0f} ms, max {result.max_ms:.0f} ms;"
         f" publish lag p99 {result.publish_lag_p99_ms:.0f} ms; executors exited"
         f" {sorted(codes.values())}; emit p50 {result.emit_p50_ms:.1f} ms; created ->"
@@ -259,10 +262,11 @@ async def _figures(
     store: SqlStore,
     published: list[dict[str, Any]],
     total: int,
-    rate: float,
+    setting: tuple[float, int],
     used: dict[str, float],
     calls: dict[str, float],
 ) -> LatencyResult:
+    rate, executors = setting
     times, raced = await _history_times(store)
     pairs = [(a, b) for a, _, b in times]
     latencies = [float(b - a) for a, b in pairs]
@@ -273,6 +277,7 @@ async def _figures(
     if len(pairs) < total:
         say(f"(c) only {len(pairs)} of {total} instances have a RUNNING row")
     return LatencyResult(
+        executors=executors,
         instances=len(pairs),
         target_rate=rate,
         achieved_rate=(len(pairs) - 1) / span_s if span_s > 0 else 0.0,

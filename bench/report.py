@@ -23,6 +23,8 @@ class Results:
     raw: list[RawResult] = field(default_factory=list)
     drain: list[DrainResult] = field(default_factory=list)
     latency: list[LatencyResult] = field(default_factory=list)
+    latency2: list[LatencyResult] = field(default_factory=list)
+    """(c) with two executor processes instead of one."""
     low: list[LatencyResult] = field(default_factory=list)
     recovery: list[RecoveryResult] = field(default_factory=list)
     foreign: dict[str, list[float]] = field(default_factory=dict)
@@ -71,13 +73,24 @@ def rows(r: Results, args: argparse.Namespace) -> list[Row]:
     pairs = [(a, b) for a, b in zip(r.raw, r.drain, strict=False) if a.rate > 0]
     out = _rows(r.raw, _raw_specs()) + _rows(r.drain, _drain_specs(args)[:2])
     out += _rows(pairs, _ratio_specs()) + _rows(r.drain, _drain_specs(args)[2:])
-    for label, items, rate in (("(c)", r.latency, args.rate), ("(c')", r.low, args.low_rate)):
+    for label, items, rate, executors in _latency_sets(r, args):
         if items:
-            out += _rows(items, _latency_specs(label, rate))
+            out += _rows(items, _latency_specs(label, rate, executors))
     out += _rows(r.recovery, _recovery_specs())
     for letter, loads in sorted(r.foreign.items()):
         out.append(Row(f"other processes' CPU before ({letter})", loads, " cores", "", MS2))
     return out
+
+
+def _latency_sets(
+    r: Results, args: argparse.Namespace
+) -> list[tuple[str, list[LatencyResult], float, int]]:
+    """(label, results, rate, executor processes) of each latency benchmark."""
+    return [
+        ("(c)", r.latency, args.rate, 1),
+        ("(c2)", r.latency2, args.rate, 2),
+        ("(c')", r.low, args.low_rate, 1),
+    ]
 
 
 def _raw_specs() -> list[Spec]:
@@ -129,9 +142,10 @@ def _drained(category: str) -> Callable[[Any], float]:
     return lambda x: x.cpu_ms_per_instance(category)
 
 
-def _latency_specs(label: str, rate: float) -> list[Spec]:
+def _latency_specs(label: str, rate: float, executors: int) -> list[Spec]:
+    setting = f"target {rate:g}/s, {executors} executor{'s' if executors > 1 else ''}"
     return [
-        (f"{label} achieved rate (target {rate:g}/s)", lambda x: x.achieved_rate, "/s", "", RATE),
+        (f"{label} achieved rate ({setting})", lambda x: x.achieved_rate, "/s", "", RATE),
         (f"{label} enqueue -> start p50", lambda x: x.p50_ms, " ms", "<= 5 ms", MS),
         (f"{label} enqueue -> start p99", lambda x: x.p99_ms, " ms", "<= 50 ms", MS),
         (f"{label} enqueue -> start max", lambda x: x.max_ms, " ms", "", MS),
@@ -206,10 +220,11 @@ def per_run(r: Results) -> str:
             f" {b.instances / max(b.commit_batches, 1):.0f}; CPU s: {_cpu(b.cpu)};"
             f" server commands per instance: {_calls(b.calls)}"
         )
-    for label, items in (("(c)", r.latency), ("(c')", r.low)):
+    for label, items in (("(c)", r.latency), ("(c2)", r.latency2), ("(c')", r.low)):
         for i, c in enumerate(items):
             out.append(
-                f"- {label} run {i + 1}: {c.instances} instances at {c.achieved_rate:,.0f}/s"
+                f"- {label} run {i + 1}: {c.executors} executor(s), {c.instances} instances at"
+                f" {c.achieved_rate:,.0f}/s"
                 f" (target {c.target_rate:g}), {c.skipped} not emitted; p50 {c.p50_ms:.0f} ms,"
                 f" p99 {c.p99_ms:.0f} ms, max {c.max_ms:.0f} ms; publish lag p99"
                 f" {c.publish_lag_p99_ms:.0f} ms; claims that raced the outbox CAS: {c.raced};"
