@@ -1,6 +1,6 @@
 """`python -m bench`: run every benchmark, print the results table, write docs/benchmarks.md.
 
-    scripts/bench            3 runs of each figure (about 5 minutes), writes docs/benchmarks.md
+    scripts/bench            3 runs of each figure (about 6 minutes), writes docs/benchmarks.md
     scripts/bench --quick    1 small run of each, prints only (a smoke check)
 
 (a) and (b) run alternately, a then b, so that drift of the shared machine hits both alike;
