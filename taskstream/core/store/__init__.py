@@ -1,31 +1,5 @@
-"""The store: the source of truth for definitions, instances, history and decisions."""
+"""The store: the source of truth for definitions, instances, history and decisions.
 
-from taskstream.core.store.port import (
-    CasResult,
-    Claim,
-    Claimed,
-    ClaimRequest,
-    CreateResult,
-    DecisionRow,
-    DefinitionRecord,
-    FinishRequest,
-    HistoryRow,
-    InstanceRow,
-    NewInstance,
-    Store,
-)
-
-__all__ = [
-    "CasResult",
-    "Claim",
-    "ClaimRequest",
-    "Claimed",
-    "CreateResult",
-    "DecisionRow",
-    "DefinitionRecord",
-    "FinishRequest",
-    "HistoryRow",
-    "InstanceRow",
-    "NewInstance",
-    "Store",
-]
+`port` defines what the rest of taskstream may ask of it (`Store`) and re-exports the records it
+takes and returns (`records`); `sql` is the adapter over SQLAlchemy Core.
+"""
