@@ -17,6 +17,22 @@ import redis
 from taskstream.core.protocol import Keys
 
 
+def run_cli(
+    *args: str, env: Mapping[str, str], cwd: Path | None = None, check: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """`python -m taskstream ARGS` with `env` (text output captured, at most 60 s);
+    `check` raises on a non-zero exit."""
+    return subprocess.run(
+        [sys.executable, "-m", "taskstream", *args],
+        cwd=cwd,
+        env=dict(env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=check,
+    )
+
+
 @dataclass(frozen=True)
 class Cli:
     """Runs `taskstream` in `cwd` against one namespace of the test Redis."""
@@ -27,15 +43,7 @@ class Cli:
     keys: Keys
 
     def __call__(self, *args: str) -> str:
-        out = subprocess.run(
-            [sys.executable, "-m", "taskstream", *args],
-            cwd=self.cwd,
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        out = run_cli(*args, env=self.env, cwd=self.cwd)
         assert out.returncode == 0, (args, out.stdout, out.stderr)
         return out.stdout
 

@@ -7,7 +7,6 @@ import asyncio
 import json
 import os
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from taskstream.core.specfile import parse_task_file_text
 from taskstream.core.store.port import DecisionRow
 from taskstream.core.store.sql import SqlStore
 from taskstream.scheduler.calendar import calendar_block
+from tests.e2e.cli_rig import run_cli
 
 TASKS = """
 tasks:
@@ -44,15 +44,7 @@ class Cli:
     database_url: str
 
     def __call__(self, *args: str, code: int = 0) -> subprocess.CompletedProcess[str]:
-        out = subprocess.run(
-            [sys.executable, "-m", "taskstream", *args],
-            cwd=self.cwd,
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        out = run_cli(*args, env=self.env, cwd=self.cwd)
         assert out.returncode == code, (args, out.returncode, out.stdout, out.stderr)
         return out
 

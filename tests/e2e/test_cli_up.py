@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import redis
 
+from tests.e2e.cli_rig import run_cli
+
 TASKS = """
 tasks:
   - id: tick
@@ -25,15 +27,7 @@ tasks:
 
 def cli(cwd: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TASKSTREAM_")}
-    return subprocess.run(
-        [sys.executable, "-m", "taskstream", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=check,
-    )
+    return run_cli(*args, env=env, cwd=cwd, check=check)
 
 
 def wait_for(predicate: object, timeout_s: float) -> bool:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 from taskstream.core.store.sql import SqlStore
+from tests.e2e.cli_rig import run_cli
 
 TASKS = """
 upstreams:
@@ -19,14 +19,7 @@ tasks:
 
 
 def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "taskstream", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
+    return run_cli(*args, env=env, check=True)
 
 
 def test_apply_stores_upstream_limits(tmp_path: Path) -> None:
