@@ -56,6 +56,11 @@ class Run:
         return self.spec.retry.max_attempts if self.spec else 1
 
     @property
+    def upstreams(self) -> tuple[str, ...]:
+        """The upstreams the task declares (first = the main one)."""
+        return self.spec.upstreams if self.spec else ()
+
+    @property
     def row(self) -> InstanceRow:
         return self.claimed.row
 

@@ -86,13 +86,9 @@ def _context(
         effect_done=store.side_effect_done,
         business_date=row.business_date,
         set_marker=_marker_setter(store, env.on_marker),
-        upstreams=_upstreams(run),
+        upstreams=run.upstreams,
         http=http,
     )
-
-
-def _upstreams(run: Run) -> tuple[str, ...]:
-    return run.spec.upstreams if run.spec else ()
 
 
 async def _admitted_call(
@@ -105,7 +101,7 @@ async def _admitted_call(
     """Admit the run to its declared upstreams (deferred when refused), run the agent with an
     HTTP client bound to the gate, then record the outcomes no call recorded itself."""
     access: RunUpstreams | None = None
-    gate, upstreams = env.gate, _upstreams(run)
+    gate, upstreams = env.gate, run.upstreams
     if gate is not None:
         wait_ms = await gate.admit(upstreams) if upstreams else None
         if wait_ms is not None:
@@ -119,7 +115,7 @@ async def _admitted_call(
         await ctx.http.aclose()
     if access is None:
         return end
-    wait_ms = await access.settle(ctx.upstreams, _breaker_outcome(end))
+    wait_ms = await access.settle(upstreams, _breaker_outcome(end))
     if wait_ms is None:
         return end
     # This run's failure opened (or kept open) an upstream's breaker: the outage is known,
