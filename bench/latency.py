@@ -207,8 +207,9 @@ async def run_latency(
                 svc, stage, children, rate, seconds, publishers
             )
             codes = await children.stop()
-            setting = (rate, executors)
-            result = await _figures(stage.store, published, total, setting, used, calls)
+            result = await _figures(
+                stage.store, published, total, used, calls, rate=rate, executors=executors
+            )
         finally:
             await children.stop()  # before the stage's database is dropped
     say(
@@ -262,11 +263,14 @@ async def _figures(
     store: SqlStore,
     published: list[dict[str, Any]],
     total: int,
-    setting: tuple[float, int],
     used: dict[str, float],
     calls: dict[str, float],
+    *,
+    rate: float,
+    executors: int,
 ) -> LatencyResult:
-    rate, executors = setting
+    """The figures of one run at `rate` with `executors`, from the history rows and the
+    publishers' reports."""
     times, raced = await _history_times(store)
     pairs = [(a, b) for a, _, b in times]
     latencies = [float(b - a) for a, b in pairs]

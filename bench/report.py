@@ -71,8 +71,8 @@ def _per_instance(category: str) -> Callable[[Any], float]:
 def rows(r: Results, args: argparse.Namespace) -> list[Row]:
     """Every row of the summary table, in the order the figures are explained."""
     pairs = [(a, b) for a, b in zip(r.raw, r.drain, strict=False) if a.rate > 0]
-    out = _rows(r.raw, _raw_specs()) + _rows(r.drain, _drain_specs(args)[:2])
-    out += _rows(pairs, _ratio_specs()) + _rows(r.drain, _drain_specs(args)[2:])
+    out = _rows(r.raw, _raw_specs()) + _rows(r.drain, _drain_rate_specs(args))
+    out += _rows(pairs, _ratio_specs()) + _rows(r.drain, _drain_cost_specs(args))
     for label, items, rate, executors in _latency_sets(r, args):
         if items:
             out += _rows(items, _latency_specs(label, rate, executors))
@@ -101,11 +101,16 @@ def _raw_specs() -> list[Spec]:
     ]
 
 
-def _drain_specs(args: argparse.Namespace) -> list[Spec]:
+def _drain_rate_specs(args: argparse.Namespace) -> list[Spec]:
     drain = f"(b) taskstream drain, {EXECUTORS} executors x {args.concurrency}"
     return [
         (f"{drain}: first claim -> last commit", lambda x: x.rate, "/s", "", RATE),
         ("(b) same, from starting the executor processes", lambda x: x.wall_rate, "/s", "", RATE),
+    ]
+
+
+def _drain_cost_specs(args: argparse.Namespace) -> list[Spec]:
+    return [
         ("(b) executor CPU per instance (both processes)", _drained("executor"), " ms", "", MS3),
         ("(b) MariaDB CPU per instance", _drained("mariadb"), " ms", "", MS3),
         (f"(b) pre-publish ({args.publish}) rate", lambda x: x.publish_rate, "/s", "", RATE),
