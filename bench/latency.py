@@ -95,6 +95,9 @@ class LatencyResult:
     calls: dict[str, float]
     """Server commands per instance (`common.server_counters`), same span."""
 
+    def cpu_ms_per_instance(self, category: str) -> float:
+        return self.cpu.get(category, 0.0) * 1000 / max(self.instances, 1)
+
 
 @dataclass(frozen=True, slots=True)
 class _PubJob:

@@ -64,10 +64,6 @@ def _rows(items: Sequence[Any], specs: Sequence[Spec]) -> list[Row]:
     ]
 
 
-def _per_instance(category: str) -> Callable[[Any], float]:
-    return lambda x: x.cpu[category] * 1000 / max(x.instances, 1)
-
-
 def rows(r: Results, args: argparse.Namespace) -> list[Row]:
     """Every row of the summary table, in the order the figures are explained."""
     pairs = [(a, b) for a, b in zip(r.raw, r.drain, strict=False) if a.rate > 0]
@@ -111,8 +107,14 @@ def _drain_rate_specs(args: argparse.Namespace) -> list[Spec]:
 
 def _drain_cost_specs(args: argparse.Namespace) -> list[Spec]:
     return [
-        ("(b) executor CPU per instance (both processes)", _drained("executor"), " ms", "", MS3),
-        ("(b) MariaDB CPU per instance", _drained("mariadb"), " ms", "", MS3),
+        (
+            "(b) executor CPU per instance (both processes)",
+            _per_instance("executor"),
+            " ms",
+            "",
+            MS3,
+        ),
+        ("(b) MariaDB CPU per instance", _per_instance("mariadb"), " ms", "", MS3),
         (f"(b) pre-publish ({args.publish}) rate", lambda x: x.publish_rate, "/s", "", RATE),
     ]
 
@@ -143,7 +145,7 @@ def _per_entry(category: str) -> Callable[[Any], float]:
     return lambda x: x.cpu_ms_per_entry(category)
 
 
-def _drained(category: str) -> Callable[[Any], float]:
+def _per_instance(category: str) -> Callable[[Any], float]:
     return lambda x: x.cpu_ms_per_instance(category)
 
 
