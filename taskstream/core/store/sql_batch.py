@@ -18,13 +18,14 @@ from the row just written, times from the database clock. For many instances:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 
 from sqlalchemy import select, update
+from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from taskstream.core.errors import StoreError
 from taskstream.core.states import Status
+from taskstream.core.store import sql_codec as codec
 from taskstream.core.store import sql_instances as rows
 from taskstream.core.store import sql_queries as q
 from taskstream.core.store.dbclock import db_now_ms
@@ -62,34 +63,36 @@ async def claim_one(
 
 
 def _claim_winners(
-    options: Mapping[str, list[tuple[int, int]]], locked: Mapping[str, InstanceRow]
+    options: Mapping[str, list[tuple[int, int]]], locked: Mapping[str, RowMapping]
 ) -> dict[int, list[tuple[str, int]]]:
     """lease length ms -> [(id, attempt)] of the claims that win: the row is DISPATCHED and
     the first request for it (in request order) expects its attempt."""
     groups: dict[int, list[tuple[str, int]]] = {}
     for instance_id, wanted in options.items():
         row = locked.get(instance_id)
-        if row is None or row.status is not Status.DISPATCHED:
+        if row is None or row["status"] != Status.DISPATCHED.value:
             continue
-        lease = next((ms for attempt, ms in wanted if attempt == row.attempt), None)
+        attempt = int(row["attempt"])
+        lease = next((ms for expected, ms in wanted if expected == attempt), None)
         if lease is not None:
-            groups.setdefault(lease, []).append((instance_id, row.attempt))
+            groups.setdefault(lease, []).append((instance_id, attempt))
     return groups
 
 
-def _claimed(row: InstanceRow, owner: str, now_ms: int, lease_length_ms: int) -> Claimed:
-    """The row as the claim UPDATE (`sql_instances.claim_values`) leaves it."""
+def _claimed(row: RowMapping, owner: str, now_ms: int, lease_length_ms: int) -> Claimed:
+    """The locked row as the claim UPDATE (`sql_instances.claim_values`) leaves it."""
     expires = now_ms + lease_length_ms
-    after = replace(
-        row,
+    fields = codec.instance_fields(row)
+    fields.update(
         status=Status.RUNNING,
-        attempt=row.attempt + 1,
+        attempt=fields["attempt"] + 1,
         fail_class=None,
         next_attempt_at_ms=None,
         lease_owner=owner,
         lease_expires_at_ms=expires,
         updated_at_ms=now_ms,
     )
+    after = InstanceRow(**fields)
     return Claimed(token=after.attempt, lease_expires_at_ms=expires, row=after)
 
 

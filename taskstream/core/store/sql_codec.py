@@ -49,33 +49,39 @@ def _opt_int(value: Any) -> int | None:
     return None if value is None else int(value)
 
 
+def instance_fields(m: RowMapping) -> dict[str, Any]:
+    """A `task_instances` row as the keyword arguments of `InstanceRow` (so a caller that
+    knows some columns changed builds the record once, without `dataclasses.replace`)."""
+    return {
+        "id": m["id"],
+        "task_id": m["task_id"],
+        "agent": m["agent"],
+        "dedupe_key": m["dedupe_key"],
+        "status": Status(m["status"]),
+        "attempt": int(m["attempt"]),
+        "max_attempts": int(m["max_attempts"]),
+        "priority": m["priority"],
+        "scheduled_for_ms": int(m["scheduled_for_ms"]),
+        "business_date": m["business_date"],
+        "payload": loads(m["payload"]),
+        "result": loads(m["result"]),
+        "context": loads(m["context"]),
+        "fail_class": None if m["fail_class"] is None else FailClass(m["fail_class"]),
+        "last_error": m["last_error"],
+        "lease_owner": m["lease_owner"],
+        "lease_expires_at_ms": _opt_int(m["lease_expires_at_ms"]),
+        "not_before_ms": _opt_int(m["not_before_ms"]),
+        "deadline_ms": _opt_int(m["deadline_ms"]),
+        "next_attempt_at_ms": _opt_int(m["next_attempt_at_ms"]),
+        "trace_id": m["trace_id"],
+        "created_at_ms": int(m["created_at_ms"]),
+        "updated_at_ms": int(m["updated_at_ms"]),
+    }
+
+
 def instance_row(m: RowMapping) -> InstanceRow:
     """A `task_instances` row as the port's record."""
-    return InstanceRow(
-        id=m["id"],
-        task_id=m["task_id"],
-        agent=m["agent"],
-        dedupe_key=m["dedupe_key"],
-        status=Status(m["status"]),
-        attempt=int(m["attempt"]),
-        max_attempts=int(m["max_attempts"]),
-        priority=m["priority"],
-        scheduled_for_ms=int(m["scheduled_for_ms"]),
-        business_date=m["business_date"],
-        payload=loads(m["payload"]),
-        result=loads(m["result"]),
-        context=loads(m["context"]),
-        fail_class=None if m["fail_class"] is None else FailClass(m["fail_class"]),
-        last_error=m["last_error"],
-        lease_owner=m["lease_owner"],
-        lease_expires_at_ms=_opt_int(m["lease_expires_at_ms"]),
-        not_before_ms=_opt_int(m["not_before_ms"]),
-        deadline_ms=_opt_int(m["deadline_ms"]),
-        next_attempt_at_ms=_opt_int(m["next_attempt_at_ms"]),
-        trace_id=m["trace_id"],
-        created_at_ms=int(m["created_at_ms"]),
-        updated_at_ms=int(m["updated_at_ms"]),
-    )
+    return InstanceRow(**instance_fields(m))
 
 
 def history_row(m: RowMapping) -> HistoryRow:

@@ -13,6 +13,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 from sqlalchemy import String, Update, and_, case, func, insert, literal, select, tuple_
+from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.types import TypeEngine
@@ -128,11 +129,10 @@ async def lock_states(conn: AsyncConnection, ids: Sequence[str]) -> dict[str, Se
     }
 
 
-async def lock_rows(
-    conn: AsyncConnection, ids: Sequence[str]
-) -> tuple[int, dict[str, InstanceRow]]:
-    """Like `lock_states`, but whole rows, and the database clock (epoch ms) read in the same
-    statement (0 when no row was found: there is nothing to time)."""
+async def lock_rows(conn: AsyncConnection, ids: Sequence[str]) -> tuple[int, dict[str, RowMapping]]:
+    """Like `lock_states`, but whole rows (undecoded: `codec.instance_fields` decodes the ones
+    the caller keeps), and the database clock (epoch ms) read in the same statement (0 when no
+    row was found: there is nothing to time)."""
     stmt = (
         select(inst, db_now_ms().label("db_now_ms"))
         .where(inst.c.id.in_(ids))
@@ -142,7 +142,7 @@ async def lock_rows(
     found = (await conn.execute(stmt)).mappings().all()
     if not found:
         return 0, {}
-    return int(found[0]["db_now_ms"]), {str(m["id"]): codec.instance_row(m) for m in found}
+    return int(found[0]["db_now_ms"]), {str(m["id"]): m for m in found}
 
 
 async def recorded_keys(conn: AsyncConnection, keys: Sequence[str]) -> set[str]:
