@@ -32,6 +32,7 @@ from bench.drain import EXECUTORS, run_drain
 from bench.latency import run_latency
 from bench.profile import summarize
 from bench.raw import run_raw
+from bench.raw_store import run_raw_store
 from bench.recovery import run_recovery
 from bench.report import Results, per_run, rows, table
 
@@ -52,7 +53,7 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--rate", type=float, default=500.0, help="(c) instances/s")
     p.add_argument("--low-rate", type=float, default=50.0, help="(c) second rate; 0 skips it")
     p.add_argument("--seconds", type=float, default=None, help="(c) window (20)")
-    p.add_argument("--only", default="abcd", help="which of a, b, c, d to run")
+    p.add_argument("--only", default="a2bcd", help="which of a, 2 (a2), b, c, d to run")
     p.add_argument("--doc", type=Path, default=None, help="results file (full runs only)")
     p.add_argument("--no-doc", action="store_true", help="do not write the results file")
     p.add_argument("--profile", type=Path, default=None, help="py-spy one more (b) to FILE")
@@ -90,22 +91,7 @@ async def run_all(args: argparse.Namespace, svc: Services, logdir: Path) -> Resu
     r = Results()
     only = str(args.only)
     for i in range(args.runs):
-        if "a" in only:
-            say(f"(a) run {i + 1}/{args.runs}")
-            await quiet("a", r)
-            r.raw.append(await run_raw(svc, args.raw_size))
-        if "b" in only:
-            say(f"(b) run {i + 1}/{args.runs}")
-            await quiet("b", r)
-            r.drain.append(
-                await run_drain(
-                    svc,
-                    args.size,
-                    concurrency=args.concurrency,
-                    mode=args.publish,
-                    logdir=_fresh(logdir / f"b{i}"),
-                )
-            )
+        await _throughput(args, svc, logdir, r, i)
     rates = [("c", args.rate, 1, r.latency), ("c2", args.rate, 2, r.latency2)]
     if args.low_rate > 0:
         rates.append(("c-low", args.low_rate, 1, r.low))
@@ -141,6 +127,33 @@ async def run_all(args: argparse.Namespace, svc: Services, logdir: Path) -> Resu
             profile=args.profile,
         )
     return r
+
+
+async def _throughput(
+    args: argparse.Namespace, svc: Services, logdir: Path, r: Results, i: int
+) -> None:
+    """Run `i` of (a), (a2) and (b), in that order, as `--only` selects."""
+    only = str(args.only)
+    if "a" in only:
+        say(f"(a) run {i + 1}/{args.runs}")
+        await quiet("a", r)
+        r.raw.append(await run_raw(svc, args.raw_size))
+    if "2" in only:
+        say(f"(a2) run {i + 1}/{args.runs}")
+        await quiet("a2", r)
+        r.raw_store.append(await run_raw_store(svc, args.size))
+    if "b" in only:
+        say(f"(b) run {i + 1}/{args.runs}")
+        await quiet("b", r)
+        r.drain.append(
+            await run_drain(
+                svc,
+                args.size,
+                concurrency=args.concurrency,
+                mode=args.publish,
+                logdir=_fresh(logdir / f"b{i}"),
+            )
+        )
 
 
 def _fresh(path: Path) -> Path:

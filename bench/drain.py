@@ -116,7 +116,7 @@ async def _measure(
     profile: Path | None,
 ) -> DrainResult:
     store = stage.store
-    publish_s = await _prepublish(stage, n, mode)
+    publish_s = await prepublish(stage, n, mode, "(b)")
 
     children = Children(logdir)
     env = role_env(svc, stage.database, stage.namespace)
@@ -163,7 +163,7 @@ async def _measure(
     return result
 
 
-async def _prepublish(stage: Stage, n: int, mode: Mode) -> float:
+async def prepublish(stage: Stage, n: int, mode: Mode, label: str) -> float:
     """Publish `n` instances of the echo task; returns the seconds it took."""
     store = stage.store
     spec = parse_task_file_text(TASKS, "bench.yaml").tasks[0]
@@ -173,7 +173,7 @@ async def _prepublish(stage: Stage, n: int, mode: Mode) -> float:
     await publish(mode, store, stage.redis, stage.keys, clock, news)
     publish_s = time.monotonic() - started
     dispatched = (await store.count_by_status())[Status.DISPATCHED]
-    say(f"(b) published {n} ({mode}) in {publish_s:.1f} s; {dispatched} DISPATCHED")
+    say(f"{label} published {n} ({mode}) in {publish_s:.1f} s; {dispatched} DISPATCHED")
     return publish_s
 
 

@@ -57,6 +57,26 @@ class RawResult:
     def rate(self) -> float:
         return self.entries / self.seconds if self.seconds > 0 else 0.0
 
+    @classmethod
+    def of(cls, results: list[dict[str, Any]], used: dict[str, float], success: int) -> RawResult:
+        """The figure from the consumers' reports (`first`/`last` host times, `done`,
+        `batches`, `cpu_s`) and the CPU of the servers over the run."""
+        firsts = [r["first"] for r in results if r["first"] is not None]
+        lasts = [r["last"] for r in results if r["last"] is not None]
+        seconds = (max(lasts) - min(firsts)) if firsts and lasts else 0.0
+        done = sum(int(r["done"]) for r in results)
+        batches = sum(int(r["batches"]) for r in results)
+        used = used | {"bench": sum(float(r["cpu_s"]) for r in results)}
+        return cls(done, seconds, success, batches, used)
+
+    def summary(self) -> str:
+        return (
+            f"{self.entries} entries in {self.seconds:.3f} s = {self.rate:,.0f}/s"
+            f" ({self.success_rows} SUCCESS); CPU ms/entry: consumers"
+            f" {self.cpu_ms_per_entry('bench'):.3f}, MariaDB"
+            f" {self.cpu_ms_per_entry('mariadb'):.3f}, Redis {self.cpu_ms_per_entry('redis'):.3f}"
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class _Job:
@@ -167,21 +187,12 @@ async def run_raw(svc: Services, n: int) -> RawResult:
             before = cpu.snapshot()
             results = await run_workers(_consumer_main, jobs, DEADLINE_S + 30)
             used = cpu.usage(before, cpu.snapshot())
-            used["bench"] = sum(float(r["cpu_s"]) for r in results)
             success = await _count_success(svc, database)
     finally:
         await delete_keys(redis, stream)
         await redis.aclose()
-    firsts = [r["first"] for r in results if r["first"] is not None]
-    lasts = [r["last"] for r in results if r["last"] is not None]
-    done = sum(int(r["done"]) for r in results)
-    seconds = (max(lasts) - min(firsts)) if firsts and lasts else 0.0
-    result = RawResult(done, seconds, success, sum(int(r["batches"]) for r in results), used)
-    say(
-        f"(a) raw: {done} entries in {seconds:.3f} s = {result.rate:,.0f}/s ({success} SUCCESS);"
-        f" CPU ms/entry: consumers {result.cpu_ms_per_entry('bench'):.3f}, MariaDB"
-        f" {result.cpu_ms_per_entry('mariadb'):.3f}, Redis {result.cpu_ms_per_entry('redis'):.3f}"
-    )
+    result = RawResult.of(results, used, success)
+    say(f"(a) raw: {result.summary()}")
     return result
 
 

@@ -21,6 +21,8 @@ PCT, MS, SEC, MS2, MS3, RATE = "{:.1%}", "{:.1f}", "{:.2f}", "{:.2f}", "{:.3f}",
 @dataclass(slots=True)
 class Results:
     raw: list[RawResult] = field(default_factory=list)
+    raw_store: list[RawResult] = field(default_factory=list)
+    """(a2): the raw loop sending taskstream's own statements."""
     drain: list[DrainResult] = field(default_factory=list)
     latency: list[LatencyResult] = field(default_factory=list)
     latency2: list[LatencyResult] = field(default_factory=list)
@@ -67,8 +69,11 @@ def _rows(items: Sequence[Any], specs: Sequence[Spec]) -> list[Row]:
 def rows(r: Results, args: argparse.Namespace) -> list[Row]:
     """Every row of the summary table, in the order the figures are explained."""
     pairs = [(a, b) for a, b in zip(r.raw, r.drain, strict=False) if a.rate > 0]
-    out = _rows(r.raw, _raw_specs()) + _rows(r.drain, _drain_rate_specs(args))
+    out = _rows(r.raw, _raw_specs("(a) raw drain")) + _rows(r.drain, _drain_rate_specs(args))
     out += _rows(pairs, _ratio_specs()) + _rows(r.drain, _drain_cost_specs(args))
+    if r.raw_store:
+        out += _rows(r.raw_store, _raw_specs("(a2) raw drain, taskstream's statements"))
+        out += _rows(list(zip(r.raw, r.raw_store, r.drain, strict=False)), _split_specs())
     for label, items, rate, executors in _latency_sets(r, args):
         if items:
             out += _rows(items, _latency_specs(label, rate, executors))
@@ -89,11 +94,20 @@ def _latency_sets(
     ]
 
 
-def _raw_specs() -> list[Spec]:
+def _raw_specs(name: str) -> list[Spec]:
+    label = name.split(" ", 1)[0]
     return [
-        (f"(a) raw drain, {CONSUMERS} consumers", lambda x: x.rate, "/s", "", RATE),
-        ("(a) consumer CPU per entry (both processes)", _per_entry("bench"), " ms", "", MS3),
-        ("(a) MariaDB CPU per entry", _per_entry("mariadb"), " ms", "", MS3),
+        (f"{name}, {CONSUMERS} consumers", lambda x: x.rate, "/s", "", RATE),
+        (f"{label} consumer CPU per entry (both processes)", _per_entry("bench"), " ms", "", MS3),
+        (f"{label} MariaDB CPU per entry", _per_entry("mariadb"), " ms", "", MS3),
+    ]
+
+
+def _split_specs() -> list[Spec]:
+    """Where (b)/(a) goes: the store's statements (a2)/(a), the framework (b)/(a2)."""
+    return [
+        ("(a2)/(a): the store's statements", lambda t: t[1].rate / t[0].rate, "", "", PCT),
+        ("(b)/(a2): the framework around them", lambda t: t[2].rate / t[1].rate, "", "", PCT),
     ]
 
 
@@ -215,9 +229,10 @@ def table(all_rows: list[Row]) -> str:
 def per_run(r: Results) -> str:
     """Every run's own figures, for the record."""
     out = [
-        f"- (a) run {i + 1}: {x.entries} entries in {x.seconds:.3f} s = {x.rate:,.0f}/s,"
+        f"- {label} run {i + 1}: {x.entries} entries in {x.seconds:.3f} s = {x.rate:,.0f}/s,"
         f" {x.batches} batches, {x.success_rows} rows SUCCESS; CPU s: {_cpu(x.cpu)}"
-        for i, x in enumerate(r.raw)
+        for label, items in (("(a)", r.raw), ("(a2)", r.raw_store))
+        for i, x in enumerate(items)
     ]
     for i, b in enumerate(r.drain):
         out.append(

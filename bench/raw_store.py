@@ -1,0 +1,165 @@
+"""(a2) The raw loop with taskstream's own statements: what the store design costs without
+the framework.
+
+The instances are published as for (b) (same task, same outbox, real schema), then two
+consumer processes in the `executors` group loop like (a), but per batch of up to 200 (an
+executor's `--concurrency`) they send exactly the statements a taskstream executor sends for
+a full batch, written out by hand over asyncmy:
+
+- claim, one transaction: the rows read whole `FOR UPDATE` with the database clock, the CAS
+  UPDATE DISPATCHED -> RUNNING (attempt + 1, lease), the history rows (INSERT ... SELECT);
+- finish, one transaction: the CAS UPDATE RUNNING -> SUCCESS with the result, the history
+  rows;
+- then XACK + XDEL in one MULTI.
+
+Nothing is decoded, validated, run or logged. So (a2)/(a) is the cost of the schema and the
+record of every change; (b)/(a2) is the cost of the framework around the same SQL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing as mp
+import resource
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from bench import cpu
+from bench.common import Barrier, Services, mysql_connect, run_workers, say
+from bench.drain import TASKS, prepublish
+from bench.raw import DEADLINE_S, RawResult
+from bench.stage import staged
+from taskstream.core.protocol import GROUP
+from taskstream.core.states import Status
+
+BATCH = 200
+CONSUMERS = 2
+_COLUMNS = (
+    "id, task_id, agent, dedupe_key, status, attempt, max_attempts, priority,"
+    " scheduled_for_ms, business_date, payload, result, context, fail_class, last_error,"
+    " lease_owner, lease_expires_at_ms, not_before_ms, deadline_ms, next_attempt_at_ms,"
+    " trace_id, created_at_ms, updated_at_ms"
+)
+_DB_NOW = "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)"
+LEASE_MS = 150_000
+
+
+@dataclass(frozen=True, slots=True)
+class _Job:
+    svc: Services
+    database: str
+    streams: tuple[str, ...]
+    consumer: str
+
+
+def _marks(n: int) -> str:
+    return ",".join(["%s"] * n)
+
+
+def _lock(n: int) -> str:
+    return (
+        f"SELECT {_COLUMNS}, {_DB_NOW} AS db_now_ms FROM task_instances"  # noqa: S608 - constants and %s marks only
+        f" WHERE id IN ({_marks(n)}) ORDER BY id FOR UPDATE"
+    )
+
+
+def _claim(n: int) -> str:
+    return (
+        "UPDATE task_instances SET status='RUNNING', attempt=attempt + 1, fail_class=NULL,"  # noqa: S608 - constants and %s marks only
+        " lease_owner=%s, lease_expires_at_ms=%s, next_attempt_at_ms=NULL, updated_at_ms=%s"
+        f" WHERE status='DISPATCHED' AND attempt=0 AND id IN ({_marks(n)})"
+    )
+
+
+def _finish(n: int) -> str:
+    return (
+        "UPDATE task_instances SET status='SUCCESS', result=%s, fail_class=NULL,"  # noqa: S608 - constants and %s marks only
+        " lease_owner=NULL, lease_expires_at_ms=NULL, next_attempt_at_ms=NULL,"
+        f" updated_at_ms={_DB_NOW} WHERE status='RUNNING' AND attempt=1 AND id IN ({_marks(n)})"
+    )
+
+
+def _history(src: Status, n: int) -> str:
+    return (
+        "INSERT INTO instance_history (instance_id, from_status, to_status, attempt, owner,"  # noqa: S608 - constants and %s marks only
+        f" reason, at_ms) SELECT id, '{src.value}', status, attempt, %s, %s, updated_at_ms"
+        f" FROM task_instances WHERE id IN ({_marks(n)})"
+    )
+
+
+async def _batch(cur: Any, conn: Any, consumer: str, ids: list[str]) -> None:
+    """One executor batch's SQL: claim transaction, then finish transaction."""
+    n = len(ids)
+    await cur.execute(_lock(n), ids)
+    rows = await cur.fetchall()
+    now_ms = int(rows[0][-1])
+    await cur.execute(_claim(n), [consumer, now_ms + LEASE_MS, now_ms, *ids])
+    await cur.execute(_history(Status.DISPATCHED, n), [consumer, "claimed", *ids])
+    await conn.commit()
+    await cur.execute(_finish(n), ['{"n":1}', *ids])
+    await cur.execute(_history(Status.RUNNING, n), [consumer, "completed", *ids])
+    await conn.commit()
+
+
+async def _consume(job: _Job, barrier: Barrier) -> dict[str, Any]:
+    redis = aioredis.Redis.from_url(job.svc.redis_url)
+    conn = await mysql_connect(job.svc, job.database)
+    await conn.autocommit(False)
+    await redis.ping()
+    barrier.arrive()
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    cpu_start = usage.ru_utime + usage.ru_stime
+    first: float | None = None
+    last: float | None = None
+    done = batches = 0
+    deadline = time.monotonic() + DEADLINE_S
+    try:
+        async with conn.cursor() as cur:
+            await cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+            while time.monotonic() < deadline:
+                started = time.time()
+                reply: Any = await redis.xreadgroup(
+                    GROUP, job.consumer, dict.fromkeys(job.streams, ">"), count=BATCH
+                )
+                if not reply:
+                    break
+                first = started if first is None else first
+                for stream, entries in reply:
+                    entry_ids = [e[0] for e in entries]
+                    ids = [e[1][b"instance_id"].decode() for e in entries]
+                    await _batch(cur, conn, job.consumer, ids)
+                    async with redis.pipeline(transaction=True) as pipe:
+                        pipe.xack(stream, GROUP, *entry_ids)
+                        pipe.xdel(stream, *entry_ids)
+                        await pipe.execute()
+                    done += len(ids)
+                    batches += 1
+                last = time.time()
+    finally:
+        conn.close()
+        await redis.aclose()
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    cpu_s = usage.ru_utime + usage.ru_stime - cpu_start
+    return {"first": first, "last": last, "done": done, "batches": batches, "cpu_s": cpu_s}
+
+
+def _consumer_main(job: _Job, barrier: Barrier, out: mp.Queue[Any]) -> None:
+    out.put(asyncio.run(_consume(job, barrier)))
+
+
+async def run_raw_store(svc: Services, n: int) -> RawResult:
+    """One measurement of (a2) with `n` instances published as for (b)."""
+    async with staged(svc, "a2", TASKS) as stage:
+        await prepublish(stage, n, "bulk", "(a2)")
+        names = tuple(stage.keys.streams())
+        jobs = [_Job(svc, stage.database, names, f"raw-{i}") for i in range(CONSUMERS)]
+        before = cpu.snapshot()
+        results = await run_workers(_consumer_main, jobs, DEADLINE_S + 30)
+        used = cpu.usage(before, cpu.snapshot())
+        success = (await stage.store.count_by_status())[Status.SUCCESS]
+    result = RawResult.of(results, used, success)
+    say(f"(a2) raw with taskstream's statements: {result.summary()}")
+    return result
