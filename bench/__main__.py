@@ -1,10 +1,10 @@
 """`python -m bench`: run every benchmark, print the results table, write docs/benchmarks.md.
 
-    scripts/bench            3 runs of each figure (about 6 minutes), writes docs/benchmarks.md
+    scripts/bench            3 runs of each figure (about 7 minutes), writes docs/benchmarks.md
     scripts/bench --quick    1 small run of each, prints only (a smoke check)
 
-(a) and (b) run alternately, a then b, so that drift of the shared machine hits both alike;
-the ratio (b)/(a) is computed per pair. Before each measurement the run waits (at most 30 s)
+(a), (a2) and (b) run in turn, a then a2 then b, so that drift of the shared machine hits
+them alike; the ratios (b)/(a), (a2)/(a) and (b)/(a2) are computed per run. Before each measurement the run waits (at most 30 s)
 for the machine to be quiet: this host is shared, and the CPU other processes use during each
 run is reported next to the figures.
 """
