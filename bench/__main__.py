@@ -4,9 +4,9 @@
     scripts/bench --quick    1 small run of each, prints only (a smoke check)
 
 (a), (a2) and (b) run in turn, a then a2 then b, so that drift of the shared machine hits
-them alike; the ratios (b)/(a), (a2)/(a) and (b)/(a2) are computed per run. Before each measurement the run waits (at most 30 s)
-for the machine to be quiet: this host is shared, and the CPU other processes use during each
-run is reported next to the figures.
+them alike; the ratios (b)/(a), (a2)/(a) and (b)/(a2) are computed per run. Before each
+measurement the run waits (at most 30 s) for the machine to be quiet: this host is shared, and
+the CPU other processes use during each run is reported next to the figures.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from bench.drain import EXECUTORS, run_drain
 from bench.latency import run_latency
 from bench.profile import summarize
 from bench.raw import run_raw
+from bench.raw_store import BATCH as RAW_STORE_BATCH
 from bench.raw_store import run_raw_store
 from bench.recovery import run_recovery
 from bench.report import Results, per_run, rows, table
@@ -208,7 +209,8 @@ def _git_head() -> str:
 
 def document(args: argparse.Namespace, facts: list[str], tbl: str, runs: str, command: str) -> str:
     settings = (
-        f"- settings: (a) {args.raw_size:,} entries; (b) {args.size:,} instances,"
+        f"- settings: (a) {args.raw_size:,} entries; (a2) {args.size:,} instances, batches of"
+        f" {RAW_STORE_BATCH}; (b) {args.size:,} instances,"
         f" {EXECUTORS} executors `--concurrency {args.concurrency}`, pre-published"
         f" `{args.publish}`; (c) {args.rate:g}/s with {publishers_for(args.rate)} publisher"
         f" process(es) and 1 executor, (c2) the same with 2 executors, (c') {args.low_rate:g}/s"

@@ -59,14 +59,14 @@ def _marks(n: int) -> str:
     return ",".join(["%s"] * n)
 
 
-def _lock(n: int) -> str:
+def lock_sql(n: int) -> str:
     return (
         f"SELECT {_COLUMNS}, {_DB_NOW} AS db_now_ms FROM task_instances"  # noqa: S608 - constants and %s marks only
         f" WHERE id IN ({_marks(n)}) ORDER BY id FOR UPDATE"
     )
 
 
-def _claim(n: int) -> str:
+def claim_sql(n: int) -> str:
     return (
         "UPDATE task_instances SET status='RUNNING', attempt=attempt + 1, fail_class=NULL,"  # noqa: S608 - constants and %s marks only
         " lease_owner=%s, lease_expires_at_ms=%s, next_attempt_at_ms=NULL, updated_at_ms=%s"
@@ -74,7 +74,7 @@ def _claim(n: int) -> str:
     )
 
 
-def _finish(n: int) -> str:
+def finish_sql(n: int) -> str:
     return (
         "UPDATE task_instances SET status='SUCCESS', result=%s, fail_class=NULL,"  # noqa: S608 - constants and %s marks only
         " lease_owner=NULL, lease_expires_at_ms=NULL, next_attempt_at_ms=NULL,"
@@ -82,7 +82,7 @@ def _finish(n: int) -> str:
     )
 
 
-def _history(src: Status, n: int) -> str:
+def history_sql(src: Status, n: int) -> str:
     return (
         "INSERT INTO instance_history (instance_id, from_status, to_status, attempt, owner,"  # noqa: S608 - constants and %s marks only
         f" reason, at_ms) SELECT id, '{src.value}', status, attempt, %s, %s, updated_at_ms"
@@ -93,14 +93,14 @@ def _history(src: Status, n: int) -> str:
 async def _batch(cur: Any, conn: Any, consumer: str, ids: list[str]) -> None:
     """One executor batch's SQL: claim transaction, then finish transaction."""
     n = len(ids)
-    await cur.execute(_lock(n), ids)
+    await cur.execute(lock_sql(n), ids)
     rows = await cur.fetchall()
     now_ms = int(rows[0][-1])
-    await cur.execute(_claim(n), [consumer, now_ms + LEASE_MS, now_ms, *ids])
-    await cur.execute(_history(Status.DISPATCHED, n), [consumer, "claimed", *ids])
+    await cur.execute(claim_sql(n), [consumer, now_ms + LEASE_MS, now_ms, *ids])
+    await cur.execute(history_sql(Status.DISPATCHED, n), [consumer, "claimed", *ids])
     await conn.commit()
-    await cur.execute(_finish(n), ['{"n":1}', *ids])
-    await cur.execute(_history(Status.RUNNING, n), [consumer, "completed", *ids])
+    await cur.execute(finish_sql(n), ['{"n":1}', *ids])
+    await cur.execute(history_sql(Status.RUNNING, n), [consumer, "completed", *ids])
     await conn.commit()
 
 
