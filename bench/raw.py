@@ -17,6 +17,7 @@ import multiprocessing as mp
 import resource
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,11 +80,24 @@ class RawResult:
 
 
 @dataclass(frozen=True, slots=True)
-class _Job:
+class Job:
+    """One consumer process of a raw loop: where it reads and writes, and how."""
+
     svc: Services
     database: str
-    stream: str
+    streams: tuple[str, ...]
     consumer: str
+    group: str
+    count: int
+    """Entries per XREADGROUP (per stream)."""
+    transactions: bool = False
+    """False: autocommit; True: the batch's statements commit themselves (`conn.commit()`)."""
+    setup: tuple[str, ...] = ()
+    """Session statements run once before the loop."""
+
+
+BatchSql = Callable[[Job, Any, Any, list[str]], Awaitable[None]]
+"""(job, cursor, connection, instance ids of one read): send one batch's statements."""
 
 
 def _entry(instance_id: str, now_ms: int) -> dict[str, str]:
@@ -125,9 +139,13 @@ async def _prepare(svc: Services, database: str, stream: str, n: int) -> None:
         await redis.aclose()
 
 
-async def _consume(job: _Job, barrier: Barrier) -> dict[str, Any]:
+async def consume(job: Job, barrier: Barrier, batch_sql: BatchSql) -> dict[str, Any]:
+    """Loop until the first empty read or `DEADLINE_S`: XREADGROUP, `batch_sql` for the
+    entries of each stream read, XACK + XDEL in one MULTI. Returns the host times of the first
+    read and the last ack, the counts, and this process's CPU seconds."""
     redis = aioredis.Redis.from_url(job.svc.redis_url)
     conn = await mysql_connect(job.svc, job.database)
+    await conn.autocommit(not job.transactions)
     await redis.ping()
     barrier.arrive()
     usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -136,28 +154,30 @@ async def _consume(job: _Job, barrier: Barrier) -> dict[str, Any]:
     last: float | None = None
     done = batches = 0
     deadline = time.monotonic() + DEADLINE_S
+    streams: Any = dict.fromkeys(job.streams, ">")
     try:
         async with conn.cursor() as cur:
+            for statement in job.setup:
+                await cur.execute(statement)
             while time.monotonic() < deadline:
                 started = time.time()
                 reply: Any = await redis.xreadgroup(
-                    GROUP, job.consumer, {job.stream: ">"}, count=BATCH
+                    job.group, job.consumer, streams, count=job.count
                 )
                 if not reply:
                     break
                 first = started if first is None else first
-                entries = reply[0][1]
-                entry_ids = [e[0] for e in entries]
-                ids = [e[1][b"instance_id"].decode() for e in entries]
-                await cur.execute(_cas("RUNNING", "DISPATCHED", len(ids)), ids)
-                await cur.execute(_cas("SUCCESS", "RUNNING", len(ids)), ids)
-                async with redis.pipeline(transaction=True) as pipe:
-                    pipe.xack(job.stream, GROUP, *entry_ids)
-                    pipe.xdel(job.stream, *entry_ids)
-                    await pipe.execute()
+                for stream, entries in reply:
+                    entry_ids = [e[0] for e in entries]
+                    ids = [e[1][b"instance_id"].decode() for e in entries]
+                    await batch_sql(job, cur, conn, ids)
+                    async with redis.pipeline(transaction=True) as pipe:
+                        pipe.xack(stream, job.group, *entry_ids)
+                        pipe.xdel(stream, *entry_ids)
+                        await pipe.execute()
+                    done += len(entry_ids)
+                    batches += 1
                 last = time.time()
-                done += len(ids)
-                batches += 1
     finally:
         conn.close()
         await redis.aclose()
@@ -166,14 +186,20 @@ async def _consume(job: _Job, barrier: Barrier) -> dict[str, Any]:
     return {"first": first, "last": last, "done": done, "batches": batches, "cpu_s": cpu_s}
 
 
+async def _two_updates(job: Job, cur: Any, conn: Any, ids: list[str]) -> None:
+    """(a)'s statements: two autocommit CAS UPDATEs."""
+    await cur.execute(_cas("RUNNING", "DISPATCHED", len(ids)), ids)
+    await cur.execute(_cas("SUCCESS", "RUNNING", len(ids)), ids)
+
+
 def _cas(dst: str, src: str, n: int) -> str:
     """`UPDATE items SET status=dst WHERE id IN (%s x n) AND status=src` (constants only)."""
     marks = ",".join(["%s"] * n)
     return f"UPDATE items SET status='{dst}' WHERE id IN ({marks}) AND status='{src}'"  # noqa: S608
 
 
-def _consumer_main(job: _Job, barrier: Barrier, out: mp.Queue[Any]) -> None:
-    out.put(asyncio.run(_consume(job, barrier)))
+def _consumer_main(job: Job, barrier: Barrier, out: mp.Queue[Any]) -> None:
+    out.put(asyncio.run(consume(job, barrier, _two_updates)))
 
 
 async def run_raw(svc: Services, n: int) -> RawResult:
@@ -183,7 +209,9 @@ async def run_raw(svc: Services, n: int) -> RawResult:
     try:
         async with temp_database(svc) as database:
             await _prepare(svc, database, stream, n)
-            jobs = [_Job(svc, database, stream, f"raw-{i}") for i in range(CONSUMERS)]
+            jobs = [
+                Job(svc, database, (stream,), f"raw-{i}", GROUP, BATCH) for i in range(CONSUMERS)
+            ]
             before = cpu.snapshot()
             results = await run_workers(_consumer_main, jobs, DEADLINE_S + 30)
             used = cpu.usage(before, cpu.snapshot())

@@ -20,17 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing as mp
-import resource
-import time
-from dataclasses import dataclass
 from typing import Any
 
-import redis.asyncio as aioredis
-
 from bench import cpu
-from bench.common import Barrier, Services, mysql_connect, run_workers, say
+from bench.common import Barrier, Services, run_workers, say
 from bench.drain import TASKS, prepublish
-from bench.raw import DEADLINE_S, RawResult
+from bench.raw import DEADLINE_S, Job, RawResult, consume
 from bench.stage import staged
 from taskstream.core.protocol import GROUP
 from taskstream.core.states import Status
@@ -45,14 +40,8 @@ _COLUMNS = (
 )
 _DB_NOW = "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)"
 LEASE_MS = 150_000
-
-
-@dataclass(frozen=True, slots=True)
-class _Job:
-    svc: Services
-    database: str
-    streams: tuple[str, ...]
-    consumer: str
+READ_COMMITTED = "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED"
+"""The store's session isolation (`taskstream.core.store.sql_engine`)."""
 
 
 def _marks(n: int) -> str:
@@ -90,9 +79,9 @@ def history_sql(src: Status, n: int) -> str:
     )
 
 
-async def _batch(cur: Any, conn: Any, consumer: str, ids: list[str]) -> None:
+async def _batch(job: Job, cur: Any, conn: Any, ids: list[str]) -> None:
     """One executor batch's SQL: claim transaction, then finish transaction."""
-    n = len(ids)
+    n, consumer = len(ids), job.consumer
     await cur.execute(lock_sql(n), ids)
     rows = await cur.fetchall()
     now_ms = int(rows[0][-1])
@@ -104,50 +93,8 @@ async def _batch(cur: Any, conn: Any, consumer: str, ids: list[str]) -> None:
     await conn.commit()
 
 
-async def _consume(job: _Job, barrier: Barrier) -> dict[str, Any]:
-    redis = aioredis.Redis.from_url(job.svc.redis_url)
-    conn = await mysql_connect(job.svc, job.database)
-    await conn.autocommit(False)
-    await redis.ping()
-    barrier.arrive()
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    cpu_start = usage.ru_utime + usage.ru_stime
-    first: float | None = None
-    last: float | None = None
-    done = batches = 0
-    deadline = time.monotonic() + DEADLINE_S
-    try:
-        async with conn.cursor() as cur:
-            await cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
-            while time.monotonic() < deadline:
-                started = time.time()
-                reply: Any = await redis.xreadgroup(
-                    GROUP, job.consumer, dict.fromkeys(job.streams, ">"), count=BATCH
-                )
-                if not reply:
-                    break
-                first = started if first is None else first
-                for stream, entries in reply:
-                    entry_ids = [e[0] for e in entries]
-                    ids = [e[1][b"instance_id"].decode() for e in entries]
-                    await _batch(cur, conn, job.consumer, ids)
-                    async with redis.pipeline(transaction=True) as pipe:
-                        pipe.xack(stream, GROUP, *entry_ids)
-                        pipe.xdel(stream, *entry_ids)
-                        await pipe.execute()
-                    done += len(ids)
-                    batches += 1
-                last = time.time()
-    finally:
-        conn.close()
-        await redis.aclose()
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    cpu_s = usage.ru_utime + usage.ru_stime - cpu_start
-    return {"first": first, "last": last, "done": done, "batches": batches, "cpu_s": cpu_s}
-
-
-def _consumer_main(job: _Job, barrier: Barrier, out: mp.Queue[Any]) -> None:
-    out.put(asyncio.run(_consume(job, barrier)))
+def _consumer_main(job: Job, barrier: Barrier, out: mp.Queue[Any]) -> None:
+    out.put(asyncio.run(consume(job, barrier, _batch)))
 
 
 async def run_raw_store(svc: Services, n: int) -> RawResult:
@@ -155,7 +102,10 @@ async def run_raw_store(svc: Services, n: int) -> RawResult:
     async with staged(svc, "a2", TASKS) as stage:
         await prepublish(stage, n, "bulk", "(a2)")
         names = tuple(stage.keys.streams())
-        jobs = [_Job(svc, stage.database, names, f"raw-{i}") for i in range(CONSUMERS)]
+        jobs = [
+            Job(svc, stage.database, names, f"raw-{i}", GROUP, BATCH, True, (READ_COMMITTED,))
+            for i in range(CONSUMERS)
+        ]
         before = cpu.snapshot()
         results = await run_workers(_consumer_main, jobs, DEADLINE_S + 30)
         used = cpu.usage(before, cpu.snapshot())
