@@ -14,6 +14,7 @@ from taskstream.core.states import Status
 from taskstream.core.store.port import CasResult, CreateResult, DispatchRequest, NewInstance
 from taskstream.core.store.sql import SqlStore
 from tests.contract.conftest import Advance, MakeNew, trail
+from tests.support.statements import calls
 
 
 def _strip(row: object) -> object:
@@ -55,6 +56,24 @@ async def test_create_instances_equals_sequential_creates(
         Status.PENDING,
         "backfill",
     )
+
+
+async def test_a_batch_inserts_its_rows_with_one_cached_statement(
+    store: SqlStore, make_new: MakeNew
+) -> None:
+    await store.create_instances([make_new("warm-up-1"), make_new("warm-up-2")])
+
+    with calls(store, "INSERT INTO TASK_INSTANCES") as sent:
+        results = await store.create_instances([make_new(f"m{n:02d}") for n in range(40)])
+
+    assert all(r.created for r in results)
+    # One driver call for the 40 rows, compiled once for every batch size: a `.values([...])`
+    # list would compile anew each time. MySQL drivers would split an executemany whose
+    # VALUES hold SQL (the database clock) into a statement per row, so there SQLAlchemy
+    # renders the rows into one multi-row INSERT itself (both times of each row as SQL).
+    assert [c.cached for c in sent] == [True]
+    if store.engine.dialect.name == "mysql":
+        assert sent[0].statement.count("UNIX_TIMESTAMP") == 2 * 40
 
 
 async def test_create_instances_of_nothing_writes_nothing(store: SqlStore) -> None:

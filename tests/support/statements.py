@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy.engine import Connection
+from sqlalchemy.engine.default import CACHE_HIT
 
 from taskstream.core.store.sql import SqlStore
 
@@ -23,6 +25,34 @@ def statements(store: SqlStore, kinds: tuple[str, ...] = READS_AND_WRITES) -> It
     def record(conn: Connection, cursor: Any, statement: str, *rest: Any) -> None:
         if statement.lstrip().upper().startswith(kinds):
             sent.append(statement)
+
+    event.listen(store.engine.sync_engine, "before_cursor_execute", record)
+    try:
+        yield sent
+    finally:
+        event.remove(store.engine.sync_engine, "before_cursor_execute", record)
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One statement as the driver got it: its text, and whether its compiled form came from
+    the engine's cache."""
+
+    statement: str
+    cached: bool
+
+
+@contextmanager
+def calls(store: SqlStore, prefix: str) -> Iterator[list[Call]]:
+    """Collect the driver calls of statements starting with `prefix` (upper case) while the
+    block runs."""
+    sent: list[Call] = []
+
+    def record(
+        conn: Connection, cursor: Any, statement: str, params: Any, context: Any, many: bool
+    ) -> None:
+        if statement.lstrip().upper().startswith(prefix):
+            sent.append(Call(statement, context.cache_hit is CACHE_HIT))
 
     event.listen(store.engine.sync_engine, "before_cursor_execute", record)
     try:

@@ -161,12 +161,8 @@ async def finish_many(
     for part in q.chunks(sorted(winners, key=lambda p: p.request.instance_id)):
         await _finish_chunk(conn, part, owners)
     effects = sorted((k, p.request.instance_id, p.request.token) for p in winners for k in p.keys)
+    stmt = insert(side_effects).values(created_at_ms=db_now_ms())
     for rows_part in q.chunks(effects):
-        stmt = insert(side_effects).values(
-            [
-                {"idempotency_key": k, "instance_id": i, "attempt": a, "created_at_ms": db_now_ms()}
-                for k, i, a in rows_part
-            ]
-        )
-        await conn.execute(stmt)
+        params = [{"idempotency_key": k, "instance_id": i, "attempt": a} for k, i, a in rows_part]
+        await conn.execute(stmt, params)
     return results

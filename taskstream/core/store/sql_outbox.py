@@ -139,12 +139,12 @@ async def create_many(conn: AsyncConnection, news: Sequence[NewInstance]) -> lis
     results, fresh = _split(news, *await _taken(conn, news))
     # In key order, so two batches racing for the same keys wait instead of deadlocking.
     fresh.sort(key=lambda n: n.dedupe_key)
+    # One statement with the times as SQL and the rows as executemany parameters: SQLAlchemy
+    # caches its compiled form and sends each chunk as one multi-row INSERT, where a
+    # `.values([...])` list would be compiled anew for every batch.
+    stmt = insert(inst).values(created_at_ms=db_now_ms(), updated_at_ms=db_now_ms())
     for part in q.chunks(fresh):
-        now = db_now_ms()
-        values = [
-            rows.instance_values(n) | {"created_at_ms": now, "updated_at_ms": now} for n in part
-        ]
-        await conn.execute(insert(inst).values(values))
+        await conn.execute(stmt, [rows.instance_values(n) for n in part])
         await q.append_history(
             conn,
             sorted(n.id for n in part),
