@@ -29,15 +29,12 @@ from bench.raw import DEADLINE_S, Job, RawResult, consume
 from bench.stage import staged
 from taskstream.core.protocol import GROUP
 from taskstream.core.states import Status
+from taskstream.core.store.tables import task_instances
 
 BATCH = 200
 CONSUMERS = 2
-_COLUMNS = (
-    "id, task_id, agent, dedupe_key, status, attempt, max_attempts, priority,"
-    " scheduled_for_ms, business_date, payload, result, context, fail_class, last_error,"
-    " lease_owner, lease_expires_at_ms, not_before_ms, deadline_ms, next_attempt_at_ms,"
-    " trace_id, created_at_ms, updated_at_ms"
-)
+_COLUMNS = ", ".join(c.name for c in task_instances.columns)
+"""Every column, as the store's locked read selects them."""
 _DB_NOW = "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)"
 LEASE_MS = 150_000
 READ_COMMITTED = "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED"
