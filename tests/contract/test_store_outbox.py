@@ -76,6 +76,24 @@ async def test_a_batch_inserts_its_rows_with_one_cached_statement(
         assert sent[0].statement.count("UNIX_TIMESTAMP") == 2 * 40
 
 
+async def test_a_batch_larger_than_a_statement_may_be_is_split(
+    store: SqlStore, make_new: MakeNew
+) -> None:
+    # 24 rows of 1 MiB payloads: 24 MiB, more than MariaDB's default max_allowed_packet.
+    big = "x" * (1024 * 1024)
+    news = [dataclasses.replace(make_new(f"big{n:02d}"), payload={"blob": big}) for n in range(24)]
+
+    with calls(store, "INSERT INTO TASK_INSTANCES") as sent:
+        results = await store.create_instances(news)
+
+    assert all(r.created for r in results)
+    assert len(sent) > 1
+    for new in news:
+        row = await store.get_instance(new.id)
+        assert row is not None and row.payload == {"blob": big}
+        assert await trail(store, new.id) == [(None, Status.PENDING, 0, None, "scheduled")]
+
+
 async def test_create_instances_of_nothing_writes_nothing(store: SqlStore) -> None:
     assert await store.create_instances([]) == []
 

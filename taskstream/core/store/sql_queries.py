@@ -53,6 +53,27 @@ def chunks(items: Sequence[_T]) -> Iterator[Sequence[_T]]:
         yield items[start : start + CHUNK]
 
 
+STATEMENT_BYTES = 4 * 1024 * 1024
+"""Most bytes of values per multi-row statement: a quarter of the smallest default packet
+limit of the servers (MariaDB's `max_allowed_packet`, 16 MiB), so sizes counted in characters
+of utf8mb4 text (at most 4 bytes each) still fit."""
+
+
+def sized_chunks(
+    items: Sequence[_T], sizes: Sequence[int], max_bytes: int = STATEMENT_BYTES
+) -> Iterator[Sequence[_T]]:
+    """`items` in order, in slices of at most `CHUNK` whose `sizes` (bytes each) add up to at
+    most `max_bytes`; an item larger than that on its own is a slice of one."""
+    start, total = 0, 0
+    for end, size in enumerate(sizes):
+        if end > start and (end - start == CHUNK or total + size > max_bytes):
+            yield items[start:end]
+            start, total = end, 0
+        total += size
+    if start < len(items):
+        yield items[start:]
+
+
 def match_pairs(pairs: Sequence[tuple[str, int]]) -> ColumnElement[bool]:
     """Rows whose (id, attempt) is one of `pairs`. When all pairs share one attempt (the
     common case: a batch of fresh runs) `attempt = a AND id IN (...)`, else a row-value IN;
