@@ -197,3 +197,25 @@ async def test_a_batch_at_one_wrong_attempt_changes_nothing(
 
     assert results == dict.fromkeys(ids, CasResult(ok=False, found=Status.PENDING))
     assert [await trail(store, i) for i in ids] == before
+
+
+async def test_finishes_with_large_results_are_split_into_statements(
+    store: SqlStore, make_new: MakeNew, advance: Advance
+) -> None:
+    # Two batches of 18 results of 1 MiB: 18 MiB each, more than MariaDB's default
+    # max_allowed_packet (16 MiB) would let one statement carry.
+    big = "r" * (1024 * 1024)
+    runs = [await _running(store, make_new, advance, f"big{n:02d}", "w1") for n in range(36)]
+    # Each result its own (equal results would be one literal in the UPDATE, not one each).
+    named = [FinishRequest(i, t, Status.SUCCESS, "ok", {i: big}, owner="w1") for i, t in runs]
+    unnamed = [FinishRequest(i, t, Status.SUCCESS, "ok", {i: big}) for i, t in runs]
+
+    with statements(store, ("UPDATE",)) as sent:
+        # The unread path for the first half, the locking path (no owner named) for the rest.
+        results = await store.finish_many(named[:18]) | await store.finish_many(unnamed[18:])
+
+    assert results == {i: CasResult(ok=True) for i, _ in runs}
+    assert len(sent) > 2
+    for instance_id, _ in runs:
+        row = await store.get_instance(instance_id)
+        assert row is not None and (row.status, row.result) == (Status.SUCCESS, {instance_id: big})

@@ -16,7 +16,7 @@ times from the database clock. For many runs:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -129,6 +129,14 @@ async def _finish_chunk(
     )
 
 
+def _update_chunks(prepared: Sequence[PreparedFinish]) -> Iterator[Sequence[PreparedFinish]]:
+    """`prepared` in id order (the order rows are locked in), in slices that each make one
+    CAS UPDATE of at most `q.STATEMENT_BYTES`: results can be large."""
+    ordered = sorted(prepared, key=lambda p: p.request.instance_id)
+    sizes = [sum(len(v) for v in p.values.values() if isinstance(v, str)) for p in ordered]
+    return q.sized_chunks(ordered, sizes)
+
+
 def unread_ok(prepared: Sequence[PreparedFinish]) -> bool:
     """The batch may be written by `finish_unread`: every run names its owner and records no
     side effects (a key check would need a read anyway)."""
@@ -141,7 +149,7 @@ async def finish_unread(
     """`finish_many` for a batch that passes `unread_ok`, without reading the rows first:
     each chunk's CAS UPDATE must match every run (it locks their rows in id order), else
     `q.RowsMoved` and the caller's transaction rolls back."""
-    for part in q.chunks(sorted(prepared, key=lambda p: p.request.instance_id)):
+    for part in _update_chunks(prepared):
         await _finish_chunk(conn, part, {p.request.instance_id: p.request.owner for p in part})
     return {p.request.instance_id: CasResult(ok=True) for p in prepared}
 
@@ -158,7 +166,7 @@ async def finish_many(
     keys = sorted({k for p in prepared if p.request.instance_id in seen for k in p.keys})
     results, winners = _decide_finishes(prepared, seen, await q.recorded_keys(conn, keys))
     owners = {i: s.lease_owner for i, s in seen.items()}
-    for part in q.chunks(sorted(winners, key=lambda p: p.request.instance_id)):
+    for part in _update_chunks(winners):
         await _finish_chunk(conn, part, owners)
     effects = sorted((k, p.request.instance_id, p.request.token) for p in winners for k in p.keys)
     stmt = insert(side_effects).values(created_at_ms=db_now_ms())
