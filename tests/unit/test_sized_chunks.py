@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from taskstream.core.store.sql_queries import CHUNK, sized_chunks
+from taskstream.core.store.sql_queries import CHUNK, sized_chunks, text_size
 
 
 def test_slices_close_before_the_byte_budget_and_at_the_count_limit() -> None:
@@ -27,3 +27,7 @@ def test_every_item_once_in_order_within_both_bounds(sizes: list[int], budget: i
     for s in slices:
         assert 1 <= len(s) <= CHUNK
         assert len(s) == 1 or sum(sizes[i] for i in s) <= budget
+
+
+def test_a_rows_size_counts_its_text_values_only() -> None:
+    assert text_size({"payload": '{"a":1}', "attempt": 3, "owner": None, "id": "i_1"}) == 10

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager, suppress
-from typing import Any
 
 from sqlalchemy import insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -145,7 +144,7 @@ async def create_many(conn: AsyncConnection, news: Sequence[NewInstance]) -> lis
     # `.values([...])` list would be compiled anew for every batch.
     stmt = insert(inst).values(created_at_ms=db_now_ms(), updated_at_ms=db_now_ms())
     values = [rows.instance_values(n) for n in fresh]
-    for span in q.sized_chunks(range(len(fresh)), [_text_size(v) for v in values]):
+    for span in q.sized_chunks(range(len(fresh)), [q.text_size(v) for v in values]):
         await conn.execute(stmt, [values[i] for i in span])
         part = [fresh[i] for i in span]
         await q.append_history(
@@ -156,12 +155,6 @@ async def create_many(conn: AsyncConnection, news: Sequence[NewInstance]) -> lis
             reasons={n.id: n.reason for n in part},
         )
     return results
-
-
-def _text_size(values: dict[str, Any]) -> int:
-    """Characters of a row's text values (payload and context JSON, ids, keys): its size for
-    `q.sized_chunks`, whose margin allows for up to 4 bytes per character (utf8mb4)."""
-    return sum(len(v) for v in values.values() if isinstance(v, str))
 
 
 async def dispatch_many(

@@ -59,6 +59,12 @@ limit of the servers (MariaDB's `max_allowed_packet`, 16 MiB), so sizes counted 
 of utf8mb4 text (at most 4 bytes each) still fit."""
 
 
+def text_size(values: Mapping[str, Any]) -> int:
+    """Characters of a row's text values (JSON documents, ids, keys, errors): its size for
+    `sized_chunks`, whose margin allows for up to 4 bytes per character (utf8mb4)."""
+    return sum(len(v) for v in values.values() if isinstance(v, str))
+
+
 def sized_chunks(
     items: Sequence[_T], sizes: Sequence[int], max_bytes: int = STATEMENT_BYTES
 ) -> Iterator[Sequence[_T]]:
