@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing as mp
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from bench import cpu
@@ -76,18 +77,34 @@ def history_sql(src: Status, n: int) -> str:
     )
 
 
-async def _batch(job: Job, cur: Any, conn: Any, ids: list[str]) -> None:
+Timed = Callable[[str, Awaitable[Any]], Awaitable[None]]
+"""(statement name, its call): await the call, e.g. timing it (`bench.statements`)."""
+
+
+async def _untimed(_name: str, call: Awaitable[Any]) -> None:
+    await call
+
+
+async def run_batch(
+    cur: Any, conn: Any, consumer: str, ids: list[str], timed: Timed = _untimed
+) -> None:
     """One executor batch's SQL: claim transaction, then finish transaction."""
-    n, consumer = len(ids), job.consumer
-    await cur.execute(lock_sql(n), ids)
-    rows = await cur.fetchall()
-    now_ms = int(rows[0][-1])
-    await cur.execute(claim_sql(n), [consumer, now_ms + LEASE_MS, now_ms, *ids])
-    await cur.execute(history_sql(Status.DISPATCHED, n), [consumer, "claimed", *ids])
-    await conn.commit()
-    await cur.execute(finish_sql(n), ['{"n":1}', *ids])
-    await cur.execute(history_sql(Status.RUNNING, n), [consumer, "completed", *ids])
-    await conn.commit()
+    n = len(ids)
+    await timed("lock read (SELECT ... FOR UPDATE)", cur.execute(lock_sql(n), ids))
+    now_ms = int((await cur.fetchall())[0][-1])
+    claim = [consumer, now_ms + LEASE_MS, now_ms, *ids]
+    await timed("claim CAS UPDATE", cur.execute(claim_sql(n), claim))
+    history = history_sql(Status.DISPATCHED, n)
+    await timed("claim history INSERT", cur.execute(history, [consumer, "claimed", *ids]))
+    await timed("claim COMMIT", conn.commit())
+    await timed("finish CAS UPDATE", cur.execute(finish_sql(n), ['{"n":1}', *ids]))
+    history = history_sql(Status.RUNNING, n)
+    await timed("finish history INSERT", cur.execute(history, [consumer, "completed", *ids]))
+    await timed("finish COMMIT", conn.commit())
+
+
+async def _batch(job: Job, cur: Any, conn: Any, ids: list[str]) -> None:
+    await run_batch(cur, conn, job.consumer, ids)
 
 
 def _consumer_main(job: Job, barrier: Barrier, out: mp.Queue[Any]) -> None:

@@ -14,7 +14,7 @@ import argparse
 import asyncio
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -24,28 +24,8 @@ from bench.common import Services, mysql_connect, mysql_exec, say
 from bench.drain import TASKS, prepublish
 from bench.stage import Stage, staged
 from taskstream.core.protocol import GROUP
-from taskstream.core.states import Status
 
 CONSUMER = "statements"
-
-
-Timed = Callable[[str, Awaitable[Any]], Awaitable[None]]
-
-
-async def _batch(cur: Any, conn: Any, ids: list[str], timed: Timed) -> None:
-    """(a2)'s statements for one batch, each timed."""
-    n = len(ids)
-    await timed("lock read (SELECT ... FOR UPDATE)", cur.execute(rs.lock_sql(n), ids))
-    now_ms = int((await cur.fetchall())[0][-1])
-    claim = [CONSUMER, now_ms + rs.LEASE_MS, now_ms, *ids]
-    await timed("claim CAS UPDATE", cur.execute(rs.claim_sql(n), claim))
-    history = rs.history_sql(Status.DISPATCHED, n)
-    await timed("claim history INSERT", cur.execute(history, [CONSUMER, "claimed", *ids]))
-    await timed("claim COMMIT", conn.commit())
-    await timed("finish CAS UPDATE", cur.execute(rs.finish_sql(n), ['{"n":1}', *ids]))
-    history = rs.history_sql(Status.RUNNING, n)
-    await timed("finish history INSERT", cur.execute(history, [CONSUMER, "completed", *ids]))
-    await timed("finish COMMIT", conn.commit())
 
 
 async def _drain(stage: Stage, svc: Services) -> dict[str, float]:
@@ -70,7 +50,7 @@ async def _drain(stage: Stage, svc: Services) -> dict[str, float]:
                     break
                 for stream, entries in reply:
                     ids = [e[1][b"instance_id"].decode() for e in entries]
-                    await _batch(cur, conn, ids, timed)
+                    await rs.run_batch(cur, conn, CONSUMER, ids, timed)
                     await redis.xack(stream, GROUP, *[e[0] for e in entries])
     finally:
         conn.close()
