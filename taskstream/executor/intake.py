@@ -4,11 +4,14 @@ Entries that do not decode, or name an unknown agent, are dead-lettered (the sec
 the instance as poison). The rest are claimed in one store transaction (CAS DISPATCHED ->
 RUNNING with attempt + 1, the fencing token). A lost claim is a duplicate delivery: acked when
 the instance is settled; an entry seen before its PENDING/RETRYING -> DISPATCHED step is
-completed here (its XADD evidently happened) and claimed; anything else is left alone.
+completed here (its XADD evidently happened) and claimed; an instance this consumer claimed
+but runs nowhere (its batch failed after the claim committed) is adopted and run with the
+token it holds; anything else is left alone.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from taskstream.agents.base import Agent
@@ -83,9 +86,13 @@ class Intake:
         registry: Registry,
         defs: DefinitionCache,
         consumer: str,
+        held: Callable[[str], bool] = lambda _: False,
     ) -> None:
+        """`held(instance_id)`: a run of this process holds the instance (running, or its end
+        waiting to commit), so a claim of ours found on it is not to be adopted."""
         self._store, self._redis, self._keys = store, redis, keys
         self._registry, self._defs, self._consumer = registry, defs, consumer
+        self._held = held
         self._log = get_logger(role="executor", consumer=consumer)
 
     async def admit(self, deliveries: list[streams.Delivery]) -> list[Run]:
@@ -97,7 +104,8 @@ class Intake:
         won = await self._claim(candidates)
         lost = [c for c in candidates if c.entry.instance_id not in won]
         if lost:
-            retried = await self._after_lost(lost)
+            retried, adopted = await self._after_lost(lost)
+            won.update(adopted)
             won.update(await self._claim(retried) if retried else {})
         runs = {
             c.entry.instance_id: Run(
@@ -165,13 +173,19 @@ class Intake:
         spec = self._defs.get(task_id)
         return spec.effective_lease_s if spec else DEFAULT_LEASE_S
 
-    async def _after_lost(self, lost: list[_Candidate]) -> list[_Candidate]:
-        """Settle lost claims; return those worth claiming again."""
+    async def _after_lost(
+        self, lost: list[_Candidate]
+    ) -> tuple[list[_Candidate], dict[str, Claimed]]:
+        """Settle lost claims; return those worth claiming again, and our own claims to adopt."""
         again: list[_Candidate] = []
+        adopted: dict[str, Claimed] = {}
         for c in lost:
             row = await self._store.get_instance(c.entry.instance_id)
             if row is None:
                 await self.dead(c.delivery, "unknown_instance", c.entry.instance_id)
+            elif (claim := self._ours(row, c.entry)) is not None:
+                adopted[row.id] = claim
+                self._log.warning("instance.adopted", instance_id=row.id, attempt=row.attempt)
             elif _claimable(row, c.entry):
                 if row.status is not Status.DISPATCHED:
                     await self._store.transition(
@@ -192,7 +206,19 @@ class Intake:
                     status=row.status,
                     attempt=row.attempt,
                 )
-        return again
+        return again, adopted
+
+    def _ours(self, row: InstanceRow, entry: WorkEntry) -> Claimed | None:
+        """The claim to adopt when the entry's attempt is RUNNING under a claim of this
+        consumer that no run of this process holds: the batch that claimed it failed after
+        its commit (or the commit's reply was lost), so nobody would run it before its lease
+        expires. None otherwise."""
+        expires = row.lease_expires_at_ms
+        if row.status is not Status.RUNNING or row.attempt != entry.attempt + 1 or expires is None:
+            return None
+        if row.lease_owner != self._consumer or self._held(row.id):
+            return None
+        return Claimed(token=row.attempt, lease_expires_at_ms=expires, row=row)
 
     async def dead(self, delivery: streams.Delivery, reason: str, detail: str) -> None:
         """Move an entry to the dead-letter stream with its reason."""

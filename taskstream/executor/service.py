@@ -1,6 +1,10 @@
 """The executor process: read only as many entries as there are free slots, claim them in one
 batch, run each in its own task, group-commit the ends, and keep leases held meanwhile.
 
+Entries read in a batch whose intake failed (the store or Redis did not answer) stay this
+process's to admit: after a pause the same batch is admitted again before anything new is
+read, so a store outage delays them by the outage, not by the sweeper's unclaimed timeout.
+
 On stop: reading stops, in-flight runs get `grace_s` to finish, the rest are cancelled and
 released (RETRYING, due now, so another executor picks them up at once), pending commits are
 written, the liveness key is removed.
@@ -78,8 +82,18 @@ class Executor:
     def __init__(self, deps: ExecutorDeps, config: ExecutorConfig) -> None:
         self._deps, self._config = deps, config
         self._defs = DefinitionCache(deps.store, min_interval_s=DEFINITIONS_CHECK_S)
+        self._held: set[str] = set()
+        """Instances a run of this process holds, from its claim until its end is committed."""
+        self._unadmitted: list[streams.Delivery] = []
+        """Entries read but not yet admitted: the batch whose intake failed."""
         self._intake = Intake(
-            deps.store, deps.redis, deps.keys, deps.registry, self._defs, config.consumer
+            deps.store,
+            deps.redis,
+            deps.keys,
+            deps.registry,
+            self._defs,
+            config.consumer,
+            held=self._held.__contains__,
         )
         self._committer = Committer(
             deps.store, deps.redis, deps.keys, deps.clock, deps.rng, self._intake.dead
@@ -137,45 +151,58 @@ class Executor:
             return
         try:
             await self._defs.refresh()
-            self._turn += 1
-            deliveries = await streams.read(
-                self._deps.redis,
-                self._deps.keys,
-                self._config.consumer,
-                count=free,
-                block_ms=self._config.block_ms,
-                order=read_order(self._turn),
-            )
-            runs = await self._intake.admit(deliveries)
+            self._unadmitted = self._unadmitted or await self._read(free)
+            runs = await self._intake.admit(self._unadmitted)
+            self._unadmitted = []
         except ResponseError as exc:
             if "NOGROUP" not in str(exc):
                 raise
             self._log.warning("executor.group_missing")
+            self._unadmitted = []  # a group made anew has no pending entries to ack
             await streams.ensure_groups(self._deps.redis, self._deps.keys)
             return
         except (StoreUnavailable, *streams.DRIVER_ERRORS) as exc:
-            self._log.warning("executor.dependency_down", error=str(exc)[:300])
+            self._log.warning(
+                "executor.dependency_down", error=str(exc)[:300], unadmitted=len(self._unadmitted)
+            )
             await asyncio.sleep(ERROR_PAUSE_S)
             return
         for run in runs:
+            self._held.add(run.row.id)
             task = asyncio.create_task(self._execute(run))
             self._running.add(task)
             self._heartbeat.track(run, task)
             task.add_done_callback(self._running.discard)
+
+    async def _read(self, free: int) -> list[streams.Delivery]:
+        self._turn += 1
+        return await streams.read(
+            self._deps.redis,
+            self._deps.keys,
+            self._config.consumer,
+            count=free,
+            block_ms=self._config.block_ms,
+            order=read_order(self._turn),
+        )
 
     async def _execute(self, run: Run) -> None:
         try:
             end = await execute(run, self._env)
         except asyncio.CancelledError:
             if run.fenced or not self._stopping:
+                self._held.discard(run.row.id)
                 raise
-            await self._committer.submit_plan(run, self._release(run))
+            try:
+                await self._committer.submit_plan(run, self._release(run))
+            finally:
+                self._held.discard(run.row.id)
             return
         finally:
             self._heartbeat.untrack(run)
         # The slot frees as soon as the end is queued, so the next read and claim overlap
-        # this run's commit.
-        self._committer.enqueue(run, end)
+        # this run's commit; the instance stays held until the commit is done.
+        done = self._committer.enqueue(run, end)
+        done.add_done_callback(lambda _: self._held.discard(run.row.id))
 
     async def _marker_set(self) -> None:
         await notify.hint(self._deps.redis, self._deps.keys, "marker")
