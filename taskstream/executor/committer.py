@@ -4,17 +4,23 @@ While one batch is being written, new finishes queue up and go in the next; at l
 batch is a single run, so batching adds no latency. The commit is conditioned on each run's
 fencing token; a fenced run is not acknowledged. Commit and ack run in their own task, so a
 cancelled run handler never interrupts them halfway.
+
+A batch the store could not write (unavailable, connection lost) is written again after a
+pause until it is, or until one more try after stop: a run that finished is never dropped
+and left to time out and run again because the database blinked.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from random import Random
 
 from taskstream.core import notify, streams
 from taskstream.core.clock import Clock
+from taskstream.core.errors import StoreUnavailable
 from taskstream.core.futures import mark_retrieved
 from taskstream.core.logging import get_logger
 from taskstream.core.protocol import Keys
@@ -25,6 +31,8 @@ from taskstream.executor.intake import Run
 from taskstream.executor.outcome import Attempt, Plan, RunEnd, plan
 
 MAX_BATCH = 200
+RETRY_PAUSE_S = 1.0
+"""Pause before writing again a batch the store could not write (seconds)."""
 DeadLetter = Callable[[streams.Delivery, str, str], Awaitable[None]]
 DEFAULT_POLICY = RetryPolicy(max_attempts=1)
 
@@ -89,16 +97,16 @@ class Committer:
             while len(batch) < MAX_BATCH and not self._queue.empty():
                 batch.append(self._queue.get_nowait())
             try:
-                await self._commit(batch)
+                await self._commit(batch, stop)
             except Exception as exc:  # the loop must outlive any one batch
                 self._log.warning("commit.failed", error=str(exc)[:300], runs=len(batch))
                 for item in batch:
                     if not item.done.done():
                         item.done.set_exception(exc)
 
-    async def _commit(self, batch: list[_Item]) -> None:
+    async def _commit(self, batch: list[_Item], stop: asyncio.Event) -> None:
         try:
-            results = await self._store.finish_many([i.plan.finish for i in batch])
+            results = await self._finish(batch, stop)
         except Exception as exc:
             for item in batch:
                 item.done.set_exception(exc)
@@ -117,6 +125,21 @@ class Committer:
                 )
                 item.done.set_result(False)
         await self._settle(committed)
+
+    async def _finish(self, batch: list[_Item], stop: asyncio.Event) -> dict[str, CasResult]:
+        """The batch's final CAS, written again while the store is unavailable. After `stop`
+        one more try is made, then the error is raised (the sweeper recovers those runs)."""
+        requests = [i.plan.finish for i in batch]
+        while True:
+            stopping = stop.is_set()
+            try:
+                return await self._store.finish_many(requests)
+            except StoreUnavailable as exc:
+                if stopping:
+                    raise
+                self._log.warning("commit.retrying", error=str(exc)[:300], runs=len(batch))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=RETRY_PAUSE_S)
 
     async def _settle(self, committed: list[_Item]) -> None:
         acks: list[streams.Delivery] = []

@@ -190,19 +190,25 @@ class Executor:
             end = await execute(run, self._env)
         except asyncio.CancelledError:
             if run.fenced or not self._stopping:
-                self._held.discard(run.row.id)
+                self._let_go(run)
                 raise
             try:
                 await self._committer.submit_plan(run, self._release(run))
             finally:
-                self._held.discard(run.row.id)
+                self._let_go(run)
             return
-        finally:
-            self._heartbeat.untrack(run)
+        except BaseException:
+            self._let_go(run)
+            raise
         # The slot frees as soon as the end is queued, so the next read and claim overlap
-        # this run's commit; the instance stays held until the commit is done.
+        # this run's commit. The instance stays held, and its lease kept, until the commit is
+        # done: a commit the store makes wait must not lose the run to a lease timeout.
         done = self._committer.enqueue(run, end)
-        done.add_done_callback(lambda _: self._held.discard(run.row.id))
+        done.add_done_callback(lambda _: self._let_go(run))
+
+    def _let_go(self, run: Run) -> None:
+        self._heartbeat.untrack(run)
+        self._held.discard(run.row.id)
 
     async def _marker_set(self) -> None:
         await notify.hint(self._deps.redis, self._deps.keys, "marker")

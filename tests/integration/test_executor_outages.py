@@ -1,21 +1,30 @@
-"""An executor's intake across store failures, on real Redis and a real store: entries it read
-before a failure are admitted when the store answers again, and its own claims that no run
-holds are adopted instead of waiting for their leases to expire."""
+"""An executor across store failures, on real Redis and a real store: entries it read before a
+failure are admitted when the store answers again, its own claims that no run holds are
+adopted instead of waiting for their leases to expire, and a finished run whose commit failed
+is committed when the store answers again."""
 
 from __future__ import annotations
+
+import asyncio
+from random import Random
+from typing import Any
 
 import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from taskstream.agents.base import AgentContext, FunctionAgent
 from taskstream.agents.registry import default_registry
 from taskstream.core import streams
-from taskstream.core.definitions import DefinitionCache
+from taskstream.core.definitions import DefinitionCache, to_records
 from taskstream.core.protocol import GROUP, Keys, Priority
+from taskstream.core.specfile import parse_task_file_text
 from taskstream.core.states import Status
 from taskstream.core.store.port import ClaimRequest
 from taskstream.core.store.sql import SqlStore
 from taskstream.executor.intake import Intake
+from taskstream.executor.service import Executor, ExecutorConfig, ExecutorDeps
+from tests.agents import Params
 from tests.integration.harness import Harness, Running, until
 
 TASKS = """
@@ -26,13 +35,21 @@ tasks:
     payload: {seconds: 0}
 """
 
-# The other connections of this test's database in a locking read of instances (the claim's).
+GATED = """
+tasks:
+  - id: gated
+    agent: gated
+    retry: {max_attempts: 1}
+"""
+
+# The other connections of this test's database running a statement that starts with :head.
 # PROCESSLIST, not INNODB_TRX: the latter is a cache that frequent polling never refreshes.
-_LOCK_WAITERS = text(
+_RUNNING = text(
     "SELECT ID FROM information_schema.PROCESSLIST"
-    " WHERE DB = DATABASE() AND ID <> CONNECTION_ID()"
-    " AND INFO LIKE 'SELECT task_instances.%FOR UPDATE'"
+    " WHERE DB = DATABASE() AND ID <> CONNECTION_ID() AND INFO LIKE :head"
 )
+_CLAIM_READ = "SELECT task_instances.%FOR UPDATE"
+_FINISH_UPDATE = "UPDATE task_instances %"
 
 
 @pytest.fixture
@@ -81,16 +98,38 @@ async def test_a_claim_held_here_or_made_elsewhere_is_not_adopted(h: Harness) ->
     )
 
 
-async def _lock_waiter(conn: AsyncConnection) -> int:
+async def _kill_waiter(conn: AsyncConnection, head: str) -> None:
+    """Kill the one other connection whose statement starts with `head` (it waits for a row
+    lock `conn` holds), then release the lock."""
     waiting: list[int] = []
 
     async def found() -> bool:
-        waiting[:] = [int(i) for (i,) in (await conn.execute(_LOCK_WAITERS)).all()]
+        waiting[:] = [int(i) for (i,) in (await conn.execute(_RUNNING, {"head": head})).all()]
         return bool(waiting)
 
     await until(found)
     [thread_id] = waiting
-    return thread_id
+    await conn.execute(text(f"KILL CONNECTION {thread_id:d}"))
+    await conn.rollback()
+
+
+async def _lock(conn: AsyncConnection, instance_id: str) -> None:
+    await conn.execute(
+        text("SELECT id FROM task_instances WHERE id = :id FOR UPDATE"), {"id": instance_id}
+    )
+
+
+async def _settled(h: Harness, instance_id: str) -> None:
+    async def done() -> bool:
+        found = await h.store.get_instance(instance_id)
+        return found is not None and found.status is Status.SUCCESS
+
+    await until(done)
+
+
+def _needs_server(db_url: str) -> None:
+    if not db_url.startswith("mysql"):
+        pytest.skip("needs a server whose connections can be killed")
 
 
 async def test_entries_read_before_the_store_failed_run_once_it_answers(
@@ -99,28 +138,60 @@ async def test_entries_read_before_the_store_failed_run_once_it_answers(
     """The executor's connection is killed while its claim waits for a row lock: the entries
     of that batch are in its pending list, unclaimed. They are claimed and run when the store
     answers again, by the executor alone (no sweeper redelivers them)."""
-    if not db_url.startswith("mysql"):
-        pytest.skip("needs a server whose connections can be killed")
+    _needs_server(db_url)
     row = await h.trigger(TASKS, "quick")
     async with h.store.engine.connect() as conn:
-        await conn.execute(
-            text("SELECT id FROM task_instances WHERE id = :id FOR UPDATE"), {"id": row.id}
-        )
+        await _lock(conn, row.id)
         ex = Running(h.executor("c1"))
         try:
-            waiter = await _lock_waiter(conn)
-            await conn.execute(text(f"KILL CONNECTION {waiter:d}"))
-            await conn.rollback()
-
-            async def done() -> bool:
-                found = await h.store.get_instance(row.id)
-                return found is not None and found.status is Status.SUCCESS
-
-            await until(done)
+            await _kill_waiter(conn, _CLAIM_READ)
+            await _settled(h, row.id)
         finally:
             await ex.close()
     history = await h.store.history(row.id)
     assert [(x.to_status, x.owner) for x in history if x.to_status is Status.RUNNING] == [
         (Status.RUNNING, "c1")
     ]
+    assert (await h.redis.xpending(h.keys.stream(Priority.DEFAULT), GROUP))["pending"] == 0
+
+
+class _Gate:
+    """An agent that signals it has started and finishes when the test lets it."""
+
+    def __init__(self) -> None:
+        self.started, self.release = asyncio.Event(), asyncio.Event()
+
+    async def run(self, ctx: AgentContext, p: Params) -> dict[str, Any]:
+        self.started.set()
+        await self.release.wait()
+        return {"attempt": ctx.attempt}
+
+
+async def test_a_finished_run_whose_commit_failed_is_committed_once_the_store_answers(
+    h: Harness, db_url: str
+) -> None:
+    """The executor's connection is killed while its final CAS waits for a row lock: the run's
+    end is written again when the store answers (one run, one SUCCESS), instead of being
+    dropped and left RUNNING until its lease expires."""
+    _needs_server(db_url)
+    gate = _Gate()
+    registry = default_registry(h.registry_modules)
+    registry.register(FunctionAgent(name="gated", params_model=Params, fn=gate.run))
+    taskfile = parse_task_file_text(GATED, "gated.yaml", known_agents=registry.names())
+    await h.store.upsert_definitions(to_records(taskfile))
+    row = await h.trigger(GATED, "gated")
+    deps = ExecutorDeps(h.store, h.redis, h.keys, registry, h.clock, Random(7))
+    ex = Running(Executor(deps, ExecutorConfig(consumer="c1", block_ms=20)))
+    try:
+        await asyncio.wait_for(gate.started.wait(), timeout=20)
+        async with h.store.engine.connect() as conn:
+            await _lock(conn, row.id)
+            gate.release.set()
+            await _kill_waiter(conn, _FINISH_UPDATE)
+        await _settled(h, row.id)
+    finally:
+        await ex.close()
+    history = await h.store.history(row.id)
+    assert [x.to_status for x in history].count(Status.RUNNING) == 1
+    assert [x.to_status for x in history].count(Status.SUCCESS) == 1
     assert (await h.redis.xpending(h.keys.stream(Priority.DEFAULT), GROUP))["pending"] == 0
