@@ -75,8 +75,10 @@ class Heartbeat:
         shortest = min(_lease_s(run) for run, _ in self._runs.values())
         if now - self._last_extend_ms < shortest * 1000 / 3:
             return
-        self._last_extend_ms = now
         await self.extend(shortest)
+        # Only once written: after a failed extension (store away) the next beat tries again,
+        # instead of a third of a lease later when the sweeper may already see them expired.
+        self._last_extend_ms = now
 
     async def extend(self, lease_s: float) -> None:
         runs = dict(self._runs)

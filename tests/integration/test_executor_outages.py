@@ -40,6 +40,7 @@ tasks:
   - id: gated
     agent: gated
     retry: {max_attempts: 1}
+    lease: 30s
 """
 
 # The other connections of this test's database running a statement that starts with :head.
@@ -50,6 +51,7 @@ _RUNNING = text(
 )
 _CLAIM_READ = "SELECT task_instances.%FOR UPDATE"
 _FINISH_UPDATE = "UPDATE task_instances %"
+_LEASE_READ = "SELECT task_instances.id, task_instances.attempt %FOR UPDATE"
 
 
 @pytest.fixture
@@ -167,6 +169,18 @@ class _Gate:
         return {"attempt": ctx.attempt}
 
 
+async def _gated_executor(h: Harness, gate: _Gate, **config: Any) -> tuple[str, Running]:
+    """One `gated` instance and an executor `c1` that runs it with `gate`."""
+    registry = default_registry(h.registry_modules)
+    registry.register(FunctionAgent(name="gated", params_model=Params, fn=gate.run))
+    taskfile = parse_task_file_text(GATED, "gated.yaml", known_agents=registry.names())
+    await h.store.upsert_definitions(to_records(taskfile))
+    row = await h.trigger(GATED, "gated")
+    deps = ExecutorDeps(h.store, h.redis, h.keys, registry, h.clock, Random(7))
+    executor = Executor(deps, ExecutorConfig(consumer="c1", block_ms=20, **config))
+    return row.id, Running(executor)
+
+
 async def test_a_finished_run_whose_commit_failed_is_committed_once_the_store_answers(
     h: Harness, db_url: str
 ) -> None:
@@ -175,23 +189,51 @@ async def test_a_finished_run_whose_commit_failed_is_committed_once_the_store_an
     dropped and left RUNNING until its lease expires."""
     _needs_server(db_url)
     gate = _Gate()
-    registry = default_registry(h.registry_modules)
-    registry.register(FunctionAgent(name="gated", params_model=Params, fn=gate.run))
-    taskfile = parse_task_file_text(GATED, "gated.yaml", known_agents=registry.names())
-    await h.store.upsert_definitions(to_records(taskfile))
-    row = await h.trigger(GATED, "gated")
-    deps = ExecutorDeps(h.store, h.redis, h.keys, registry, h.clock, Random(7))
-    ex = Running(Executor(deps, ExecutorConfig(consumer="c1", block_ms=20)))
+    instance_id, ex = await _gated_executor(h, gate)
     try:
         await asyncio.wait_for(gate.started.wait(), timeout=20)
         async with h.store.engine.connect() as conn:
-            await _lock(conn, row.id)
+            await _lock(conn, instance_id)
             gate.release.set()
             await _kill_waiter(conn, _FINISH_UPDATE)
-        await _settled(h, row.id)
+        await _settled(h, instance_id)
     finally:
         await ex.close()
-    history = await h.store.history(row.id)
+    history = await h.store.history(instance_id)
     assert [x.to_status for x in history].count(Status.RUNNING) == 1
     assert [x.to_status for x in history].count(Status.SUCCESS) == 1
     assert (await h.redis.xpending(h.keys.stream(Priority.DEFAULT), GROUP))["pending"] == 0
+
+
+async def test_a_lease_extension_the_store_refused_is_tried_again_at_the_next_beat(
+    h: Harness, db_url: str
+) -> None:
+    """A third of the lease (30 s) has passed, and the heartbeat's extension fails (its
+    connection is killed while it waits for a row lock): the next beat extends the lease,
+    rather than a third of a lease later."""
+    _needs_server(db_url)
+    gate = _Gate()
+    instance_id, ex = await _gated_executor(h, gate, liveness_ttl_s=0.6)  # a beat every 0.2 s
+    try:
+        await asyncio.wait_for(gate.started.wait(), timeout=20)
+        h.clock.advance(11_000)
+        async with h.store.engine.connect() as conn:
+            await _lock(conn, instance_id)
+            await _kill_waiter(conn, _LEASE_READ)
+        before = await _lease_end(h, instance_id)
+
+        async def extended() -> bool:
+            return await _lease_end(h, instance_id) > before
+
+        await until(extended)
+        gate.release.set()
+        await _settled(h, instance_id)
+    finally:
+        gate.release.set()
+        await ex.close()
+
+
+async def _lease_end(h: Harness, instance_id: str) -> int:
+    row = await h.store.get_instance(instance_id)
+    assert row is not None and row.lease_expires_at_ms is not None
+    return row.lease_expires_at_ms
