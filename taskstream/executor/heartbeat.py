@@ -4,7 +4,8 @@ Every beat: refresh the liveness key (the sweeper reclaims the work of a consume
 expired, without waiting for leases); when a third of the shortest lease has passed, extend
 every held lease in one store write (`WHERE attempt = token`) and XCLAIM our pending entries to
 ourselves (JUSTID) so their idle time resets without raising their delivery count. A run whose
-lease is no longer held has been fenced: it is cancelled and will not commit or ack.
+lease is no longer held has been fenced: it is cancelled and will not commit or ack. Runs stay
+tracked until their end is committed, so that a commit the store makes wait keeps its lease.
 """
 
 from __future__ import annotations
@@ -87,7 +88,9 @@ class Heartbeat:
         )
         await streams.touch(self._redis, self._consumer, [run.delivery for run, _ in runs.values()])
         for instance_id, (run, task) in runs.items():
-            if instance_id not in held:
+            # A run whose agent returned is committing (or just committed): its commit decides,
+            # and logs, whether it was fenced.
+            if instance_id not in held and not task.done():
                 self._log.warning(
                     "instance.fenced", instance_id=instance_id, attempt=run.token, at="heartbeat"
                 )

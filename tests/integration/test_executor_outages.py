@@ -20,8 +20,9 @@ from taskstream.core.definitions import DefinitionCache, to_records
 from taskstream.core.protocol import GROUP, Keys, Priority
 from taskstream.core.specfile import parse_task_file_text
 from taskstream.core.states import Status
-from taskstream.core.store.port import ClaimRequest
+from taskstream.core.store.port import ClaimRequest, FinishRequest
 from taskstream.core.store.sql import SqlStore
+from taskstream.executor.heartbeat import Heartbeat
 from taskstream.executor.intake import Intake
 from taskstream.executor.service import Executor, ExecutorConfig, ExecutorDeps
 from tests.agents import Params
@@ -237,3 +238,35 @@ async def _lease_end(h: Harness, instance_id: str) -> int:
     row = await h.store.get_instance(instance_id)
     assert row is not None and row.lease_expires_at_ms is not None
     return row.lease_expires_at_ms
+
+
+async def test_the_heartbeat_fences_a_running_run_but_not_one_whose_end_is_committing(
+    h: Harness,
+) -> None:
+    """Runs stay tracked until their end is committed. Both rows below have left RUNNING at
+    their tokens: the run whose agent still runs is fenced and cancelled; the run whose agent
+    returned is left to its commit, which decides (and logs) the outcome."""
+    for i in range(2):
+        await h.trigger(TASKS, "quick", fire_ms=h.clock.now_ms() + i)
+    deliveries = await streams.read(h.redis, h.keys, "c1", count=2, block_ms=10)
+    running, committing = await (await _intake(h, "c1")).admit(deliveries)
+    await h.store.finish_many(
+        [
+            FinishRequest(r.row.id, r.token, Status.SUCCESS, "done", owner="c1")
+            for r in (running, committing)
+        ]
+    )
+    returned = asyncio.create_task(asyncio.sleep(0))
+    await returned
+    busy = asyncio.create_task(_forever())
+    heartbeat = Heartbeat(h.store, h.redis, h.keys, "c1", h.clock, liveness_ttl_s=6)
+    heartbeat.track(running, busy)
+    heartbeat.track(committing, returned)
+    await heartbeat.extend(30)
+    assert (running.fenced, committing.fenced) == (True, False)
+    with pytest.raises(asyncio.CancelledError):
+        await busy
+
+
+async def _forever() -> None:
+    await asyncio.Event().wait()
