@@ -6,6 +6,7 @@ is committed when the store answers again."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from random import Random
 from typing import Any
 
@@ -27,6 +28,7 @@ from taskstream.executor.intake import Intake
 from taskstream.executor.service import Executor, ExecutorConfig, ExecutorDeps
 from tests.agents import Params
 from tests.integration.harness import Harness, Running, until
+from tests.support.databases import temp_database
 
 TASKS = """
 tasks:
@@ -55,12 +57,27 @@ _FINISH_UPDATE = "UPDATE task_instances %"
 _LEASE_READ = "SELECT task_instances.id, task_instances.attempt %FOR UPDATE"
 
 
-@pytest.fixture
-async def h(store: SqlStore, redis: streams.Redis, keys: Keys) -> Harness:
+async def _harness(store: SqlStore, redis: streams.Redis, keys: Keys) -> Harness:
     harness = Harness(store, redis, keys)
     harness.clock.set(await store.db_now_ms())
     await harness.apply(TASKS)
     return harness
+
+
+@pytest.fixture
+async def h(store: SqlStore, redis: streams.Redis, keys: Keys) -> Harness:
+    return await _harness(store, redis, keys)
+
+
+@pytest.fixture
+async def server(redis: streams.Redis, keys: Keys) -> AsyncIterator[Harness]:
+    """A harness on MariaDB only: the outages below kill the executor's server connections."""
+    async with temp_database("mariadb") as url:
+        store = await SqlStore.connect(url)
+        try:
+            yield await _harness(store, redis, keys)
+        finally:
+            await store.close()
 
 
 async def _intake(h: Harness, consumer: str, held: frozenset[str] = frozenset()) -> Intake:
@@ -130,18 +147,13 @@ async def _settled(h: Harness, instance_id: str) -> None:
     await until(done)
 
 
-def _needs_server(db_url: str) -> None:
-    if not db_url.startswith("mysql"):
-        pytest.skip("needs a server whose connections can be killed")
-
-
 async def test_entries_read_before_the_store_failed_run_once_it_answers(
-    h: Harness, db_url: str
+    server: Harness,
 ) -> None:
     """The executor's connection is killed while its claim waits for a row lock: the entries
     of that batch are in its pending list, unclaimed. They are claimed and run when the store
     answers again, by the executor alone (no sweeper redelivers them)."""
-    _needs_server(db_url)
+    h = server
     row = await h.trigger(TASKS, "quick")
     async with h.store.engine.connect() as conn:
         await _lock(conn, row.id)
@@ -183,12 +195,12 @@ async def _gated_executor(h: Harness, gate: _Gate, **config: Any) -> tuple[str, 
 
 
 async def test_a_finished_run_whose_commit_failed_is_committed_once_the_store_answers(
-    h: Harness, db_url: str
+    server: Harness,
 ) -> None:
     """The executor's connection is killed while its final CAS waits for a row lock: the run's
     end is written again when the store answers (one run, one SUCCESS), instead of being
     dropped and left RUNNING until its lease expires."""
-    _needs_server(db_url)
+    h = server
     gate = _Gate()
     instance_id, ex = await _gated_executor(h, gate)
     try:
@@ -207,12 +219,12 @@ async def test_a_finished_run_whose_commit_failed_is_committed_once_the_store_an
 
 
 async def test_a_lease_extension_the_store_refused_is_tried_again_at_the_next_beat(
-    h: Harness, db_url: str
+    server: Harness,
 ) -> None:
     """A third of the lease (30 s) has passed, and the heartbeat's extension fails (its
     connection is killed while it waits for a row lock): the next beat extends the lease,
     rather than a third of a lease later."""
-    _needs_server(db_url)
+    h = server
     gate = _Gate()
     instance_id, ex = await _gated_executor(h, gate, liveness_ttl_s=0.6)  # a beat every 0.2 s
     try:
