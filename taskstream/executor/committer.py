@@ -152,8 +152,6 @@ class Committer:
             else:
                 acks.append(item.run.delivery)
             acks.extend(item.run.duplicates)
-            if finish.fail_class is FailClass.MANUAL_REVIEW:
-                await self._store.add_review(finish.instance_id, finish.error or finish.reason)
             if finish.dst is not Status.SUCCESS:
                 self._log.info(
                     "instance.committed",

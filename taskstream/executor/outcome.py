@@ -127,18 +127,20 @@ def plan(attempt: Attempt, end: RunEnd, *, now_ms: int, rng: Random) -> Plan:
     if end.failure is None:
         return Plan(base)
     if end.fail_class is not None:
-        return Plan(replace(base, dst=Status.FAILED, fail_class=end.fail_class))
+        return Plan(_failed(base, end.fail_class))
     decision = _retry(attempt, end.failure, now_ms, rng, end.retry_after_ms or 0)
     if end.failure is Failure.TIMEOUT:
         return Plan(replace(base, dst=Status.TIMEOUT), after_timeout=decision)
-    return Plan(
-        replace(
-            base,
-            dst=decision.status,
-            fail_class=decision.fail_class,
-            next_attempt_at_ms=decision.next_attempt_at_ms,
-        )
-    )
+    if decision.fail_class is not None:
+        return Plan(_failed(base, decision.fail_class))
+    return Plan(replace(base, dst=decision.status, next_attempt_at_ms=decision.next_attempt_at_ms))
+
+
+def _failed(base: FinishRequest, fail_class: FailClass) -> FinishRequest:
+    """FAILED with `fail_class`; a `manual_review` failure also queues the instance for review
+    (in the same transaction), with the run's error as the reason."""
+    review = base.error or base.reason if fail_class is FailClass.MANUAL_REVIEW else None
+    return replace(base, dst=Status.FAILED, fail_class=fail_class, review=review)
 
 
 def _deferral(

@@ -19,7 +19,12 @@ from taskstream.core.states import FailClass, Status
 from taskstream.core.store import sql_queries
 from taskstream.core.store.port import CasResult, ClaimRequest, FinishRequest, InstanceRow
 from taskstream.core.store.sql import SqlStore
-from taskstream.core.store.tables import instance_history, side_effects, task_instances
+from taskstream.core.store.tables import (
+    instance_history,
+    review_queue,
+    side_effects,
+    task_instances,
+)
 from tests.contract.conftest import Advance, MakeNew
 from tests.support.statements import statements
 
@@ -296,6 +301,36 @@ async def test_finish_many_commits_winners_and_fences_only_the_others(
         assert (last.to_status, last.at_ms) == (row.status, row.updated_at_ms)
     done_keys = {k: await store.side_effect_done(k) for k in ("k:a", "k:s", "k:stale", "k:fresh")}
     assert done_keys == {"k:a": True, "k:s": True, "k:stale": False, "k:fresh": False}
+
+
+async def test_a_finish_that_asks_for_review_queues_it_only_when_it_wins(
+    store: SqlStore, make_new: MakeNew, advance: Advance
+) -> None:
+    """The review entry is written with the final CAS, in its transaction: a winner is FAILED
+    and queued together, a fenced run queues nothing."""
+    won, won_t = await _running(store, make_new, advance, "won")
+    lost, lost_t = await _running(store, make_new, advance, "lost")
+    review = FailClass.MANUAL_REVIEW
+    requests = [
+        FinishRequest(
+            r_id,
+            token,
+            Status.FAILED,
+            "needs_review",
+            fail_class=review,
+            owner="exec-1",
+            review=why,
+        )
+        for r_id, token, why in ((won, won_t, "unsure"), (lost, lost_t + 1, "stale"))
+    ]
+    results = await store.finish_many(requests)
+    assert results == {won: CasResult(ok=True), lost: CasResult(ok=False, found=Status.RUNNING)}
+    async with store.engine.connect() as conn:
+        stmt = select(review_queue.c.instance_id, review_queue.c.reason)
+        queued = [tuple(r) for r in (await conn.execute(stmt)).all()]
+    assert queued == [(won, "unsure")]
+    row = await store.get_instance(won)
+    assert row is not None and (row.status, row.fail_class) == (Status.FAILED, review)
 
 
 async def test_finish_many_rejects_a_bad_batch_before_any_sql(

@@ -5,11 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from sqlalchemy import select
 
 from taskstream.core import streams
 from taskstream.core.protocol import GROUP, Keys, Priority
 from taskstream.core.states import FailClass, Status
 from taskstream.core.store.sql import SqlStore
+from taskstream.core.store.tables import review_queue
 from tests.integration.harness import T0, Harness, Running, until
 
 TASKS = """
@@ -122,6 +124,12 @@ async def test_fatal_and_review_fail_at_once(h: Harness, task: str, fail_class: 
         await ex.close()
     done = await h.store.get_instance(row.id)
     assert done is not None and (done.attempt, done.fail_class) == (1, fail_class)
+    async with h.store.engine.connect() as conn:
+        stmt = select(review_queue.c.reason).where(review_queue.c.instance_id == row.id)
+        reviews = list((await conn.execute(stmt)).scalars())
+    assert reviews == (
+        ["NeedsReview: attempt 1 fails"] if fail_class is FailClass.MANUAL_REVIEW else []
+    )
 
 
 async def test_timeout_goes_through_timeout_to_retry(h: Harness) -> None:

@@ -96,6 +96,16 @@ def test_plans(
     assert got.after_timeout is None
 
 
+def test_only_a_review_failure_asks_for_a_review_entry() -> None:
+    review = plan(attempt(1), failed(NeedsReview("unsure")), now_ms=0, rng=Random(0))
+    assert (review.finish.fail_class, review.finish.review) == (
+        FailClass.MANUAL_REVIEW,
+        "NeedsReview: unsure",
+    )
+    for end in (failed(FatalError("no")), failed(ValueError()), succeeded(1)):
+        assert plan(attempt(1), end, now_ms=0, rng=Random(0)).finish.review is None
+
+
 def test_timeout_goes_through_timeout_then_retries_or_fails() -> None:
     got = plan(attempt(1), failed(TimeoutError()), now_ms=0, rng=Random(0))
     assert got.finish.dst is Status.TIMEOUT

@@ -167,3 +167,6 @@ class FinishRequest:
     """The lease owner that claimed the run at `token`, when the caller knows it (an executor
     finishing its own run). Only the history row uses it; with it, and no side effects, a
     store may write the CAS without first reading the row."""
+    review: str | None = None
+    """When set, a winning finish also queues the instance for human review with this reason,
+    in the same transaction (a `manual_review` failure is never FAILED without its entry)."""

@@ -8,7 +8,8 @@ times from the database clock. For many runs:
 - `finish_many` locks and reads the rows first (`sql_queries.lock_states`) and decides the
   winners in Python, as sequential finishes would; side-effect keys are checked and inserted
   in sorted order. Statements per chunk: at most 5 (lock, key check, update, history, side
-  effects); never one per row.
+  effects); never one per row, but for the review entries a run may ask for (`review`,
+  rare), which are queued in the same transaction.
 - `finish_unread` serves the common batch (every run names its owner, no side effects) with 2
   statements per chunk (update, history), and `RowsMoved` when some run no longer holds its
   row; the caller then rolls back and takes `finish_many`.
@@ -74,6 +75,7 @@ async def finish_one(conn: AsyncConnection, prepared: PreparedFinish) -> CasResu
         return CasResult(ok=False, found=await rows.status_of(conn, r.instance_id))
     await rows.append_history(conn, r.instance_id, src=src, dst=r.dst, owner=owner, reason=r.reason)
     await rows.insert_side_effects(conn, r.instance_id, r.token, list(prepared.keys))
+    await _queue_reviews(conn, [prepared])
     return CasResult(ok=True)
 
 
@@ -138,8 +140,17 @@ def _update_chunks(prepared: Sequence[PreparedFinish]) -> Iterator[Sequence[Prep
 
 def unread_ok(prepared: Sequence[PreparedFinish]) -> bool:
     """The batch may be written by `finish_unread`: every run names its owner and records no
-    side effects (a key check would need a read anyway)."""
-    return all(p.request.owner is not None and not p.keys for p in prepared)
+    side effects (a key check would need a read anyway) and no review."""
+    return all(
+        p.request.owner is not None and not p.keys and p.request.review is None for p in prepared
+    )
+
+
+async def _queue_reviews(conn: AsyncConnection, winners: Sequence[PreparedFinish]) -> None:
+    """The review entries the winners ask for (rare: `manual_review` failures), in id order."""
+    for p in sorted(winners, key=lambda p: p.request.instance_id):
+        if p.request.review is not None:
+            await q.add_review(conn, p.request.instance_id, p.request.review)
 
 
 async def finish_unread(
@@ -172,4 +183,5 @@ async def finish_many(
     for rows_part in q.chunks(effects):
         params = [{"idempotency_key": k, "instance_id": i, "attempt": a} for k, i, a in rows_part]
         await conn.execute(stmt, params)
+    await _queue_reviews(conn, winners)
     return results
