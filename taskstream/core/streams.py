@@ -139,18 +139,25 @@ async def ack_many(redis: Redis, deliveries: list[Delivery]) -> None:
         await pipe.execute()
 
 
-async def touch(redis: Redis, consumer: str, deliveries: list[Delivery]) -> None:
+async def touch(redis: Redis, consumer: str, deliveries: list[Delivery]) -> list[Delivery]:
     """Reset the idle time of our own pending entries (XCLAIM to self, JUSTID, min-idle 0),
-    which does not raise their delivery count."""
+    which does not raise their delivery count. Returns those of `deliveries` still pending
+    (an acknowledged or deleted entry is not claimed back)."""
     by_stream: dict[str, list[str]] = {}
     for d in deliveries:
         by_stream.setdefault(d.stream, []).append(d.entry_id)
     if not by_stream:
-        return
+        return []
     async with redis.pipeline(transaction=False) as pipe:
         for stream, ids in by_stream.items():
             pipe.xclaim(stream, GROUP, consumer, 0, ids, justid=True)  # type: ignore[arg-type]
-        await pipe.execute()
+        replies: list[Any] = await pipe.execute()
+    pending = {
+        (stream, as_text(entry_id))
+        for stream, ids in zip(by_stream, replies, strict=True)
+        for entry_id in ids
+    }
+    return [d for d in deliveries if (d.stream, d.entry_id) in pending]
 
 
 async def mark_alive(redis: Redis, keys: Keys, consumer: str, ttl_ms: int) -> None:

@@ -151,7 +151,7 @@ class Executor:
             return
         try:
             await self._defs.refresh()
-            self._unadmitted = self._unadmitted or await self._read(free)
+            self._unadmitted = await self._batch(free)
             runs = await self._intake.admit(self._unadmitted)
             self._unadmitted = []
         except ResponseError as exc:
@@ -174,7 +174,12 @@ class Executor:
             self._heartbeat.track(run, task)
             task.add_done_callback(self._running.discard)
 
-    async def _read(self, free: int) -> list[streams.Delivery]:
+    async def _batch(self, free: int) -> list[streams.Delivery]:
+        """The batch whose intake failed, as far as it is still pending for us (a dead-letter
+        or ack of the failed try may have gone through: nothing is moved twice); else up to
+        `free` new entries."""
+        if self._unadmitted:
+            return await streams.touch(self._deps.redis, self._config.consumer, self._unadmitted)
         self._turn += 1
         return await streams.read(
             self._deps.redis,

@@ -73,3 +73,27 @@ async def test_read_order_lets_low_go_first(redis: streams.Redis, keys: Keys) ->
     low_first = (Priority.LOW, Priority.HIGH, Priority.DEFAULT)
     got = await streams.read(redis, keys, "c1", count=1, block_ms=10, order=low_first)
     assert [decode(d.fields).instance_id for d in got] == ["i_2"]
+
+
+async def test_touch_keeps_our_pending_entries_and_names_only_those(
+    redis: streams.Redis, keys: Keys
+) -> None:
+    """Touching resets idle time without a delivery, and returns the deliveries still pending:
+    one acked and one dead-lettered since the read are left out, in the order given."""
+    await streams.ensure_groups(redis, keys)
+    await streams.publish(redis, keys, Priority.DEFAULT, entry(1))
+    await streams.publish(redis, keys, Priority.HIGH, entry(2))
+    await streams.publish(redis, keys, Priority.DEFAULT, entry(3))
+    await streams.publish(redis, keys, Priority.DEFAULT, entry(4))
+    got = await streams.read(redis, keys, "c1", count=4, block_ms=10)
+    by_instance = {decode(d.fields).instance_id: d for d in got}
+    await streams.ack(redis, by_instance["i_1"].stream, by_instance["i_1"].entry_id)
+    await streams.dead_letter(redis, keys, by_instance["i_4"], "bad_encoding", "x")
+
+    still = await streams.touch(redis, "c1", got)
+
+    assert [decode(d.fields).instance_id for d in still] == ["i_2", "i_3"]
+    pending: Any = await redis.xpending_range(
+        keys.stream(Priority.DEFAULT), GROUP, min="-", max="+", count=10
+    )
+    assert [(p["consumer"], p["times_delivered"]) for p in pending] == [(b"c1", 1)]
