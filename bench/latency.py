@@ -253,13 +253,19 @@ async def _drive(
 
 async def _settle(store: SqlStore, total: int, children: Children) -> None:
     deadline = time.monotonic() + SETTLE_S
+    counts: dict[Status, int] = {}
     while time.monotonic() < deadline:
-        if (await store.count_by_status())[Status.SUCCESS] >= total:
+        counts = await store.count_by_status()
+        if counts[Status.SUCCESS] >= total:
             return
         if dead := children.exited():
             raise RuntimeError(f"an executor exited: {dead} (logs: {children.logdir})")
         await asyncio.sleep(0.2)
-    say(f"(c) not all {total} instances were SUCCESS after {SETTLE_S:.0f} s")
+    left = ", ".join(f"{s.value} {n}" for s, n in counts.items() if n and s is not Status.SUCCESS)
+    say(
+        f"(c) not all {total} instances were SUCCESS after {SETTLE_S:.0f} s ({left}; the"
+        " executors' logs are kept with --keep-logs)"
+    )
 
 
 async def _figures(
