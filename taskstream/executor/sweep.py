@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from taskstream.core.reasons import LEASE_EXPIRED, OWNER_LOST
-from taskstream.core.states import SETTLED, Status
+from taskstream.core.states import SETTLED, FailClass, Status
 
 
 class Action(StrEnum):
@@ -38,6 +38,7 @@ class RowFacts:
     status: Status
     attempt: int
     lease_expires_at_ms: int | None
+    fail_class: FailClass | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,11 +89,21 @@ def _gate(entry: EntryFacts, row: RowFacts | None, max_deliveries: int) -> Verdi
     if row is None:
         return Verdict(Action.DEAD_LETTER, "unknown_instance")
     if row.status in SETTLED:
+        if _poisoned_by(entry.attempt, row):
+            # Failed as poison, but the move to the dead-letter stream did not happen (Redis
+            # failed after the store's commit): the entry still belongs there.
+            return Verdict(Action.DEAD_LETTER, "poison")
         return Verdict(Action.ACK, f"instance is {row.status}")
     crashes = max(entry.deliveries, entry.owner_losses + 1)
     if crashes > max_deliveries:
         return Verdict(Action.POISON, f"{crashes} deliveries > {max_deliveries}")
     return None
+
+
+def _poisoned_by(attempt: int, row: RowFacts) -> bool:
+    """The instance FAILED as poison at this entry's attempt (unclaimed, or its run)."""
+    poisoned = row.status is Status.FAILED and row.fail_class is FailClass.POISON
+    return poisoned and row.attempt in (attempt, attempt + 1)
 
 
 def _dispatched(entry: EntryFacts, unclaimed_ms: int) -> Verdict:

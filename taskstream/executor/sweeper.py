@@ -115,7 +115,11 @@ class Sweeper:
         if row is not None and row.status is Status.RUNNING and not alive:
             losses = await self._store.count_history(row.id, reason=f"after_{OWNER_LOST}")
         facts = EntryFacts(entry.attempt, p.deliveries, alive, losses, p.idle_ms)
-        rowf = RowFacts(row.status, row.attempt, row.lease_expires_at_ms) if row else None
+        rowf = (
+            RowFacts(row.status, row.attempt, row.lease_expires_at_ms, row.fail_class)
+            if row
+            else None
+        )
         verdict = decide(
             facts,
             rowf,

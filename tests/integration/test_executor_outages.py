@@ -20,7 +20,7 @@ from taskstream.core import streams
 from taskstream.core.definitions import DefinitionCache, to_records
 from taskstream.core.protocol import GROUP, Keys, Priority
 from taskstream.core.specfile import parse_task_file_text
-from taskstream.core.states import Status
+from taskstream.core.states import FailClass, Status
 from taskstream.core.store.port import ClaimRequest, FinishRequest
 from taskstream.core.store.sql import SqlStore
 from taskstream.executor.heartbeat import Heartbeat
@@ -282,3 +282,22 @@ async def test_the_heartbeat_fences_a_running_run_but_not_one_whose_end_is_commi
 
 async def _forever() -> None:
     await asyncio.Event().wait()
+
+
+async def test_a_poison_entry_whose_dead_letter_failed_is_moved_there_by_the_sweeper(
+    h: Harness,
+) -> None:
+    """The executor committed FAILED `poison`, then Redis failed before the entry moved to the
+    dead-letter stream: the sweeper moves it there instead of acknowledging it."""
+    instance_id, delivery = await _claimed_unrun(h, "c1")
+    poison = FinishRequest(
+        instance_id, 1, Status.FAILED, "payload_too_large", fail_class=FailClass.POISON
+    )
+    assert (await h.store.finish_many([poison]))[instance_id].ok
+    counts = await h.sweeper().sweep_once()  # "c1" has no liveness key: taken at once
+    assert counts.get("dead_letter") == 1
+    dead: Any = await h.redis.xrange(h.keys.dead)
+    assert [(f[b"reason"], f[b"source_id"].decode()) for _, f in dead] == [
+        (b"poison", delivery.entry_id)
+    ]
+    assert (await h.redis.xpending(delivery.stream, GROUP))["pending"] == 0

@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-from taskstream.core.states import Status
+from taskstream.core.states import FailClass, Status
 from taskstream.executor.sweep import Action, EntryFacts, RowFacts, decide
 
 NOW = 1_000_000
 
 
-def row(status: Status, attempt: int, lease: int | None = None) -> RowFacts:
-    return RowFacts(status=status, attempt=attempt, lease_expires_at_ms=lease)
+def row(
+    status: Status, attempt: int, lease: int | None = None, fail: FailClass | None = None
+) -> RowFacts:
+    return RowFacts(status=status, attempt=attempt, lease_expires_at_ms=lease, fail_class=fail)
+
+
+POISON = FailClass.POISON
 
 
 @pytest.mark.parametrize(
@@ -21,6 +26,12 @@ def row(status: Status, attempt: int, lease: int | None = None) -> RowFacts:
         (EntryFacts(0, 1, True), None, Action.DEAD_LETTER),
         (EntryFacts(0, 1, False), row(Status.SUCCESS, 1), Action.ACK),
         (EntryFacts(0, 1, False), row(Status.FAILED, 1), Action.ACK),
+        (EntryFacts(0, 1, False), row(Status.FAILED, 1, fail=FailClass.FATAL), Action.ACK),
+        # Failed as poison by this entry (its run, or unclaimed: an unknown agent), and still
+        # pending: the move to the dead-letter stream is owed.
+        (EntryFacts(0, 1, True), row(Status.FAILED, 1, fail=POISON), Action.DEAD_LETTER),
+        (EntryFacts(0, 1, True), row(Status.FAILED, 0, fail=POISON), Action.DEAD_LETTER),
+        (EntryFacts(0, 1, False), row(Status.FAILED, 3, fail=POISON), Action.ACK),
         (EntryFacts(0, 1, True), row(Status.RUNNING, 1, NOW + 1), Action.LEAVE),
         (EntryFacts(0, 1, True), row(Status.RUNNING, 1, NOW), Action.TIMEOUT),
         (EntryFacts(0, 1, False), row(Status.RUNNING, 1, NOW + 10_000), Action.TIMEOUT),
