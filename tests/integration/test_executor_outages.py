@@ -118,19 +118,25 @@ async def test_a_claim_held_here_or_made_elsewhere_is_not_adopted(h: Harness) ->
     )
 
 
-async def _kill_waiter(conn: AsyncConnection, head: str) -> None:
-    """Kill the one other connection whose statement starts with `head` (it waits for a row
-    lock `conn` holds), then release the lock."""
+async def _kill_waiter(
+    conn: AsyncConnection, head: str, *, release: bool = True, spare: int | None = None
+) -> int:
+    """Kill the one other connection (not `spare`, one killed before) whose statement starts
+    with `head` (it waits for a row lock `conn` holds), then release the lock unless told not
+    to. Returns the killed connection's id."""
     waiting: list[int] = []
 
     async def found() -> bool:
-        waiting[:] = [int(i) for (i,) in (await conn.execute(_RUNNING, {"head": head})).all()]
+        rows = (await conn.execute(_RUNNING, {"head": head})).all()
+        waiting[:] = [int(i) for (i,) in rows if int(i) != spare]
         return bool(waiting)
 
     await until(found)
     [thread_id] = waiting
     await conn.execute(text(f"KILL CONNECTION {thread_id:d}"))
-    await conn.rollback()
+    if release:
+        await conn.rollback()
+    return thread_id
 
 
 async def _lock(conn: AsyncConnection, instance_id: str) -> None:
@@ -216,6 +222,31 @@ async def test_a_finished_run_whose_commit_failed_is_committed_once_the_store_an
     assert [x.to_status for x in history].count(Status.RUNNING) == 1
     assert [x.to_status for x in history].count(Status.SUCCESS) == 1
     assert (await h.redis.xpending(h.keys.stream(Priority.DEFAULT), GROUP))["pending"] == 0
+
+
+async def test_at_stop_a_commit_the_store_keeps_refusing_gets_one_more_try_then_exits(
+    server: Harness,
+) -> None:
+    """The final CAS fails, stop is asked, and the one more try fails too: the executor gives
+    the commit up and exits instead of waiting for the store; the run stays RUNNING for the
+    sweeper to recover."""
+    h = server
+    gate = _Gate()
+    instance_id, ex = await _gated_executor(h, gate)
+    try:
+        await asyncio.wait_for(gate.started.wait(), timeout=20)
+        async with h.store.engine.connect() as conn:
+            await _lock(conn, instance_id)
+            gate.release.set()
+            first = await _kill_waiter(conn, _FINISH_UPDATE, release=False)
+            ex.stop.set()
+            await _kill_waiter(conn, _FINISH_UPDATE, release=False, spare=first)
+            await asyncio.wait_for(ex.task, timeout=20)
+            await conn.rollback()
+    finally:
+        await ex.close()
+    row = await h.store.get_instance(instance_id)
+    assert row is not None and (row.status, row.attempt) == (Status.RUNNING, 1)
 
 
 async def test_a_lease_extension_the_store_refused_is_tried_again_at_the_next_beat(
