@@ -10,6 +10,8 @@ import pytest
 from taskstream.core import streams
 from taskstream.core.protocol import Keys
 from taskstream.core.store.sql import SqlStore
+from tests.integration import outages
+from tests.integration.harness import Harness
 from tests.support.databases import temp_database
 
 
@@ -39,3 +41,21 @@ async def store(db_url: str) -> AsyncIterator[SqlStore]:
     s = await SqlStore.connect(db_url)
     yield s
     await s.close()
+
+
+@pytest.fixture
+async def outage(store: SqlStore, redis: streams.Redis, keys: Keys) -> Harness:
+    """The outage tests' harness (`tests.integration.outages`), on every dialect."""
+    return await outages.harness(store, redis, keys)
+
+
+@pytest.fixture
+async def outage_server(redis: streams.Redis, keys: Keys) -> AsyncIterator[Harness]:
+    """The outage tests' harness on MariaDB only, for outages that kill the executor's
+    server connections."""
+    async with temp_database("mariadb") as url:
+        store = await SqlStore.connect(url)
+        try:
+            yield await outages.harness(store, redis, keys)
+        finally:
+            await store.close()

@@ -1,0 +1,160 @@
+"""Shared parts of the outage tests: a harness with a quick task, a gated agent the test
+finishes when it wants, and real store failures on MariaDB (the test holds a row lock, finds the
+statement waiting for it in PROCESSLIST and kills that connection)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from random import Random
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from taskstream.agents.base import AgentContext, FunctionAgent
+from taskstream.agents.registry import default_registry
+from taskstream.core import streams
+from taskstream.core.definitions import DefinitionCache, to_records
+from taskstream.core.protocol import Keys
+from taskstream.core.specfile import parse_task_file_text
+from taskstream.core.states import Status
+from taskstream.core.store.port import ClaimRequest
+from taskstream.core.store.sql import SqlStore
+from taskstream.executor.intake import Intake
+from taskstream.executor.service import Executor, ExecutorConfig, ExecutorDeps
+from tests.agents import Params
+from tests.integration.harness import Harness, Running, until
+
+TASKS = """
+tasks:
+  - id: quick
+    agent: slow
+    retry: {max_attempts: 1}
+    payload: {seconds: 0}
+"""
+
+GATED = """
+tasks:
+  - id: gated
+    agent: gated
+    retry: {max_attempts: 1}
+    lease: 30s
+"""
+
+# The other connections of this test's database running a statement that starts with :head.
+# PROCESSLIST, not INNODB_TRX: the latter is a cache that frequent polling never refreshes.
+RUNNING = text(
+    "SELECT ID FROM information_schema.PROCESSLIST"
+    " WHERE DB = DATABASE() AND ID <> CONNECTION_ID() AND INFO LIKE :head"
+)
+CLAIM_READ = "SELECT task_instances.%FOR UPDATE"
+FINISH_UPDATE = "UPDATE task_instances %"
+LEASE_READ = "SELECT task_instances.id, task_instances.attempt %FOR UPDATE"
+
+
+async def harness(store: SqlStore, redis: streams.Redis, keys: Keys) -> Harness:
+    harness = Harness(store, redis, keys)
+    harness.clock.set(await store.db_now_ms())
+    await harness.apply(TASKS)
+    return harness
+
+
+async def intake(h: Harness, consumer: str, held: frozenset[str] = frozenset()) -> Intake:
+    defs = DefinitionCache(h.store)
+    await defs.refresh()
+    registry = default_registry(h.registry_modules)
+    return Intake(h.store, h.redis, h.keys, registry, defs, consumer, held=held.__contains__)
+
+
+async def claimed_unrun(h: Harness, owner: str) -> tuple[str, streams.Delivery]:
+    """An instance `owner` read and claimed, as a batch that failed after its claim commit
+    leaves it: RUNNING under `owner`, its entry pending, no run."""
+    row = await h.trigger(TASKS, "quick")
+    [delivery] = await streams.read(h.redis, h.keys, owner, count=1, block_ms=10)
+    won = await h.store.claim_many([ClaimRequest(row.id, 0, 60)], owner=owner)
+    assert won[row.id].token == 1
+    return row.id, delivery
+
+
+async def kill_waiter(
+    conn: AsyncConnection, head: str, *, release: bool = True, spare: int | None = None
+) -> int:
+    """Kill the one other connection (not `spare`, one killed before) whose statement starts
+    with `head` (it waits for a row lock `conn` holds), then release the lock unless told not
+    to. Returns the killed connection's id."""
+    waiting: list[int] = []
+
+    async def found() -> bool:
+        rows = (await conn.execute(RUNNING, {"head": head})).all()
+        waiting[:] = [int(i) for (i,) in rows if int(i) != spare]
+        return bool(waiting)
+
+    await until(found)
+    [thread_id] = waiting
+    await conn.execute(text(f"KILL CONNECTION {thread_id:d}"))
+    if release:
+        await conn.rollback()
+    return thread_id
+
+
+async def lock(conn: AsyncConnection, instance_id: str) -> None:
+    await conn.execute(
+        text("SELECT id FROM task_instances WHERE id = :id FOR UPDATE"), {"id": instance_id}
+    )
+
+
+async def settled(h: Harness, instance_id: str) -> None:
+    async def done() -> bool:
+        found = await h.store.get_instance(instance_id)
+        return found is not None and found.status is Status.SUCCESS
+
+    await until(done)
+
+
+class Gate:
+    """An agent that signals it has started and finishes when the test lets it."""
+
+    def __init__(self) -> None:
+        self.started, self.release = asyncio.Event(), asyncio.Event()
+
+    async def run(self, ctx: AgentContext, p: Params) -> dict[str, Any]:
+        self.started.set()
+        await self.release.wait()
+        return {"attempt": ctx.attempt}
+
+
+async def gated_executor(h: Harness, gate: Gate, **config: Any) -> tuple[str, Running]:
+    """One `gated` instance and an executor `c1` that runs it with `gate`."""
+    registry = default_registry(h.registry_modules)
+    registry.register(FunctionAgent(name="gated", params_model=Params, fn=gate.run))
+    taskfile = parse_task_file_text(GATED, "gated.yaml", known_agents=registry.names())
+    await h.store.upsert_definitions(to_records(taskfile))
+    row = await h.trigger(GATED, "gated")
+    deps = ExecutorDeps(h.store, h.redis, h.keys, registry, h.clock, Random(7))
+    executor = Executor(deps, ExecutorConfig(consumer="c1", block_ms=20, **config))
+    return row.id, Running(executor)
+
+
+async def lease_end(h: Harness, instance_id: str) -> int:
+    row = await h.store.get_instance(instance_id)
+    assert row is not None and row.lease_expires_at_ms is not None
+    return row.lease_expires_at_ms
+
+
+@asynccontextmanager
+async def finishing_under_lock(
+    h: Harness, gate: Gate
+) -> AsyncIterator[tuple[str, Running, AsyncConnection]]:
+    """A gated run that has started, its row locked by the yielded connection, then its agent
+    let go: the run's final CAS waits for the lock. The executor is closed on the way out."""
+    instance_id, ex = await gated_executor(h, gate)
+    try:
+        await asyncio.wait_for(gate.started.wait(), timeout=20)
+        async with h.store.engine.connect() as conn:
+            await lock(conn, instance_id)
+            gate.release.set()
+            yield instance_id, ex, conn
+    finally:
+        await ex.close()

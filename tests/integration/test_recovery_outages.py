@@ -1,0 +1,111 @@
+"""Leases and the sweeper across failures, on real Redis and a real store: a lease extension
+the store refused is tried again at the next beat, the heartbeat leaves a run whose end is
+committing to its commit, and a poison entry whose move to the dead-letter stream failed is
+moved there by the sweeper."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from taskstream.core import streams
+from taskstream.core.protocol import GROUP
+from taskstream.core.states import FailClass, Status
+from taskstream.core.store.port import FinishRequest
+from taskstream.executor.heartbeat import Heartbeat
+from tests.integration.harness import Harness, until
+from tests.integration.outages import (
+    LEASE_READ,
+    TASKS,
+    Gate,
+    claimed_unrun,
+    gated_executor,
+    intake,
+    kill_waiter,
+    lease_end,
+    lock,
+    settled,
+)
+
+
+async def test_a_lease_extension_the_store_refused_is_tried_again_at_the_next_beat(
+    outage_server: Harness,
+) -> None:
+    """A third of the lease (30 s) has passed, and the heartbeat's extension fails (its
+    connection is killed while it waits for a row lock): the next beat extends the lease,
+    rather than a third of a lease later."""
+    h = outage_server
+    gate = Gate()
+    instance_id, ex = await gated_executor(h, gate, liveness_ttl_s=0.6)  # a beat every 0.2 s
+    try:
+        await asyncio.wait_for(gate.started.wait(), timeout=20)
+        h.clock.advance(11_000)
+        async with h.store.engine.connect() as conn:
+            await lock(conn, instance_id)
+            await kill_waiter(conn, LEASE_READ)
+        before = await lease_end(h, instance_id)
+
+        async def extended() -> bool:
+            return await lease_end(h, instance_id) > before
+
+        await until(extended)
+        gate.release.set()
+        await settled(h, instance_id)
+    finally:
+        gate.release.set()
+        await ex.close()
+
+
+async def test_the_heartbeat_fences_a_running_run_but_not_one_whose_end_is_committing(
+    outage: Harness,
+) -> None:
+    """Runs stay tracked until their end is committed. Both rows below have left RUNNING at
+    their tokens: the run whose agent still runs is fenced and cancelled; the run whose agent
+    returned is left to its commit, which decides (and logs) the outcome."""
+    h = outage
+    for i in range(2):
+        await h.trigger(TASKS, "quick", fire_ms=h.clock.now_ms() + i)
+    deliveries = await streams.read(h.redis, h.keys, "c1", count=2, block_ms=10)
+    running, committing = await (await intake(h, "c1")).admit(deliveries)
+    await h.store.finish_many(
+        [
+            FinishRequest(r.row.id, r.token, Status.SUCCESS, "done", owner="c1")
+            for r in (running, committing)
+        ]
+    )
+    returned = asyncio.create_task(asyncio.sleep(0))
+    await returned
+    busy = asyncio.create_task(_forever())
+    heartbeat = Heartbeat(h.store, h.redis, h.keys, "c1", h.clock, liveness_ttl_s=6)
+    heartbeat.track(running, busy)
+    heartbeat.track(committing, returned)
+    await heartbeat.extend(30)
+    assert (running.fenced, committing.fenced) == (True, False)
+    with pytest.raises(asyncio.CancelledError):
+        await busy
+
+
+async def _forever() -> None:
+    await asyncio.Event().wait()
+
+
+async def test_a_poison_entry_whose_dead_letter_failed_is_moved_there_by_the_sweeper(
+    outage: Harness,
+) -> None:
+    """The executor committed FAILED `poison`, then Redis failed before the entry moved to the
+    dead-letter stream: the sweeper moves it there instead of acknowledging it."""
+    h = outage
+    instance_id, delivery = await claimed_unrun(h, "c1")
+    poison = FinishRequest(
+        instance_id, 1, Status.FAILED, "payload_too_large", fail_class=FailClass.POISON
+    )
+    assert (await h.store.finish_many([poison]))[instance_id].ok
+    counts = await h.sweeper().sweep_once()  # "c1" has no liveness key: taken at once
+    assert counts.get("dead_letter") == 1
+    dead: Any = await h.redis.xrange(h.keys.dead)
+    assert [(f[b"reason"], f[b"source_id"].decode()) for _, f in dead] == [
+        (b"poison", delivery.entry_id)
+    ]
+    assert (await h.redis.xpending(delivery.stream, GROUP))["pending"] == 0
