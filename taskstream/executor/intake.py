@@ -86,7 +86,8 @@ class Intake:
         registry: Registry,
         defs: DefinitionCache,
         consumer: str,
-        held: Callable[[str], bool] = lambda _: False,
+        *,
+        held: Callable[[str], bool],
     ) -> None:
         """`held(instance_id)`: a run of this process holds the instance (running, or its end
         waiting to commit), so a claim of ours found on it is not to be adopted."""
