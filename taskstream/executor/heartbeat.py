@@ -54,6 +54,14 @@ class Heartbeat:
     def untrack(self, run: Run) -> None:
         self._runs.pop(run.row.id, None)
 
+    def entries(self) -> set[tuple[str, str]]:
+        """(stream, entry id) of every delivery a tracked run holds, its duplicates included."""
+        return {
+            (d.stream, d.entry_id)
+            for run, _ in self._runs.values()
+            for d in (run.delivery, *run.duplicates)
+        }
+
     async def run(self, stop: asyncio.Event) -> None:
         """Beat until `stop` is set. The liveness key is removed on the way out."""
         while not stop.is_set():

@@ -86,6 +86,9 @@ class Executor:
         """Instances a run of this process holds, from its claim until its end is committed."""
         self._unadmitted: list[streams.Delivery] = []
         """Entries read but not yet admitted: the batch whose intake failed."""
+        self._recheck = False
+        """A Redis call failed: a read's reply may have been lost after Redis delivered its
+        entries to us, so our own pending list is read before anything new."""
         self._intake = Intake(
             deps.store,
             deps.redis,
@@ -165,6 +168,7 @@ class Executor:
             self._log.warning(
                 "executor.dependency_down", error=str(exc)[:300], unadmitted=len(self._unadmitted)
             )
+            self._recheck = self._recheck or isinstance(exc, streams.DRIVER_ERRORS)
             await asyncio.sleep(ERROR_PAUSE_S)
             return
         for run in runs:
@@ -180,6 +184,8 @@ class Executor:
         `free` new entries."""
         if self._unadmitted:
             return await streams.touch(self._deps.redis, self._config.consumer, self._unadmitted)
+        if self._recheck:
+            return await self._unseen(free)
         self._turn += 1
         return await streams.read(
             self._deps.redis,
@@ -189,6 +195,21 @@ class Executor:
             block_ms=self._config.block_ms,
             order=read_order(self._turn),
         )
+
+    async def _unseen(self, free: int) -> list[streams.Delivery]:
+        """Our pending entries that no run of ours holds: delivered by a read whose reply was
+        lost. At most `free` of them (the oldest); the rest wait for the next step."""
+        held = self._heartbeat.entries()
+        own = await streams.read_own(
+            self._deps.redis, self._deps.keys, self._config.consumer, count=len(held) + free
+        )
+        self._recheck = False
+        unseen = [d for d in own if (d.stream, d.entry_id) not in held]
+        if len(unseen) > free:
+            self._recheck = True
+        if unseen:
+            self._log.warning("executor.unseen_entries", count=len(unseen))
+        return unseen[:free]
 
     async def _execute(self, run: Run) -> None:
         try:

@@ -158,3 +158,18 @@ async def finishing_under_lock(
             yield instance_id, ex, conn
     finally:
         await ex.close()
+
+
+async def kill_blocked(redis: streams.Redis, name: str) -> None:
+    """Kill the connections of the client named `name` once one is blocked in a command
+    (CLIENT LIST flag `b`): that command fails with a connection error."""
+    found: list[str] = []
+
+    async def blocked() -> bool:
+        listing: list[dict[str, str]] = await redis.client_list()
+        found[:] = [c["id"] for c in listing if c.get("name") == name and "b" in c["flags"]]
+        return bool(found)
+
+    await until(blocked)
+    for client_id in found:
+        await redis.client_kill_filter(_id=client_id)

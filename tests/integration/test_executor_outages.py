@@ -6,9 +6,15 @@ is committed when the store answers again (at stop, after one more try, it is gi
 from __future__ import annotations
 
 import asyncio
+from random import Random
 
+import redis.asyncio as aioredis
+
+from taskstream.agents.registry import default_registry
+from taskstream.core import streams
 from taskstream.core.protocol import GROUP, Priority
 from taskstream.core.states import Status
+from taskstream.executor.service import Executor, ExecutorConfig, ExecutorDeps
 from tests.integration.harness import Harness, Running
 from tests.integration.outages import (
     CLAIM_READ,
@@ -18,6 +24,7 @@ from tests.integration.outages import (
     claimed_unrun,
     finishing_under_lock,
     intake,
+    kill_blocked,
     kill_waiter,
     lock,
     settled,
@@ -68,6 +75,31 @@ async def test_entries_read_before_the_store_failed_run_once_it_answers(
         (Status.RUNNING, "c1")
     ]
     assert (await h.redis.xpending(h.keys.stream(Priority.DEFAULT), GROUP))["pending"] == 0
+
+
+async def test_an_entry_whose_read_reply_was_lost_is_found_in_the_pending_list(
+    outage: Harness, redis_url: str
+) -> None:
+    """Redis delivered an entry to the executor but the reply never arrived: the entry sits in
+    its pending list, unseen. After its next Redis error (its blocked read's connection is
+    killed) the executor reads its own pending list and runs the entry, without a sweeper."""
+    h = outage
+    row = await h.trigger(TASKS, "quick")
+    [lost] = await streams.read(h.redis, h.keys, "c1", count=1, block_ms=10)  # the lost reply
+    name = f"tstest-executor-{h.keys.namespace}"
+    client = aioredis.Redis.from_url(redis_url, client_name=name)
+    registry = default_registry(h.registry_modules)
+    deps = ExecutorDeps(h.store, client, h.keys, registry, h.clock, Random(7))
+    ex = Running(Executor(deps, ExecutorConfig(consumer="c1", block_ms=2000)))
+    try:
+        await kill_blocked(h.redis, name)
+        await settled(h, row.id)
+    finally:
+        await ex.close()
+        await client.aclose()
+    history = await h.store.history(row.id)
+    assert [x.owner for x in history if x.to_status is Status.RUNNING] == ["c1"]
+    assert (await h.redis.xpending(lost.stream, GROUP))["pending"] == 0
 
 
 async def test_a_finished_run_whose_commit_failed_is_committed_once_the_store_answers(

@@ -97,3 +97,19 @@ async def test_touch_keeps_our_pending_entries_and_names_only_those(
         keys.stream(Priority.DEFAULT), GROUP, min="-", max="+", count=10
     )
     assert [(p["consumer"], p["times_delivered"]) for p in pending] == [(b"c1", 1)]
+
+
+async def test_read_own_returns_our_pending_entries_but_not_deleted_ones(
+    redis: streams.Redis, keys: Keys
+) -> None:
+    await streams.ensure_groups(redis, keys)
+    for n in (1, 2, 3):
+        await streams.publish(redis, keys, Priority.DEFAULT, entry(n))
+    got = await streams.read(redis, keys, "c1", count=3, block_ms=10)
+    await streams.read(redis, keys, "c2", count=1, block_ms=10)  # nothing left for c2
+    await redis.xdel(got[1].stream, got[1].entry_id)  # pending, but its fields are gone
+
+    own = await streams.read_own(redis, keys, "c1", count=10)
+
+    assert [decode(d.fields).instance_id for d in own] == ["i_1", "i_3"]
+    assert await streams.read_own(redis, keys, "c2", count=10) == []
