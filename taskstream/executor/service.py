@@ -180,8 +180,8 @@ class Executor:
 
     async def _batch(self, free: int) -> list[streams.Delivery]:
         """The batch whose intake failed, as far as it is still pending for us (a dead-letter
-        or ack of the failed try may have gone through: nothing is moved twice); else up to
-        `free` new entries."""
+        or ack of the failed try may have gone through: nothing is moved twice); after a Redis
+        error, our own pending entries that no run holds; else up to `free` new entries."""
         if self._unadmitted:
             return await streams.touch(self._deps.redis, self._config.consumer, self._unadmitted)
         if self._recheck:
