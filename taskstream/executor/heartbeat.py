@@ -54,6 +54,10 @@ class Heartbeat:
     def untrack(self, run: Run) -> None:
         self._runs.pop(run.row.id, None)
 
+    def holds(self, instance_id: str) -> bool:
+        """A tracked run holds the instance: claimed here, its end not yet committed."""
+        return instance_id in self._runs
+
     def entries(self) -> set[tuple[str, str]]:
         """(stream, entry id) of every delivery a tracked run holds, its duplicates included."""
         return {

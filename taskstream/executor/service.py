@@ -82,25 +82,11 @@ class Executor:
     def __init__(self, deps: ExecutorDeps, config: ExecutorConfig) -> None:
         self._deps, self._config = deps, config
         self._defs = DefinitionCache(deps.store, min_interval_s=DEFINITIONS_CHECK_S)
-        self._held: set[str] = set()
-        """Instances a run of this process holds, from its claim until its end is committed."""
         self._unadmitted: list[streams.Delivery] = []
         """Entries read but not yet admitted: the batch whose intake failed."""
         self._recheck = False
         """A Redis call failed: a read's reply may have been lost after Redis delivered its
         entries to us, so our own pending list is read before anything new."""
-        self._intake = Intake(
-            deps.store,
-            deps.redis,
-            deps.keys,
-            deps.registry,
-            self._defs,
-            config.consumer,
-            held=self._held.__contains__,
-        )
-        self._committer = Committer(
-            deps.store, deps.redis, deps.keys, deps.clock, deps.rng, self._intake.dead
-        )
         self._heartbeat = Heartbeat(
             deps.store,
             deps.redis,
@@ -108,6 +94,18 @@ class Executor:
             config.consumer,
             deps.clock,
             liveness_ttl_s=config.liveness_ttl_s,
+        )
+        self._intake = Intake(
+            deps.store,
+            deps.redis,
+            deps.keys,
+            deps.registry,
+            self._defs,
+            config.consumer,
+            held=self._heartbeat.holds,
+        )
+        self._committer = Committer(
+            deps.store, deps.redis, deps.keys, deps.clock, deps.rng, self._intake.dead
         )
         self._running: set[asyncio.Task[None]] = set()
         self._stopping = False
@@ -172,7 +170,6 @@ class Executor:
             await asyncio.sleep(ERROR_PAUSE_S)
             return
         for run in runs:
-            self._held.add(run.row.id)
             task = asyncio.create_task(self._execute(run))
             self._running.add(task)
             self._heartbeat.track(run, task)
@@ -212,29 +209,22 @@ class Executor:
         return unseen[:free]
 
     async def _execute(self, run: Run) -> None:
+        queued = False
         try:
             end = await execute(run, self._env)
+            # The slot frees as soon as the end is queued, so the next read and claim overlap
+            # this run's commit. The run stays tracked, its lease kept, until the commit is
+            # done: a commit the store makes wait must not lose the run to a lease timeout.
+            done = self._committer.enqueue(run, end)
+            done.add_done_callback(lambda _: self._heartbeat.untrack(run))
+            queued = True
         except asyncio.CancelledError:
             if run.fenced or not self._stopping:
-                self._let_go(run)
                 raise
-            try:
-                await self._committer.submit_plan(run, self._release(run))
-            finally:
-                self._let_go(run)
-            return
-        except BaseException:
-            self._let_go(run)
-            raise
-        # The slot frees as soon as the end is queued, so the next read and claim overlap
-        # this run's commit. The instance stays held, and its lease kept, until the commit is
-        # done: a commit the store makes wait must not lose the run to a lease timeout.
-        done = self._committer.enqueue(run, end)
-        done.add_done_callback(lambda _: self._let_go(run))
-
-    def _let_go(self, run: Run) -> None:
-        self._heartbeat.untrack(run)
-        self._held.discard(run.row.id)
+            await self._committer.submit_plan(run, self._release(run))
+        finally:
+            if not queued:
+                self._heartbeat.untrack(run)
 
     async def _marker_set(self) -> None:
         await notify.hint(self._deps.redis, self._deps.keys, "marker")
