@@ -104,18 +104,8 @@ async def read_own(redis: Redis, keys: Keys, consumer: str, *, count: int) -> li
     """This consumer's own pending entries (XREADGROUP from id 0: delivered to it and not yet
     acknowledged), at most `count` per stream, oldest first. Entries deleted meanwhile, which
     come back without fields, are left out."""
-    reply: Any = await redis.xreadgroup(
-        GROUP,
-        consumer,
-        dict.fromkeys(keys.streams(), "0"),
-        count=count,
-    )
-    return [
-        Delivery(as_text(stream), as_text(entry_id), fields)
-        for stream, entries in reply or []
-        for entry_id, fields in entries
-        if fields
-    ]
+    own = await _xreadgroup(redis, dict.fromkeys(keys.streams(), "0"), consumer, count, None)
+    return [d for d in own if d.fields]
 
 
 async def _xreadgroup(
