@@ -18,18 +18,24 @@ READS_AND_WRITES = ("SELECT", "UPDATE", "INSERT")
 
 @contextmanager
 def statements(store: SqlStore, kinds: tuple[str, ...] = READS_AND_WRITES) -> Iterator[list[str]]:
-    """Collect the statements sent while the block runs whose text starts with one of `kinds`
-    (compared in upper case, leading spaces ignored)."""
+    """Collect the statements sent while the block runs, by the engine or on the driver
+    path, whose text starts with one of `kinds` (compared in upper case, leading spaces
+    ignored)."""
     sent: list[str] = []
 
-    def record(conn: Connection, cursor: Any, statement: str, *rest: Any) -> None:
+    def keep(statement: str) -> None:
         if statement.lstrip().upper().startswith(kinds):
             sent.append(statement)
 
+    def record(conn: Connection, cursor: Any, statement: str, *rest: Any) -> None:
+        keep(statement)
+
     event.listen(store.engine.sync_engine, "before_cursor_execute", record)
+    store.statement_listeners.append(keep)
     try:
         yield sent
     finally:
+        store.statement_listeners.remove(keep)
         event.remove(store.engine.sync_engine, "before_cursor_execute", record)
 
 

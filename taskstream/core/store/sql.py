@@ -12,7 +12,7 @@ transactions.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
 from typing import Any
 
@@ -38,6 +38,7 @@ from taskstream.core.store.port import (
     HistoryRow,
     InstanceRow,
 )
+from taskstream.core.store.sql_driver import driver_enabled, driver_transaction
 from taskstream.core.store.sql_engine import (
     READ_ONLY,
     ConstraintViolation,
@@ -45,6 +46,7 @@ from taskstream.core.store.sql_engine import (
     translate_errors,
 )
 from taskstream.core.store.sql_outbox import OutboxMethods
+from taskstream.core.store.sql_prepared import CoreRunner, Runner
 from taskstream.core.store.sql_scheduling import SchedulingMethods
 from taskstream.core.store.urls import normalize_url, redact_url
 
@@ -59,6 +61,10 @@ class SqlStore(OutboxMethods, SchedulingMethods):
         used in error messages."""
         self._engine = engine
         self._reader = engine.execution_options(**{READ_ONLY: True})
+        self._driver = driver_enabled(engine)
+        self.statement_listeners: list[Callable[[str], None]] = []
+        """Called with the text of each statement the driver path (`_hot`) sends; the
+        engine's statements are seen through SQLAlchemy's events."""
         self.display_url = display_url
 
     @classmethod
@@ -83,6 +89,18 @@ class SqlStore(OutboxMethods, SchedulingMethods):
     async def _write(self) -> AsyncIterator[AsyncConnection]:
         async with translate_errors(self.display_url), self._engine.begin() as conn:
             yield conn
+
+    @asynccontextmanager
+    async def _hot(self) -> AsyncIterator[Runner]:
+        """A write transaction for the hot path's templates: on the driver when it can run
+        them (`sql_driver`), else on the engine."""
+        if self._driver:
+            listeners = self.statement_listeners
+            async with driver_transaction(self._engine, self.display_url, listeners) as run:
+                yield run
+        else:
+            async with self._write() as conn:
+                yield CoreRunner(conn)
 
     @asynccontextmanager
     async def _read(self) -> AsyncIterator[AsyncConnection]:
@@ -256,8 +274,8 @@ class SqlStore(OutboxMethods, SchedulingMethods):
         options = batch.plan_claims(requests)
         if not options:
             return {}
-        async with self._write() as conn:
-            return await batch.claim_many(conn, options, owner)
+        async with self._hot() as run:
+            return await batch.claim_many(run, options, owner)
 
     async def finish_many(self, requests: list[FinishRequest]) -> dict[str, CasResult]:
         """`finish` for many runs in one transaction, with the results sequential `finish`
@@ -270,8 +288,8 @@ class SqlStore(OutboxMethods, SchedulingMethods):
             # Usually every run still holds its row: update without reading first, and take
             # the locking path only when some row has moved on (a fenced run).
             with suppress(queries.RowsMoved):
-                async with self._write() as conn:
-                    return await finishes.finish_unread(conn, prepared)
+                async with self._hot() as run:
+                    return await finishes.finish_unread(run, prepared)
         try:
             async with self._write() as conn:
                 return await finishes.finish_many(conn, prepared)

@@ -18,9 +18,9 @@ from the row just written, times from the database clock. For many instances:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from sqlalchemy import select, update
-from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from taskstream.core.errors import StoreError
@@ -28,8 +28,10 @@ from taskstream.core.states import Status
 from taskstream.core.store import sql_codec as codec
 from taskstream.core.store import sql_instances as rows
 from taskstream.core.store import sql_queries as q
+from taskstream.core.store import sql_templates as templates
 from taskstream.core.store.dbclock import db_now_ms
 from taskstream.core.store.port import Claim, Claimed, ClaimRequest, InstanceRow
+from taskstream.core.store.sql_prepared import Runner
 from taskstream.core.store.tables import task_instances as inst
 
 
@@ -63,7 +65,7 @@ async def claim_one(
 
 
 def _claim_winners(
-    options: Mapping[str, list[tuple[int, int]]], locked: Mapping[str, RowMapping]
+    options: Mapping[str, list[tuple[int, int]]], locked: Mapping[str, Mapping[str, Any]]
 ) -> dict[int, list[tuple[str, int]]]:
     """lease length ms -> [(id, attempt)] of the claims that win: the row is DISPATCHED and
     the first request for it (in request order) expects its attempt."""
@@ -79,7 +81,7 @@ def _claim_winners(
     return groups
 
 
-def _claimed(row: RowMapping, owner: str, now_ms: int, lease_length_ms: int) -> Claimed:
+def _claimed(row: Mapping[str, Any], owner: str, now_ms: int, lease_length_ms: int) -> Claimed:
     """The locked row as the claim UPDATE (`sql_instances.claim_values`) leaves it."""
     expires = now_ms + lease_length_ms
     fields = codec.instance_fields(row)
@@ -96,8 +98,19 @@ def _claimed(row: RowMapping, owner: str, now_ms: int, lease_length_ms: int) -> 
     return Claimed(token=after.attempt, lease_expires_at_ms=expires, row=after)
 
 
+def _claim_columns(owner: str, now_ms: int, lease_length_ms: int) -> dict[str, Any]:
+    """What a batch claim sets (as `sql_instances.claim_values`), with the times of the
+    database clock read under the locks."""
+    return rows.status_values(Status.RUNNING, None, None, None) | {
+        "attempt": templates.NEXT,
+        "lease_owner": owner,
+        "lease_expires_at_ms": now_ms + lease_length_ms,
+        "updated_at_ms": now_ms,
+    }
+
+
 async def claim_many(
-    conn: AsyncConnection, options: Mapping[str, list[tuple[int, int]]], owner: str
+    run: Runner, options: Mapping[str, list[tuple[int, int]]], owner: str
 ) -> dict[str, Claimed]:
     """Claim (DISPATCHED -> RUNNING, attempt + 1, lease from db-now) every instance of
     `options` (from `plan_claims`) whose attempt matches; returns the won claims by id.
@@ -106,23 +119,17 @@ async def claim_many(
     are known without reading them back."""
     claimed: dict[str, Claimed] = {}
     for ids in q.chunks(sorted(options)):
-        now_ms, locked = await q.lock_rows(conn, ids)
+        now_ms, locked = await q.lock_rows(run, ids)
         groups = _claim_winners(options, locked)
         for lease_length_ms, pairs in sorted(groups.items()):
-            values = rows.claim_values(owner, lease_length_ms)
-            values |= {"lease_expires_at_ms": now_ms + lease_length_ms, "updated_at_ms": now_ms}
-            stmt = (
-                update(inst)
-                .where(inst.c.status == Status.DISPATCHED.value, q.match_pairs(pairs))
-                .values(**values)
-            )
-            await q.update_exactly(conn, stmt, len(pairs), "claim batch")
+            values = _claim_columns(owner, now_ms, lease_length_ms)
+            await q.cas_update(run, Status.DISPATCHED, pairs, [values] * len(pairs), "claim batch")
             for instance_id, _ in pairs:
                 claimed[instance_id] = _claimed(locked[instance_id], owner, now_ms, lease_length_ms)
         won = sorted(i for pairs in groups.values() for i, _ in pairs)
         if won:
             await q.append_history(
-                conn,
+                run,
                 won,
                 src=Status.DISPATCHED,
                 owners=dict.fromkeys(won, owner),

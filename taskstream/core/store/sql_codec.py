@@ -7,6 +7,7 @@ equal text on every dialect, and a spec compares by its text.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy.engine import RowMapping
@@ -49,7 +50,7 @@ def _opt_int(value: Any) -> int | None:
     return None if value is None else int(value)
 
 
-def instance_fields(m: RowMapping) -> dict[str, Any]:
+def instance_fields(m: Mapping[Any, Any]) -> dict[str, Any]:
     """A `task_instances` row as the keyword arguments of `InstanceRow` (so a caller that
     knows some columns changed builds the record once, without `dataclasses.replace`)."""
     return {

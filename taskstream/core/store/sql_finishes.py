@@ -21,17 +21,18 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import insert, update
+from sqlalchemy import insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from taskstream.core.states import Status, check_transition
 from taskstream.core.store import sql_codec as codec
 from taskstream.core.store import sql_instances as rows
 from taskstream.core.store import sql_queries as q
+from taskstream.core.store import sql_templates as templates
 from taskstream.core.store.dbclock import db_now_ms
 from taskstream.core.store.port import CasResult, FinishRequest
+from taskstream.core.store.sql_prepared import CoreRunner, Runner
 from taskstream.core.store.tables import side_effects
-from taskstream.core.store.tables import task_instances as inst
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,29 +105,18 @@ def _decide_finishes(
 
 
 async def _finish_chunk(
-    conn: AsyncConnection, winners: Sequence[PreparedFinish], owners: Mapping[str, str | None]
+    run: Runner, winners: Sequence[PreparedFinish], owners: Mapping[str, str | None]
 ) -> None:
     """One CAS UPDATE RUNNING -> dst at each run's token (all must match, else
     `q.RowsMoved`), and the history rows naming `owners`."""
-    by_id = {p.request.instance_id: p.values for p in winners}
-    values: dict[str, Any] = {}
-    for name in sorted({c for v in by_id.values() for c in v}):
-        per_row = {i: v[name] for i, v in by_id.items() if name in v}
-        # Rows without a value for the column (e.g. no error given) keep their own.
-        keep = None if len(per_row) == len(by_id) else inst.c[name]
-        values[name] = q.per_id(per_row, inst.c[name].type, keep)
     pairs = [(p.request.instance_id, p.request.token) for p in winners]
-    stmt = (
-        update(inst)
-        .where(inst.c.status == Status.RUNNING.value, q.match_pairs(pairs))
-        .values(**values, updated_at_ms=db_now_ms())
-    )
-    await q.update_exactly(conn, stmt, len(pairs), "finish batch")
+    values = [p.values | {"updated_at_ms": templates.NOW} for p in winners]
+    await q.cas_update(run, Status.RUNNING, pairs, values, "finish batch")
     await q.append_history(
-        conn,
-        sorted(by_id),
+        run,
+        sorted(i for i, _ in pairs),
         src=Status.RUNNING,
-        owners={i: owners[i] for i in by_id},
+        owners={i: owners[i] for i, _ in pairs},
         reasons={p.request.instance_id: p.request.reason for p in winners},
     )
 
@@ -153,14 +143,12 @@ async def _queue_reviews(conn: AsyncConnection, winners: Sequence[PreparedFinish
             await q.add_review(conn, p.request.instance_id, p.request.review)
 
 
-async def finish_unread(
-    conn: AsyncConnection, prepared: Sequence[PreparedFinish]
-) -> dict[str, CasResult]:
+async def finish_unread(run: Runner, prepared: Sequence[PreparedFinish]) -> dict[str, CasResult]:
     """`finish_many` for a batch that passes `unread_ok`, without reading the rows first:
     each chunk's CAS UPDATE must match every run (it locks their rows in id order), else
     `q.RowsMoved` and the caller's transaction rolls back."""
     for part in _update_chunks(prepared):
-        await _finish_chunk(conn, part, {p.request.instance_id: p.request.owner for p in part})
+        await _finish_chunk(run, part, {p.request.instance_id: p.request.owner for p in part})
     return {p.request.instance_id: CasResult(ok=True) for p in prepared}
 
 
@@ -177,7 +165,7 @@ async def finish_many(
     results, winners = _decide_finishes(prepared, seen, await q.recorded_keys(conn, keys))
     owners = {i: s.lease_owner for i, s in seen.items()}
     for part in _update_chunks(winners):
-        await _finish_chunk(conn, part, owners)
+        await _finish_chunk(CoreRunner(conn), part, owners)
     effects = sorted((k, p.request.instance_id, p.request.token) for p in winners for k in p.keys)
     stmt = insert(side_effects).values(created_at_ms=db_now_ms())
     for rows_part in q.chunks(effects):

@@ -26,6 +26,7 @@ from taskstream.core.store import sql_queries as q
 from taskstream.core.store.dbclock import db_now_ms
 from taskstream.core.store.port import CasResult, CreateResult, DispatchRequest, NewInstance
 from taskstream.core.store.sql_engine import ConstraintViolation
+from taskstream.core.store.sql_prepared import CoreRunner
 from taskstream.core.store.tables import task_instances as inst
 
 _CREATE_TRIES = 3
@@ -148,7 +149,7 @@ async def create_many(conn: AsyncConnection, news: Sequence[NewInstance]) -> lis
         await conn.execute(stmt, [values[i] for i in span])
         part = [fresh[i] for i in span]
         await q.append_history(
-            conn,
+            CoreRunner(conn),
             sorted(n.id for n in part),
             src=None,
             owners={n.id: None for n in part},
@@ -203,5 +204,9 @@ async def _dispatch(conn: AsyncConnection, src: Status, pairs: Sequence[tuple[st
     await q.update_exactly(conn, stmt, len(pairs), "dispatch batch")
     ids = sorted(i for i, _ in pairs)
     await q.append_history(
-        conn, ids, src=src, owners=dict.fromkeys(ids), reasons=dict.fromkeys(ids, PUBLISHED)
+        CoreRunner(conn),
+        ids,
+        src=src,
+        owners=dict.fromkeys(ids),
+        reasons=dict.fromkeys(ids, PUBLISHED),
     )

@@ -12,8 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 
-from sqlalchemy import String, Update, and_, case, func, insert, literal, select, tuple_
-from sqlalchemy.engine import RowMapping
+from sqlalchemy import Update, and_, case, func, insert, literal, select, tuple_
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.types import TypeEngine
@@ -21,10 +20,12 @@ from sqlalchemy.types import TypeEngine
 from taskstream.core.errors import StoreError
 from taskstream.core.states import Status
 from taskstream.core.store import sql_codec as codec
+from taskstream.core.store import sql_templates as templates
 from taskstream.core.store.dbclock import db_now_ms
 from taskstream.core.store.port import InstanceRow
-from taskstream.core.store.tables import OWNER_LEN, STATUS_LEN, review_queue, side_effects
+from taskstream.core.store.sql_prepared import Runner
 from taskstream.core.store.tables import instance_history as hist
+from taskstream.core.store.tables import review_queue, side_effects
 from taskstream.core.store.tables import task_instances as inst
 
 CHUNK = 200
@@ -105,7 +106,7 @@ def per_id(
 
 
 async def append_history(
-    conn: AsyncConnection,
+    run: Runner,
     ids: Sequence[str],
     *,
     src: Status | None,
@@ -114,21 +115,22 @@ async def append_history(
 ) -> None:
     """One history row per id, copying dst, attempt and time from the row just written
     (`src` None: the row was just created)."""
-    source = (
-        select(
-            inst.c.id,
-            literal(None if src is None else src.value, String(STATUS_LEN)),
-            inst.c.status,
-            inst.c.attempt,
-            per_id(owners, String(OWNER_LEN)),
-            per_id({i: codec.reason(r) for i, r in reasons.items()}, String()),
-            inst.c.updated_at_ms,
-        )
-        .where(inst.c.id.in_(ids))
-        .order_by(inst.c.id)
-    )
-    columns = ["instance_id", "from_status", "to_status", "attempt", "owner", "reason", "at_ms"]
-    await conn.execute(insert(hist).from_select(columns, source))
+    await run.count(*templates.bind_history(ids, src, owners, reasons))
+
+
+async def cas_update(
+    run: Runner,
+    src: Status,
+    pairs: Sequence[tuple[str, int]],
+    values: Sequence[Mapping[str, Any]],
+    what: str,
+) -> None:
+    """The CAS UPDATE of the rows `pairs` (id, attempt) at `src`, row k set to `values[k]`
+    (see `sql_templates.bind_update`); it must match every row, else `RowsMoved` (the
+    caller's transaction then rolls back)."""
+    matched = await run.count(*templates.bind_update(src, pairs, values))
+    if matched != len(pairs):
+        raise RowsMoved(f"{what}: {matched} rows matched, {len(pairs)} expected")
 
 
 async def update_exactly(conn: AsyncConnection, stmt: Update, expected: int, what: str) -> None:
@@ -156,17 +158,11 @@ async def lock_states(conn: AsyncConnection, ids: Sequence[str]) -> dict[str, Se
     }
 
 
-async def lock_rows(conn: AsyncConnection, ids: Sequence[str]) -> tuple[int, dict[str, RowMapping]]:
+async def lock_rows(run: Runner, ids: Sequence[str]) -> tuple[int, dict[str, dict[str, Any]]]:
     """Like `lock_states`, but whole rows (undecoded: `codec.instance_fields` decodes the ones
     the caller keeps), and the database clock (epoch ms) read in the same statement (0 when no
     row was found: there is nothing to time)."""
-    stmt = (
-        select(inst, db_now_ms().label("db_now_ms"))
-        .where(inst.c.id.in_(ids))
-        .order_by(inst.c.id)
-        .with_for_update()
-    )
-    found = (await conn.execute(stmt)).mappings().all()
+    found = await run.rows(templates.lock_rows(len(ids)), templates.id_params(ids))
     if not found:
         return 0, {}
     return int(found[0]["db_now_ms"]), {str(m["id"]): m for m in found}

@@ -1,0 +1,113 @@
+"""Templates of the hot path: one statement per shape, values only as parameters, compiled
+text whose positional arguments line up with the binds. No database: the dialects compile."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from sqlalchemy import DateTime, bindparam, select
+from sqlalchemy.dialects import mysql, postgresql, sqlite
+
+from taskstream.core.states import Status
+from taskstream.core.store import sql_templates as templates
+from taskstream.core.store.sql_prepared import Template, compile_text
+
+MYSQL = mysql.asyncmy.dialect()
+
+
+def _sent(template: Template, params: dict[str, Any]) -> tuple[str, list[Any]]:
+    text = template.text_for(MYSQL)
+    return text.sql, text.arguments(params)
+
+
+def test_a_shape_is_built_once_and_values_only_travel_as_parameters() -> None:
+    a = templates.bind_update(Status.RUNNING, [("i1", 1), ("i2", 1)], [{"status": "SUCCESS"}] * 2)
+    b = templates.bind_update(Status.RUNNING, [("j1", 1), ("j2", 1)], [{"status": "FAILED"}] * 2)
+
+    assert a[0] is b[0]
+    sql, args = _sent(*b)
+    assert "j1" not in sql and "FAILED" not in sql
+    assert args == ["FAILED", "RUNNING", "j1", "j2", 1]
+
+
+def test_rows_with_their_own_values_and_rows_that_keep_theirs() -> None:
+    rows: list[dict[str, Any]] = [
+        {"result": "r1", "last_error": "e1", "updated_at_ms": templates.NOW},
+        {"result": "r2", "updated_at_ms": templates.NOW},
+        {"result": "r3", "last_error": "e3", "updated_at_ms": templates.NOW},
+    ]
+    template, params = templates.bind_update(
+        Status.RUNNING, [("i1", 1), ("i2", 1), ("i3", 1)], rows
+    )
+    sql, args = _sent(template, params)
+
+    assert sql.startswith("UPDATE task_instances SET result=CASE WHEN")
+    assert "ELSE task_instances.last_error END" in sql
+    assert "updated_at_ms=CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)" in sql
+    # In the table's column order. result: all three rows; last_error: the two that give one.
+    assert args == [
+        *("i1", "r1", "i2", "r2", "i3", "r3"),
+        *("i1", "e1", "i3", "e3"),
+        *("RUNNING", "i1", "i2", "i3", 1),
+    ]
+
+
+def test_rows_at_different_attempts_are_matched_as_pairs() -> None:
+    rows = [{"status": "DISPATCHED", "attempt": templates.NEXT}] * 2
+    template, params = templates.bind_update(Status.PENDING, [("i1", 0), ("i2", 3)], rows)
+    sql, args = _sent(template, params)
+
+    assert "attempt=(task_instances.attempt + %s)" in sql
+    assert "(task_instances.id, task_instances.attempt) IN ((%s, %s), (%s, %s))" in sql
+    assert args == ["DISPATCHED", 1, "PENDING", "i1", "i2", "i1", 0, "i2", 3]
+
+
+def test_history_binds_one_owner_or_one_per_row() -> None:
+    same, p1 = templates.bind_history(
+        ["a", "b"],
+        Status.DISPATCHED,
+        {"a": "x", "b": "x"},
+        {
+            "a": "claimed",
+            "b": "claimed",
+        },
+    )
+    each, p2 = templates.bind_history(
+        ["a", "b"],
+        None,
+        {"a": "x", "b": None},
+        {
+            "a": "r",
+            "b": "r",
+        },
+    )
+
+    assert same is not each
+    assert _sent(same, p1)[1] == ["DISPATCHED", "x", "claimed", "a", "b"]
+    assert _sent(each, p2)[1] == [None, "a", "x", "b", None, "r", "a", "b"]
+
+
+def test_lock_rows_reads_the_database_clock_under_the_locks() -> None:
+    sql, args = _sent(templates.lock_rows(2), templates.id_params(["a", "b"]))
+    assert "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED) AS db_now_ms" in sql
+    assert sql.endswith("ORDER BY task_instances.id FOR UPDATE")
+    assert args == ["a", "b"]
+
+
+def test_a_missing_value_is_named() -> None:
+    with pytest.raises(KeyError, match="id1"):
+        _sent(templates.lock_rows(2), templates.id_params(["a"]))
+
+
+def test_the_same_template_compiles_for_every_positional_dialect() -> None:
+    template = templates.lock_rows(1)
+    assert "?" in template.text_for(sqlite.dialect()).sql
+    assert "%s" in template.text_for(MYSQL).sql
+
+
+def test_compile_refuses_what_the_driver_path_cannot_send() -> None:
+    with pytest.raises(ValueError, match="positional"):
+        compile_text(select(bindparam("x")), postgresql.psycopg2.dialect())  # type: ignore[no-untyped-call]
+    with pytest.raises(ValueError, match="conversion"):
+        compile_text(select(bindparam("t", type_=DateTime())), sqlite.dialect())
