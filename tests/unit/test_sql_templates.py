@@ -6,12 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from sqlalchemy import DateTime, bindparam, select
+from sqlalchemy import DateTime, String, bindparam, select
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 
 from taskstream.core.states import Status
 from taskstream.core.store import sql_templates as templates
-from taskstream.core.store.sql_prepared import Template, compile_text
+from taskstream.core.store.sql_prepared import Template, compile_text, compile_values
 
 MYSQL = mysql.asyncmy.dialect()
 
@@ -46,10 +46,11 @@ def test_rows_with_their_own_values_and_rows_that_keep_theirs() -> None:
     assert "ELSE task_instances.last_error END" in sql
     assert "updated_at_ms=CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)" in sql
     # In the table's column order. result: all three rows; last_error: the two that give one.
+    # Three rows go in the statement for four, the last row repeated.
     assert args == [
-        *("i1", "r1", "i2", "r2", "i3", "r3"),
+        *("i1", "r1", "i2", "r2", "i3", "r3", "i3", "r3"),
         *("i1", "e1", "i3", "e3"),
-        *("RUNNING", "i1", "i2", "i3", 1),
+        *("RUNNING", "i1", "i2", "i3", "i3", 1),
     ]
 
 
@@ -111,3 +112,48 @@ def test_compile_refuses_what_the_driver_path_cannot_send() -> None:
         compile_text(select(bindparam("x")), postgresql.psycopg2.dialect())  # type: ignore[no-untyped-call]
     with pytest.raises(ValueError, match="conversion"):
         compile_text(select(bindparam("t", type_=DateTime())), sqlite.dialect())
+
+
+def test_sizes_are_powers_of_two_up_to_a_chunk() -> None:
+    assert [templates.size_for(n) for n in (0, 1, 2, 3, 5, 64, 65, 129, 200, 201)] == [
+        *(1, 1, 2, 4, 8, 64, 128, 200, 200, 201)
+    ]
+    assert templates.padded(["a", "b", "c"]) == ["a", "b", "c", "c"]
+    assert templates.padded([]) == []
+
+
+def test_every_batch_size_shares_a_few_statements() -> None:
+    shapes = {templates.bind_lock([f"i{k}" for k in range(n)])[0] for n in range(1, 201)}
+    assert len(shapes) == 9
+
+
+def test_a_padded_lock_names_each_row_once_more_at_most() -> None:
+    sql, args = _sent(*templates.bind_lock(["a", "b", "c"]))
+    assert sql.count("%s") == 4
+    assert args == ["a", "b", "c", "c"]
+
+
+def test_one_insert_row_is_repeated_for_many_rows() -> None:
+    rows = [{"id": f"i{k}", "payload": f"p{k}"} for k in range(3)]
+    template, params = templates.bind_insert(rows)
+    text = template.text_for(MYSQL)
+
+    assert templates.bind_insert(rows[:1])[0] is template
+    assert text.sql(3) == (
+        "INSERT INTO task_instances (id, payload, created_at_ms, updated_at_ms) VALUES "
+        + ", ".join(
+            ["(%s, %s, " + ", ".join(["CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)"] * 2) + ")"]
+            * 3
+        )
+    )
+    assert text.arguments(params) == ["i0", "p0", "i1", "p1", "i2", "p2"]
+
+
+def test_insert_rows_must_set_the_same_columns() -> None:
+    with pytest.raises(ValueError, match="different columns"):
+        templates.bind_insert([{"id": "a"}, {"id": "b", "payload": "{}"}])
+
+
+def test_only_a_one_row_values_insert_can_be_repeated() -> None:
+    with pytest.raises(ValueError, match="one-row INSERT"):
+        compile_values(select(bindparam("x", type_=String())), MYSQL)

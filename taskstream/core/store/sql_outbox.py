@@ -16,30 +16,32 @@ from __future__ import annotations
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager, suppress
 
-from sqlalchemy import insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from taskstream.core.errors import StoreError
 from taskstream.core.states import Status, check_transition
 from taskstream.core.store import sql_instances as rows
 from taskstream.core.store import sql_queries as q
-from taskstream.core.store.dbclock import db_now_ms
+from taskstream.core.store import sql_templates as templates
 from taskstream.core.store.port import CasResult, CreateResult, DispatchRequest, NewInstance
 from taskstream.core.store.sql_engine import ConstraintViolation
-from taskstream.core.store.sql_prepared import CoreRunner
-from taskstream.core.store.tables import task_instances as inst
+from taskstream.core.store.sql_prepared import CoreRunner, Runner
 
 _CREATE_TRIES = 3
 PUBLISHED = "published"
 
 
 class OutboxMethods:
-    """Mixed into `SqlStore`; relies on its `_read` / `_write` transaction helpers."""
+    """Mixed into `SqlStore`; relies on its `_read` / `_write` / `_hot` transaction
+    helpers."""
 
     def _read(self) -> AbstractAsyncContextManager[AsyncConnection]:
         raise NotImplementedError
 
     def _write(self) -> AbstractAsyncContextManager[AsyncConnection]:
+        raise NotImplementedError
+
+    def _hot(self) -> AbstractAsyncContextManager[Runner]:
         raise NotImplementedError
 
     async def create_instance(self, new: NewInstance) -> CreateResult:
@@ -70,8 +72,8 @@ class OutboxMethods:
         if not news:
             return []
         try:
-            async with self._write() as conn:
-                return await create_many(conn, news)
+            async with self._hot() as run:
+                return await create_many(run, news)
         except ConstraintViolation:
             return [await self.create_instance(new) for new in news]
 
@@ -87,29 +89,25 @@ class OutboxMethods:
             # Usually every row is still where the outbox left it: update without reading
             # first, and take the locking path only when some row has moved on.
             with suppress(q.RowsMoved):
-                async with self._write() as conn:
-                    return await dispatch_unread(conn, requests)
+                async with self._hot() as run:
+                    return await dispatch_unread(run, requests)
         async with self._write() as conn:
             return await dispatch_many(conn, requests)
 
 
-async def _taken(
-    conn: AsyncConnection, news: Sequence[NewInstance]
-) -> tuple[dict[str, str], set[str]]:
+async def _taken(run: Runner, news: Sequence[NewInstance]) -> tuple[dict[str, str], set[str]]:
     """Dedupe keys already stored (key -> row id), and ids already stored, among `news`: one
     SELECT per chunk of instances, through both unique indexes."""
     by_key: dict[str, str] = {}
     ids: set[str] = set()
     for part in q.chunks(sorted(news, key=lambda n: n.dedupe_key)):
         keys, wanted = {n.dedupe_key for n in part}, {n.id for n in part}
-        stmt = select(inst.c.dedupe_key, inst.c.id).where(
-            or_(inst.c.dedupe_key.in_(sorted(keys)), inst.c.id.in_(sorted(wanted)))
-        )
-        for key, found in (await conn.execute(stmt)).all():
+        for m in await run.rows(*templates.bind_taken(sorted(keys), sorted(wanted))):
+            key, found = str(m["dedupe_key"]), str(m["id"])
             if key in keys:
-                by_key[str(key)] = str(found)
+                by_key[key] = found
             if found in wanted:
-                ids.add(str(found))
+                ids.add(found)
     return by_key, ids
 
 
@@ -134,22 +132,18 @@ def _split(
     return results, fresh
 
 
-async def create_many(conn: AsyncConnection, news: Sequence[NewInstance]) -> list[CreateResult]:
+async def create_many(run: Runner, news: Sequence[NewInstance]) -> list[CreateResult]:
     """Insert the PENDING rows of `news` whose key and id are free, with their history rows;
-    results in request order. A key taken concurrently raises an IntegrityError."""
-    results, fresh = _split(news, *await _taken(conn, news))
+    results in request order. A key taken concurrently raises `ConstraintViolation`."""
+    results, fresh = _split(news, *await _taken(run, news))
     # In key order, so two batches racing for the same keys wait instead of deadlocking.
     fresh.sort(key=lambda n: n.dedupe_key)
-    # One statement with the times as SQL and the rows as executemany parameters: SQLAlchemy
-    # caches its compiled form and sends each chunk as one multi-row INSERT, where a
-    # `.values([...])` list would be compiled anew for every batch.
-    stmt = insert(inst).values(created_at_ms=db_now_ms(), updated_at_ms=db_now_ms())
     values = [rows.instance_values(n) for n in fresh]
     for span in q.sized_chunks(range(len(fresh)), [q.text_size(v) for v in values]):
-        await conn.execute(stmt, [values[i] for i in span])
+        await run.insert(*templates.bind_insert([values[i] for i in span]))
         part = [fresh[i] for i in span]
         await q.append_history(
-            CoreRunner(conn),
+            run,
             sorted(n.id for n in part),
             src=None,
             owners={n.id: None for n in part},
@@ -176,37 +170,30 @@ async def dispatch_many(
             groups.setdefault(r.src, []).append((r.instance_id, r.attempt))
             results[r.instance_id] = CasResult(ok=True)
         for src, pairs in sorted(groups.items(), key=lambda g: g[0].value):
-            await _dispatch(conn, src, pairs)
+            await _dispatch(CoreRunner(conn), src, pairs)
     return {r.instance_id: results[r.instance_id] for r in requests}
 
 
-async def dispatch_unread(
-    conn: AsyncConnection, requests: Sequence[DispatchRequest]
-) -> dict[str, CasResult]:
+async def dispatch_unread(run: Runner, requests: Sequence[DispatchRequest]) -> dict[str, CasResult]:
     """`dispatch_many` for requests that share one source status, without reading the rows
     first: each chunk's CAS UPDATE must match all of its rows (it locks them in id order),
     else `q.RowsMoved` and the caller's transaction rolls back."""
     for part in q.chunks(sorted(requests, key=lambda r: r.instance_id)):
-        await _dispatch(conn, part[0].src, [(r.instance_id, r.attempt) for r in part])
+        await _dispatch(run, part[0].src, [(r.instance_id, r.attempt) for r in part])
     return {r.instance_id: CasResult(ok=True) for r in requests}
 
 
-async def _dispatch(conn: AsyncConnection, src: Status, pairs: Sequence[tuple[str, int]]) -> None:
+_DISPATCHED = rows.status_values(Status.DISPATCHED, None, None, None) | {
+    "updated_at_ms": templates.NOW
+}
+"""The columns every move to DISPATCHED sets (`sql_templates.bind_update` values)."""
+
+
+async def _dispatch(run: Runner, src: Status, pairs: Sequence[tuple[str, int]]) -> None:
     """CAS the rows of `pairs` (id, attempt) from `src` to DISPATCHED (all must match), and
     their history rows."""
-    stmt = (
-        update(inst)
-        .where(inst.c.status == src.value, q.match_pairs(pairs))
-        .values(
-            **rows.status_values(Status.DISPATCHED, None, None, None), updated_at_ms=db_now_ms()
-        )
-    )
-    await q.update_exactly(conn, stmt, len(pairs), "dispatch batch")
+    await q.cas_update(run, src, pairs, [_DISPATCHED] * len(pairs), "dispatch batch")
     ids = sorted(i for i, _ in pairs)
     await q.append_history(
-        CoreRunner(conn),
-        ids,
-        src=src,
-        owners=dict.fromkeys(ids),
-        reasons=dict.fromkeys(ids, PUBLISHED),
+        run, ids, src=src, owners=dict.fromkeys(ids), reasons=dict.fromkeys(ids, PUBLISHED)
     )

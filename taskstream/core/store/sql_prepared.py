@@ -9,6 +9,7 @@ per instance for a claim and a finish of one row. So:
 
 - A `Template` is a Core statement whose every value is a named `bindparam` (or a constant),
   built once per shape (e.g. the number of ids) by a memoized builder (`sql_templates`).
+- A `RowsTemplate` is a one-row INSERT built the same way, sent for many rows at once.
 - `CoreRunner` sends templates through an `AsyncConnection`: any dialect, in a transaction
   the caller opened with the engine.
 - `DriverRunner` sends them through the DBAPI driver's own cursor (MySQL / MariaDB, asyncmy):
@@ -76,6 +77,52 @@ def compile_text(statement: Executable, dialect: Dialect) -> CompiledText:
     return CompiledText(compiled.string, names, constants)
 
 
+class ValuesText(NamedTuple):
+    """A one-row INSERT's text split around its row, `head` ending in `VALUES `, and its
+    binds (as `CompiledText`)."""
+
+    head: str
+    row: str
+    names: tuple[str, ...]
+    constants: dict[str, Any]
+
+    def sql(self, n: int) -> str:
+        """The INSERT of `n` rows."""
+        return self.head + ", ".join([self.row] * n)
+
+    def arguments(self, rows: Sequence[Mapping[str, Any]]) -> list[Any]:
+        """The positional arguments of `sql(len(rows))`: each row's, in row order."""
+        constants, names = self.constants, self.names
+        return [row[n] if n in row else constants[n] for row in rows for n in names]
+
+
+def compile_values(statement: Executable, dialect: Dialect) -> ValuesText:
+    """`compile_text` of a one-row INSERT ... VALUES, split to repeat its row."""
+    text = compile_text(statement, dialect)
+    marker = " VALUES ("
+    at = text.sql.find(marker)
+    if at < 0 or text.sql.count(marker) != 1 or not text.sql.endswith(")"):
+        raise ValueError(f"not a one-row INSERT ... VALUES: {text.sql}")
+    head = text.sql[: at + len(marker) - 1]
+    return ValuesText(head, text.sql[len(head) :], text.names, text.constants)
+
+
+@dataclass(eq=False)
+class RowsTemplate:
+    """A one-row INSERT whose every value is a named bind or SQL, sent for many rows at
+    once; its split text is kept per dialect."""
+
+    statement: Executable
+    _texts: dict[str, ValuesText] = field(default_factory=dict, repr=False)
+
+    def text_for(self, dialect: Dialect) -> ValuesText:
+        """The split text for `dialect`, compiled on first use."""
+        found = self._texts.get(dialect.name)
+        if found is None:
+            found = self._texts[dialect.name] = compile_values(self.statement, dialect)
+        return found
+
+
 class Runner(Protocol):
     """Sends templates inside one transaction that the caller owns."""
 
@@ -85,6 +132,10 @@ class Runner(Protocol):
 
     async def rows(self, template: Template, params: Mapping[str, Any]) -> list[dict[str, Any]]:
         """Run a SELECT; its rows as dicts keyed by column label."""
+        ...
+
+    async def insert(self, template: RowsTemplate, rows: Sequence[Mapping[str, Any]]) -> None:
+        """INSERT `rows` (at least one), each binding the template's names."""
         ...
 
 
@@ -102,6 +153,11 @@ class CoreRunner:
         result = await self.conn.execute(template.statement, dict(params))
         return [dict(m) for m in result.mappings().all()]
 
+    async def insert(self, template: RowsTemplate, rows: Sequence[Mapping[str, Any]]) -> None:
+        # An executemany: the engine renders the rows into multi-row INSERTs itself
+        # ("insertmanyvalues") from the one compiled form.
+        await self.conn.execute(template.statement, [dict(r) for r in rows])
+
 
 class DriverRunner:
     """A `Runner` over a DBAPI driver's async cursor (asyncmy): compiled text, no engine."""
@@ -117,9 +173,12 @@ class DriverRunner:
 
     async def _send(self, template: Template, params: Mapping[str, Any]) -> None:
         text = template.text_for(self._dialect)
+        await self._execute(text.sql, text.arguments(params))
+
+    async def _execute(self, sql: str, arguments: list[Any]) -> None:
         for listener in self._listeners:
-            listener(text.sql)
-        await self._cursor.execute(text.sql, text.arguments(params))
+            listener(sql)
+        await self._cursor.execute(sql, arguments)
 
     async def count(self, template: Template, params: Mapping[str, Any]) -> int:
         await self._send(template, params)
@@ -129,3 +188,7 @@ class DriverRunner:
         await self._send(template, params)
         labels = [d[0] for d in self._cursor.description or ()]
         return [dict(zip(labels, row, strict=True)) for row in await self._cursor.fetchall()]
+
+    async def insert(self, template: RowsTemplate, rows: Sequence[Mapping[str, Any]]) -> None:
+        text = template.text_for(self._dialect)
+        await self._execute(text.sql(len(rows)), text.arguments(rows))

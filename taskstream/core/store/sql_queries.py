@@ -162,7 +162,7 @@ async def lock_rows(run: Runner, ids: Sequence[str]) -> tuple[int, dict[str, dic
     """Like `lock_states`, but whole rows (undecoded: `codec.instance_fields` decodes the ones
     the caller keeps), and the database clock (epoch ms) read in the same statement (0 when no
     row was found: there is nothing to time)."""
-    found = await run.rows(templates.lock_rows(len(ids)), templates.id_params(ids))
+    found = await run.rows(*templates.bind_lock(ids))
     if not found:
         return 0, {}
     return int(found[0]["db_now_ms"]), {str(m["id"]): m for m in found}

@@ -3,30 +3,37 @@ with the functions that bind a batch's values to them.
 
 A shape is what changes the SQL text: the number of ids, whether the rows share one attempt,
 which columns an UPDATE sets and whether each row gets its own value. Builders are memoized
-on the shape, so a busy executor builds each statement once; the values of a call travel as
+on the shape, so a busy process builds each statement once; the values of a call travel as
 parameters. Binds are named `id<k>` for the k-th id (in the order given, which callers keep
 sorted so rows lock in id order), `at<k>` its attempt, `<column><k>` a per-row value.
 Statements keep the rules of `sql_queries`: rows are addressed through the primary key, per-row
 values go as `CASE WHEN id = ... THEN ... END`, and their count never grows with the rows.
+
+Lists of n ids are sent in a statement sized for `size_for(n)` ids (the next power of two, at
+most `sql_queries.CHUNK`), the last id repeated to fill it: a repeated id in an `IN` list or a
+`CASE` selects and updates the same row once, and a process keeps about ten sizes of each
+statement instead of up to 200 (each several hundred KB at the largest). New rows are inserted
+with a one-row INSERT sent for many rows (`sql_prepared.RowsTemplate`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
-from sqlalchemy import String, and_, bindparam, case, insert, select, tuple_, update
+from sqlalchemy import String, and_, bindparam, case, insert, or_, select, tuple_, update
 from sqlalchemy.sql.elements import BindParameter, ColumnElement
 
 from taskstream.core.states import Status
 from taskstream.core.store import sql_codec as codec
 from taskstream.core.store.dbclock import db_now_ms
-from taskstream.core.store.sql_prepared import Template
+from taskstream.core.store.sql_prepared import RowsTemplate, Template
 from taskstream.core.store.tables import OWNER_LEN, STATUS_LEN
 from taskstream.core.store.tables import instance_history as hist
 from taskstream.core.store.tables import task_instances as inst
 
+_T = TypeVar("_T")
 Mode = Literal["one", "each", "now", "next"]
 """How an UPDATE sets a column: `one` value for every row (bind `v_<column>`), a value for
 `each` of the m rows that give one (row `<column>_id<j>` gets `<column><j>`; the other rows
@@ -37,9 +44,26 @@ Columns = tuple[tuple[str, Mode, int], ...]
 Bound = tuple[Template, dict[str, Any]]
 """A template and the parameters of one call."""
 
-_CACHED_SHAPES = 1024
-"""Templates kept per builder: ids per statement are at most `sql_queries.CHUNK` (200), so
-this covers every size with room for the column variants."""
+_CACHED_SHAPES = 256
+"""Templates kept per builder: about ten sizes (`size_for`) times the column variants."""
+_MAX_SIZE = 200
+"""The largest size: `sql_queries.CHUNK`, the most ids callers put in one statement."""
+
+
+def size_for(n: int) -> int:
+    """The statement size for `n` ids: the next power of two, capped at `_MAX_SIZE` (or `n`
+    itself when larger)."""
+    if n >= _MAX_SIZE:
+        return n
+    return min(1 << max(n - 1, 0).bit_length(), _MAX_SIZE)
+
+
+def padded(items: Sequence[_T]) -> list[_T]:
+    """`items` with its last item repeated up to `size_for(len(items))`."""
+    out = list(items)
+    if out:
+        out.extend([out[-1]] * (size_for(len(out)) - len(out)))
+    return out
 
 
 def _ids(n: int) -> list[BindParameter[Any]]:
@@ -47,8 +71,14 @@ def _ids(n: int) -> list[BindParameter[Any]]:
 
 
 def id_params(ids: Sequence[str]) -> dict[str, Any]:
-    """The `id<k>` binds of `ids`, in their order."""
+    """The `id<k>` binds of `ids` (already `padded`), in their order."""
     return {f"id{k}": i for k, i in enumerate(ids)}
+
+
+def bind_lock(ids: Sequence[str]) -> Bound:
+    """`lock_rows` for `ids`."""
+    full = padded(ids)
+    return lock_rows(len(full)), id_params(full)
 
 
 @lru_cache(maxsize=_CACHED_SHAPES)
@@ -72,7 +102,8 @@ def _match(n: int, one_attempt: bool) -> ColumnElement[bool]:
 
 
 def match_params(pairs: Sequence[tuple[str, int]]) -> tuple[bool, dict[str, Any]]:
-    """Whether `pairs` (id, attempt) share one attempt, and the binds that address them."""
+    """Whether `pairs` (id, attempt; already `padded`) share one attempt, and the binds that
+    address them."""
     params = id_params([i for i, _ in pairs])
     attempts = {a for _, a in pairs}
     if len(attempts) == 1:
@@ -130,7 +161,9 @@ def bind_update(
     """The CAS UPDATE of `pairs` from `src`, row k taking the columns of `rows[k]` (a value, or
     the marker strings `NOW` / `NEXT` for the database clock / attempt + 1). A column some
     rows leave out keeps those rows' values."""
-    one_attempt, params = match_params(pairs)
+    if len(pairs) != len(rows):
+        raise ValueError(f"bind_update: {len(pairs)} rows named, {len(rows)} given values")
+    one_attempt, params = match_params(padded(pairs))
     params["src"] = src.value
     columns: list[tuple[str, Mode, int]] = []
     for name in sorted({c for r in rows for c in r}):
@@ -142,10 +175,11 @@ def bind_update(
             columns.append((name, "one", 0))
             params[f"v_{name}"] = first
         else:
+            given = padded(given)
             columns.append((name, "each", len(given)))
             for j, (i, v) in enumerate(given):
                 params[f"{name}_id{j}"], params[f"{name}{j}"] = i, v
-    return cas_update(len(pairs), one_attempt, tuple(columns)), params
+    return cas_update(size_for(len(pairs)), one_attempt, tuple(columns)), params
 
 
 def _per_row(name: str, n: int, each: bool, type_: Any) -> Any:
@@ -185,12 +219,13 @@ def bind_history(
     reasons: Mapping[str, str],
 ) -> Bound:
     """`history` for `ids` (kept in the order given) with their owners and reasons."""
-    params = id_params(ids)
+    full = padded(ids)
+    params = id_params(full)
     params["src"] = None if src is None else src.value
     shape = []
     for name, values in (
-        ("owner", [owners[i] for i in ids]),
-        ("reason", [codec.reason(reasons[i]) for i in ids]),
+        ("owner", [owners[i] for i in full]),
+        ("reason", [codec.reason(reasons[i]) for i in full]),
     ):
         each = len(set(values)) > 1
         shape.append(each)
@@ -198,4 +233,39 @@ def bind_history(
             params.update({f"{name}{k}": v for k, v in enumerate(values)})
         else:
             params[name] = values[0]
-    return history(len(ids), shape[0], shape[1]), params
+    return history(len(full), shape[0], shape[1]), params
+
+
+@lru_cache(maxsize=_CACHED_SHAPES)
+def taken(n_keys: int, n_ids: int) -> Template:
+    """(dedupe_key, id) of the rows holding one of `n_keys` dedupe keys (binds `key<k>`) or
+    one of `n_ids` ids (binds `id<k>`): one read through both unique indexes."""
+    keys: list[BindParameter[Any]] = [bindparam(f"key{k}") for k in range(n_keys)]
+    stmt = select(inst.c.dedupe_key, inst.c.id).where(
+        or_(inst.c.dedupe_key.in_(keys), inst.c.id.in_(_ids(n_ids)))
+    )
+    return Template(stmt)
+
+
+def bind_taken(keys: Sequence[str], ids: Sequence[str]) -> Bound:
+    """`taken` for `keys` and `ids`."""
+    full_keys, full_ids = padded(keys), padded(ids)
+    params = id_params(full_ids) | {f"key{k}": v for k, v in enumerate(full_keys)}
+    return taken(len(full_keys), len(full_ids)), params
+
+
+@lru_cache(maxsize=_CACHED_SHAPES)
+def insert_row(columns: tuple[str, ...]) -> RowsTemplate:
+    """An INSERT of one row setting `columns` (bind `v_<column>`), both times from the
+    database clock; sent for many rows at once."""
+    now = db_now_ms()
+    values = {c: bindparam(f"v_{c}", type_=inst.c[c].type) for c in columns}
+    return RowsTemplate(insert(inst).values(values | {"created_at_ms": now, "updated_at_ms": now}))
+
+
+def bind_insert(rows: Sequence[Mapping[str, Any]]) -> tuple[RowsTemplate, list[dict[str, Any]]]:
+    """`insert_row` for `rows`, which must all set the same columns."""
+    if any(row.keys() != rows[0].keys() for row in rows):
+        raise ValueError("bind_insert: rows set different columns")
+    params = [{f"v_{c}": v for c, v in row.items()} for row in rows]
+    return insert_row(tuple(rows[0])), params
