@@ -25,11 +25,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.expression import Executable
+
+_Text = TypeVar("_Text")
 
 
 class CompiledText(NamedTuple):
@@ -48,18 +50,28 @@ class CompiledText(NamedTuple):
 
 
 @dataclass(eq=False)
-class Template:
+class _PerDialect(Generic[_Text]):
     """A statement built for one shape; its compiled text is kept per dialect."""
 
     statement: Executable
-    _texts: dict[str, CompiledText] = field(default_factory=dict, repr=False)
+    _texts: dict[str, _Text] = field(default_factory=dict, repr=False)
 
-    def text_for(self, dialect: Dialect) -> CompiledText:
-        """The SQL text for `dialect` (positional paramstyle only), compiled on first use."""
+    def text_for(self, dialect: Dialect) -> _Text:
+        """The text for `dialect` (positional paramstyle only), compiled on first use."""
         found = self._texts.get(dialect.name)
         if found is None:
-            found = self._texts[dialect.name] = compile_text(self.statement, dialect)
+            found = self._texts[dialect.name] = self._compile(dialect)
         return found
+
+    def _compile(self, dialect: Dialect) -> _Text:
+        raise NotImplementedError
+
+
+class Template(_PerDialect[CompiledText]):
+    """A statement whose every value is a named bind (or a constant)."""
+
+    def _compile(self, dialect: Dialect) -> CompiledText:
+        return compile_text(self.statement, dialect)
 
 
 def compile_text(statement: Executable, dialect: Dialect) -> CompiledText:
@@ -107,20 +119,12 @@ def compile_values(statement: Executable, dialect: Dialect) -> ValuesText:
     return ValuesText(head, text.sql[len(head) :], text.names, text.constants)
 
 
-@dataclass(eq=False)
-class RowsTemplate:
+class RowsTemplate(_PerDialect[ValuesText]):
     """A one-row INSERT whose every value is a named bind or SQL, sent for many rows at
-    once; its split text is kept per dialect."""
+    once."""
 
-    statement: Executable
-    _texts: dict[str, ValuesText] = field(default_factory=dict, repr=False)
-
-    def text_for(self, dialect: Dialect) -> ValuesText:
-        """The split text for `dialect`, compiled on first use."""
-        found = self._texts.get(dialect.name)
-        if found is None:
-            found = self._texts[dialect.name] = compile_values(self.statement, dialect)
-        return found
+    def _compile(self, dialect: Dialect) -> ValuesText:
+        return compile_values(self.statement, dialect)
 
 
 class Runner(Protocol):
