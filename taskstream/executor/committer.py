@@ -7,7 +7,9 @@ cancelled run handler never interrupts them halfway.
 
 A batch the store could not write (unavailable, connection lost) is written again after a
 pause until it is, or until one more try after stop: a run that finished is never dropped
-and left to time out and run again because the database blinked.
+and left to time out and run again because the database blinked. When such a retry loses its
+CAS to the run's own earlier try (applied, but its answer lost with the link), the history
+shows the run's own move and the run counts as committed: acked now, not left to the sweeper.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from random import Random
 
 from taskstream.core import notify, streams
 from taskstream.core.clock import Clock
-from taskstream.core.errors import StoreUnavailable
+from taskstream.core.errors import StoreError, StoreUnavailable
 from taskstream.core.futures import mark_retrieved
 from taskstream.core.logging import get_logger
 from taskstream.core.protocol import Keys
@@ -106,7 +108,7 @@ class Committer:
 
     async def _commit(self, batch: list[_Item], stop: asyncio.Event) -> None:
         try:
-            results = await self._finish(batch, stop)
+            results, retried = await self._finish(batch, stop)
         except Exception as exc:
             for item in batch:
                 item.done.set_exception(exc)
@@ -114,7 +116,7 @@ class Committer:
         committed: list[_Item] = []
         for item in batch:
             result = results.get(item.run.row.id, CasResult(ok=False))
-            if result.ok:
+            if result.ok or (retried and await self._landed(item, result)):
                 committed.append(item)
             else:
                 self._log.warning(
@@ -126,20 +128,48 @@ class Committer:
                 item.done.set_result(False)
         await self._settle(committed)
 
-    async def _finish(self, batch: list[_Item], stop: asyncio.Event) -> dict[str, CasResult]:
-        """The batch's final CAS, written again while the store is unavailable. After `stop`
-        one more try is made, then the error is raised (the sweeper recovers those runs)."""
+    async def _finish(
+        self, batch: list[_Item], stop: asyncio.Event
+    ) -> tuple[dict[str, CasResult], bool]:
+        """The batch's final CAS, written again while the store is unavailable, and whether it
+        was. After `stop` one more try is made, then the error is raised (the sweeper
+        recovers those runs)."""
         requests = [i.plan.finish for i in batch]
+        retried = False
         while True:
             stopping = stop.is_set()
             try:
-                return await self._store.finish_many(requests)
+                return await self._store.finish_many(requests), retried
             except StoreUnavailable as exc:
                 if stopping:
                     raise
                 self._log.warning("commit.retrying", error=str(exc)[:300], runs=len(batch))
+            retried = True
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=RETRY_PAUSE_S)
+
+    async def _landed(self, item: _Item, result: CasResult) -> bool:
+        """After a retried commit, whether a lost CAS lost to this very run: an earlier try
+        was applied but its answer was lost (the link dropped after the server's COMMIT).
+        The proof is the run's own move in the history: RUNNING -> its end, at its token,
+        under its owner, with its reason; only the lease holder writes that move, once per
+        token. A store error here leaves the run fenced, as before (the sweeper acks it)."""
+        finish = item.plan.finish
+        if result.found is not finish.dst:
+            return False
+        try:
+            history = await self._store.history(finish.instance_id)
+        except StoreError:
+            return False
+        mine = (Status.RUNNING, finish.dst, finish.token, finish.owner, finish.reason)
+        if not any(
+            (h.from_status, h.to_status, h.attempt, h.owner, h.reason) == mine for h in history
+        ):
+            return False
+        self._log.info(
+            "instance.commit_confirmed", instance_id=finish.instance_id, attempt=finish.token
+        )
+        return True
 
     async def _settle(self, committed: list[_Item]) -> None:
         acks: list[streams.Delivery] = []

@@ -1,7 +1,8 @@
 """An executor across store failures, on real Redis and a real store: entries it read before a
 failure are admitted when the store answers again, its own claims that no run holds are
 adopted instead of waiting for their leases to expire, and a finished run whose commit failed
-is committed when the store answers again (at stop, after one more try, it is given up)."""
+is committed when the store answers again (at stop, after one more try, it is given up), and a
+commit that was applied but whose answer was lost is recognised by its retry and acked."""
 
 from __future__ import annotations
 
@@ -12,10 +13,14 @@ import redis.asyncio as aioredis
 
 from taskstream.agents.registry import default_registry
 from taskstream.core import streams
-from taskstream.core.protocol import GROUP, Priority
+from taskstream.core.errors import StoreUnavailable
+from taskstream.core.protocol import GROUP, Keys, Priority
 from taskstream.core.states import Status
+from taskstream.core.store.port import CasResult, FinishRequest
+from taskstream.core.store.sql import SqlStore
 from taskstream.executor.service import Executor, ExecutorConfig, ExecutorDeps
-from tests.integration.harness import Harness, Running
+from tests.integration import outages
+from tests.integration.harness import Harness, Running, until
 from tests.integration.outages import (
     CLAIM_READ,
     FINISH_UPDATE,
@@ -133,3 +138,50 @@ async def test_at_stop_a_commit_the_store_keeps_refusing_gets_one_more_try_then_
         await conn.rollback()
     row = await h.store.get_instance(instance_id)
     assert row is not None and (row.status, row.attempt) == (Status.RUNNING, 1)
+
+
+class _AnswerLost(SqlStore):
+    """The real store, except that its next `finish_many` is applied and committed, then
+    answered with `StoreUnavailable`: the link dropped after the server's COMMIT, before its
+    reply reached the executor."""
+
+    lose = 1
+
+    async def finish_many(self, requests: list[FinishRequest]) -> dict[str, CasResult]:
+        results = await super().finish_many(requests)
+        if self.lose > 0:
+            self.lose -= 1
+            raise StoreUnavailable("store: connection lost after COMMIT")
+        return results
+
+
+async def test_a_commit_applied_but_unanswered_is_recognised_and_acked(
+    db_url: str, redis: streams.Redis, keys: Keys
+) -> None:
+    """The retry of such a commit loses its CAS to the run's own earlier try: the history
+    shows the run's own move, so the run counts as committed and its entry is acked at once
+    (not left pending for the sweeper, logged as fenced)."""
+    store = await _AnswerLost.connect(db_url)
+    try:
+        h = await outages.harness(store, redis, keys)
+        row = await h.trigger(outages.TASKS, "quick")
+        ex = Running(h.executor())
+        stream = h.keys.stream(Priority.DEFAULT)
+
+        async def acked() -> bool:
+            return int((await h.redis.xpending(stream, GROUP))["pending"]) == 0
+
+        try:
+            await outages.settled(h, row.id)
+            await until(acked)
+        finally:
+            await ex.close()
+        assert store.lose == 0
+        history = await store.history(row.id)
+        assert [(x.from_status, x.to_status) for x in history][-1] == (
+            Status.RUNNING,
+            Status.SUCCESS,
+        )
+        assert [x.to_status for x in history].count(Status.SUCCESS) == 1
+    finally:
+        await store.close()

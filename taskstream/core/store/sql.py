@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
-from typing import Any
+from typing import Any, Self
 
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -68,7 +68,7 @@ class SqlStore(OutboxMethods, SchedulingMethods):
         self.display_url = display_url
 
     @classmethod
-    async def connect(cls, url: str) -> SqlStore:
+    async def connect(cls, url: str) -> Self:
         """Open a store on a user URL (`mysql://`, `postgresql://`, `sqlite:///path`, ...) and
         check it answers. Raises `ConfigError` for an unsupported URL and `StoreUnavailable`
         when the database cannot be reached."""
