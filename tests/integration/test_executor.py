@@ -150,8 +150,14 @@ async def test_timeout_goes_through_timeout_to_retry(h: Harness) -> None:
 async def test_oversize_payload_is_poison(h: Harness) -> None:
     row = await h.trigger(TASKS, "big")
     ex = Running(h.executor(max_payload_bytes=50))
+
+    async def dead_lettered() -> bool:
+        # The FAILED commit comes first, the move to the dead-letter stream after it.
+        return bool(await h.redis.xlen(h.keys.dead))
+
     try:
         await reach(h, row.id, Status.FAILED)
+        await until(dead_lettered)
     finally:
         await ex.close()
     done = await h.store.get_instance(row.id)
