@@ -18,3 +18,17 @@ def redis_url() -> str:
 def namespace() -> str:
     """A namespace no other test uses, so tests can share one Redis and one database."""
     return "t" + uuid.uuid4().hex[:12]
+
+
+PROCESS_LAYERS = ("fault", "e2e")
+"""Layers whose tests start role processes and wait on their timing."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under `pytest -n 2 --dist loadgroup` (scripts/test), the tests that start processes
+    share one worker and so run one at a time, as they do alone; the lighter layers run on the
+    other worker meanwhile."""
+    for item in items:
+        layer = item.path.parent.name
+        if layer in PROCESS_LAYERS:
+            item.add_marker(pytest.mark.xdist_group("processes"))
