@@ -33,6 +33,10 @@ _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 _DATE: Final = re.compile(r"\d{4}-\d{2}-\d{2}")
 JSON_OPT = typer.Option(False, "--json", help="Machine-readable output.")
 TASK_ARG = typer.Argument(..., help="Task id.")
+UNPUBLISHED_NOTE = (
+    "not on a work stream yet (Redis failed); the sweeper's reconciler publishes it once it"
+    " is 15 s old and Redis answers"
+)
 TIME_HELP: Final = "ISO 8601 with an offset or Z, a date (midnight UTC), or now"
 FROM_OPT = typer.Option(..., "--from", help=f"Range start (inclusive): {TIME_HELP}.")
 TO_OPT = typer.Option(..., "--to", help=f"Range end (inclusive): {TIME_HELP}.")
@@ -174,6 +178,8 @@ def trigger_cmd(
     fire = format_utc_ms(now_ms if at_ms is None else at_ms)
     status = "" if done.outcome != "duplicate" or done.status is None else f", {done.status.value}"
     sys.stdout.write(f"{task}: {done.outcome} {done.instance_id} (fire time {fire}{status})\n")
+    if done.outcome == "unpublished":
+        sys.stdout.write(f"{task}: {UNPUBLISHED_NOTE}\n")
 
 
 def backfill_cmd(
@@ -200,6 +206,8 @@ def backfill_cmd(
         f"{format_utc_ms(to_ms)}: {done.published} published, {done.duplicate} duplicate, "
         f"{done.skipped_calendar} skipped by the calendar\n"
     )
+    if done.unpublished:
+        sys.stdout.write(f"{task}: {done.unpublished} created but {UNPUBLISHED_NOTE}\n")
 
 
 def _set_paused(task: str, paused: bool) -> None:

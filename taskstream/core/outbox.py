@@ -32,7 +32,9 @@ from taskstream.core.store.port import (
     Store,
 )
 
-EmitOutcome = Literal["published", "duplicate"]
+EmitOutcome = Literal["published", "duplicate", "unpublished"]
+"""`unpublished`: the instance was created (PENDING) but its entry could not be added to a
+stream (Redis failed); the reconciler publishes it once it is older than its grace."""
 MAX_BATCH = 200
 """Instances per group-committed batch (one chunk of the store's batch statements)."""
 
@@ -67,7 +69,12 @@ class Outbox:
     async def emit(self, new: NewInstance, *, now_ms: int) -> Emitted:
         """Create the instance and publish it. A duplicate dedupe key publishes nothing, even
         when the existing row is still PENDING: its creator is publishing it right now, or
-        crashed, and then the reconciler publishes it once it is older than its grace."""
+        crashed, and then the reconciler publishes it once it is older than its grace.
+
+        Raises when the instance could not be created (nothing was written: emitting again is
+        safe). Once it is created, a failed XADD does not raise: the outcome says
+        `unpublished`, so the caller records the instance it made instead of trying again
+        and finding it a duplicate."""
         item = _Emit(new, now_ms)
         item.done.add_done_callback(mark_retrieved)
         self._queue.append(item)
@@ -106,34 +113,55 @@ class Outbox:
                 continue
             batch, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
             try:
-                created = await self._create_and_publish(batch)
+                created = await self.store.create_instances([item.new for item in batch])
             except Exception as exc:  # every caller of the batch learns of it
                 _fail(batch, exc)
                 continue
+            published = await self._publish_created(batch, created)
             if cas_step is not None:
                 await cas_step
-            cas_step = asyncio.create_task(self._settle(batch, created))
+            cas_step = asyncio.create_task(self._settle(batch, created, published))
 
-    async def _create_and_publish(self, batch: Sequence[_Emit]) -> list[CreateResult]:
-        created = await self.store.create_instances([item.new for item in batch])
+    async def _publish_created(
+        self, batch: Sequence[_Emit], created: Sequence[CreateResult]
+    ) -> bool:
+        """XADD the entries of the batch's new rows; False when that failed. The rows are
+        stored whatever Redis answered (down, out of memory), so they stay PENDING for the
+        reconciler rather than failing their callers."""
         fresh = [item for item, c in zip(batch, created, strict=True) if c.created]
         entries = [(Priority(i.new.priority), _new_entry(i.new, i.now_ms)) for i in fresh]
-        await streams.publish_many(self.redis, self.keys, entries)
-        return created
+        try:
+            await streams.publish_many(self.redis, self.keys, entries)
+        except Exception as exc:
+            self._log.warning(
+                "instances.unpublished",
+                count=len(fresh),
+                instance_ids=[i.new.id for i in fresh],
+                error_type=type(exc).__name__,
+                error=str(exc)[:300],
+            )
+            return False
+        return True
 
-    async def _settle(self, batch: Sequence[_Emit], created: Sequence[CreateResult]) -> None:
-        """CAS the batch's new rows to DISPATCHED, then answer its callers."""
+    async def _settle(
+        self, batch: Sequence[_Emit], created: Sequence[CreateResult], published: bool
+    ) -> None:
+        """CAS the batch's new rows to DISPATCHED when their entries were added, then answer
+        its callers."""
         try:
             fresh = [i.new.id for i, c in zip(batch, created, strict=True) if c.created]
-            await self._dispatch([DispatchRequest(i, Status.PENDING, 0) for i in fresh])
-            results = [await self._emitted(c) for c in created]
+            if published:
+                await self._dispatch([DispatchRequest(i, Status.PENDING, 0) for i in fresh])
+            results = [await self._emitted(c, published) for c in created]
         except Exception as exc:
             _fail(batch, exc)
             return
         for item, result in zip(batch, results, strict=True):
             item.done.set_result(result)
 
-    async def _emitted(self, created: CreateResult) -> Emitted:
+    async def _emitted(self, created: CreateResult, published: bool) -> Emitted:
+        if created.created and not published:
+            return Emitted("unpublished", created.instance_id, Status.PENDING)
         if created.created:
             return Emitted("published", created.instance_id, Status.DISPATCHED)
         row = await self.store.get_instance(created.instance_id)

@@ -20,7 +20,7 @@ from taskstream.core.outbox import Outbox
 from taskstream.core.preconditions import Check, CheckResult, evaluate
 from taskstream.core.spec import MAX_DEDUPE_KEY_LEN, TaskSpec, instance_id_for
 from taskstream.core.states import Status
-from taskstream.core.store.port import DecisionRow, Store
+from taskstream.core.store.port import DecisionRow, NewInstance, Store
 from taskstream.scheduler.catchup import bound_missed, catchup_horizon_ms, plan_catchup
 from taskstream.scheduler.decide import (
     MISSED,
@@ -59,6 +59,9 @@ class TaskState:
     cursor: int | None = None
     waiting: dict[int, Decision] = field(default_factory=dict)
     decided: set[int] = field(default_factory=set)
+    """Ticks decided and recorded (kept until the cursor passes them)."""
+    emitted: dict[int, tuple[Decision, str]] = field(default_factory=dict)
+    """Ticks whose instance was emitted but whose decision is not recorded yet."""
 
 
 class Advancer:
@@ -209,6 +212,12 @@ class Advancer:
     async def _apply(
         self, spec: TaskSpec, fire_ms: int, decision: Decision, now_ms: int, state: TaskState
     ) -> None:
+        emitted = state.emitted.get(fire_ms)
+        if emitted is not None:
+            # Emitted by a pass that failed before recording it: record what was done, as
+            # deciding again could now say otherwise (or find its own instance a duplicate).
+            await self._done(spec, fire_ms, *emitted, now_ms, state)
+            return
         before = state.waiting.get(fire_ms)
         if not decision.final:
             state.waiting[fire_ms] = decision
@@ -216,18 +225,34 @@ class Advancer:
                 await self._record(spec, fire_ms, decision, None, now_ms)
             return
         decision = released(before, decision)
-        state.waiting.pop(fire_ms, None)
-        state.decided.add(fire_ms)
         instance_id = None
         if decision.runs:
-            decision, instance_id = await self._run(spec, fire_ms, decision, now_ms)
+            decision, instance_id = await self._run(spec, fire_ms, decision, now_ms, state)
         elif decision.decision == MISSED:
             instance_id = await self._skipped(spec, fire_ms, now_ms)
+        await self._done(spec, fire_ms, decision, instance_id, now_ms, state)
+
+    async def _done(
+        self,
+        spec: TaskSpec,
+        fire_ms: int,
+        decision: Decision,
+        instance_id: str | None,
+        now_ms: int,
+        state: TaskState,
+    ) -> None:
+        """Record a final decision; only then is the tick done. A pass that fails before (the
+        store or Redis down) leaves the tick to the next pass."""
         await self._record(spec, fire_ms, decision, instance_id, now_ms)
+        state.waiting.pop(fire_ms, None)
+        state.decided.add(fire_ms)
+        state.emitted.pop(fire_ms, None)
 
     async def _run(
-        self, spec: TaskSpec, fire_ms: int, decision: Decision, now_ms: int
+        self, spec: TaskSpec, fire_ms: int, decision: Decision, now_ms: int, state: TaskState
     ) -> tuple[Decision, str]:
+        """Emit the tick's instance; returns the decision as emitting it turned out, which is
+        kept in `state` until it is recorded."""
         replaced = decision.details.get("replace")
         if isinstance(replaced, str):
             await cancel_previous(self._store, replaced, by_fire_ms=fire_ms)
@@ -235,19 +260,20 @@ class Advancer:
         if emitted.outcome == "duplicate":
             details = {**decision.details, "existing_status": str(emitted.status)}
             decision = Decision(SKIP_DUPLICATED, "an instance with this dedupe key exists", details)
+        elif emitted.outcome == "unpublished":
+            # Created but not on a stream (Redis failed): the reconciler publishes it.
+            decision = replace(decision, details={**decision.details, "outcome": "unpublished"})
+        state.emitted[fire_ms] = (decision, emitted.instance_id)
         return decision, emitted.instance_id
 
     async def _skipped(self, spec: TaskSpec, fire_ms: int, now_ms: int) -> str | None:
-        """A missed fire time leaves a SKIPPED instance (reason `missed`) for the record. Its
-        dedupe key is prefixed `missed:` so an explicit backfill can still run the tick."""
-        base = new_instance(spec, fire_ms, reason=MISSED)
-        key = f"missed:{base.dedupe_key}"[:MAX_DEDUPE_KEY_LEN]
-        new = replace(base, id=instance_id_for(key), dedupe_key=key)
-        created = await self._store.create_instance(new)
-        if created.created:
-            await self._store.transition(
-                created.instance_id, Status.PENDING, Status.SKIPPED, reason=MISSED
-            )
+        """A missed fire time leaves a SKIPPED instance (reason `missed`) for the record. A row
+        a failed earlier pass created but left PENDING is moved on too: the reconciler would
+        otherwise publish, and so run, a tick decided missed."""
+        created = await self._store.create_instance(missed_instance(spec, fire_ms))
+        await self._store.transition(
+            created.instance_id, Status.PENDING, Status.SKIPPED, reason=MISSED
+        )
         return created.instance_id
 
     async def _record(
@@ -270,6 +296,14 @@ class Advancer:
             decision=decision.decision,
             instance_id=instance_id,
         )
+
+
+def missed_instance(spec: TaskSpec, fire_ms: int) -> NewInstance:
+    """The record of a missed fire time: created PENDING, then moved to SKIPPED. Its dedupe
+    key is prefixed `missed:` so an explicit backfill can still run the tick."""
+    base = new_instance(spec, fire_ms, reason=MISSED)
+    key = f"missed:{base.dedupe_key}"[:MAX_DEDUPE_KEY_LEN]
+    return replace(base, id=instance_id_for(key), dedupe_key=key)
 
 
 def _why(decision: Decision) -> tuple[str, tuple[str, ...]]:

@@ -53,13 +53,15 @@ _RULE_VALUES: Final[Mapping[str, tuple[str, tuple[str, ...]]]] = {
 @dataclass(frozen=True, slots=True)
 class BackfillResult:
     """What one backfill did. `fire_times`: fire times (ms) found in the range, oldest first;
-    `published` + `duplicate` + `skipped_calendar` == len(fire_times)."""
+    `published` + `unpublished` + `duplicate` + `skipped_calendar` == len(fire_times).
+    `unpublished`: instances created while Redis failed, left to the reconciler."""
 
     fire_times: tuple[int, ...]
     published: int
     duplicate: int
     skipped_calendar: int
     instance_ids: tuple[str, ...]
+    unpublished: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,8 +96,9 @@ async def trigger(
     """Run `spec` once now, as the fire time `at_ms` (default `now_ms`), with `payload`
     replacing the task's payload when given.
 
-    Returns the outbox outcome: "published" records `should_run`, "duplicate" (an instance
-    with the same dedupe key exists, whatever its status) records `skip_duplicated`.
+    Returns the outbox outcome: "published" and "unpublished" (created while Redis failed:
+    the reconciler publishes it) record `should_run`, "duplicate" (an instance with the same
+    dedupe key exists, whatever its status) records `skip_duplicated`.
     TaskstreamError when the dedupe key cannot be rendered (a `{payload.x}` field missing).
     """
     fire_ms = now_ms if at_ms is None else at_ms
@@ -180,6 +183,7 @@ async def backfill(
     news = {at: _instance(spec, at, "backfill", None) for at, b in blocks.items() if b is None}
     counts = {decide.SHOULD_RUN: 0, decide.SKIP_DUPLICATED: 0, decide.SKIP_CALENDAR: 0}
     ids: list[str] = []
+    unpublished = 0
     for fire_ms in times:
         block = blocks[fire_ms]
         if block is None:
@@ -188,14 +192,16 @@ async def backfill(
             row = _calendar_row(spec, fire_ms, block, now_ms)
         await outbox.store.record_decision(row)
         counts[row.decision] += 1
+        unpublished += row.details.get("outcome") == "unpublished"
         if row.instance_id is not None:
             ids.append(row.instance_id)
     return BackfillResult(
         tuple(times),
-        counts[decide.SHOULD_RUN],
+        counts[decide.SHOULD_RUN] - unpublished,
         counts[decide.SKIP_DUPLICATED],
         counts[decide.SKIP_CALENDAR],
         tuple(ids),
+        unpublished,
     )
 
 

@@ -142,6 +142,27 @@ async def test_backfill_range_is_inclusive_at_both_ends(
     assert done.published == 1
 
 
+async def test_backfill_while_redis_fails_counts_the_unpublished_runs(
+    outbox: Outbox, specs: dict[str, TaskSpec]
+) -> None:
+    dead = streams.connect("redis://127.0.0.1:1/0")  # nothing listens on port 1
+    broken = Outbox(outbox.store, dead, outbox.keys)
+    try:
+        done = await manual.backfill(
+            broken, specs["report"], from_ms=MONDAY, to_ms=SUNDAY_NIGHT, now_ms=LATER
+        )
+    finally:
+        await dead.aclose()
+    assert (done.published, done.unpublished, done.duplicate, done.skipped_calendar) == (
+        0,
+        5,
+        0,
+        2,
+    )
+    monday = await manual.decision_trail(outbox.store, "report", ms("2026-11-30T08:00:00Z"))
+    assert [(d.decision, d.details["outcome"]) for d in monday] == [("should_run", "unpublished")]
+
+
 async def test_backfill_over_the_limit_names_the_count_and_writes_nothing(
     outbox: Outbox, specs: dict[str, TaskSpec]
 ) -> None:

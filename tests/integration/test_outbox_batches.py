@@ -1,7 +1,7 @@
 """The outbox's group commit on real Redis and a real store: concurrent emits share a few
 batches, each instance still ends up created once, published once and DISPATCHED, duplicates
-are answered as such, and a failed batch reaches every caller while its rows stay PENDING for
-the reconciler."""
+are answered as such, a batch the store refused reaches every caller, and one whose XADDs
+failed is answered `unpublished` while its rows stay PENDING for the reconciler."""
 
 from __future__ import annotations
 
@@ -13,17 +13,21 @@ from typing import Any
 import pytest
 
 from taskstream.core import streams
-from taskstream.core.errors import QueueUnavailable
+from taskstream.core.errors import StoreUnavailable
 from taskstream.core.outbox import Outbox
 from taskstream.core.protocol import Keys, Priority, decode
 from taskstream.core.specfile import parse_task_file_text
 from taskstream.core.states import Status
 from taskstream.core.store.port import NewInstance
 from taskstream.core.store.sql import SqlStore
+from taskstream.core.store.sql_engine import make_engine
+from taskstream.core.store.urls import normalize_url
 from taskstream.scheduler.instances import new_instance
 from tests.support.statements import statements
 
 T0 = 1_780_000_000_000
+NOBODY = "mysql://root@127.0.0.1:1/nothing"
+"""A database URL nothing listens on (port 1)."""
 SPEC = parse_task_file_text("tasks: [{id: t, agent: echo}]", "t.yaml").tasks[0]
 
 
@@ -76,22 +80,42 @@ async def test_duplicates_in_and_across_batches_publish_once(
     assert await store.get_instance("i_twin") is None
 
 
-async def test_a_failed_batch_reaches_every_caller_and_leaves_rows_pending(
+async def test_a_batch_redis_refused_is_answered_unpublished_and_left_pending(
     store: SqlStore, keys: Keys
 ) -> None:
+    """Created, then the XADDs fail: every caller learns its instance exists but is not on a
+    stream (so it records it rather than emitting again); the rows stay PENDING for the
+    reconciler."""
     dead = streams.connect("redis://127.0.0.1:1/0")  # nothing listens on port 1
     outbox = Outbox(store, dead, keys)
+    batch = news(5)
+    try:
+        results = await asyncio.gather(*(outbox.emit(n, now_ms=T0) for n in batch))
+    finally:
+        await dead.aclose()
+    assert [(r.outcome, r.instance_id, r.status) for r in results] == [
+        ("unpublished", n.id, Status.PENDING) for n in batch
+    ]
+    for new in batch:
+        row = await store.get_instance(new.id)
+        assert row is not None and row.status is Status.PENDING
+
+
+async def test_a_batch_the_store_refused_reaches_every_caller_and_writes_nothing(
+    store: SqlStore, redis: streams.Redis, keys: Keys
+) -> None:
+    nobody = SqlStore(make_engine(normalize_url(NOBODY)), display_url=NOBODY)
+    outbox = Outbox(nobody, redis, keys)
     batch = news(5)
     try:
         results = await asyncio.gather(
             *(outbox.emit(n, now_ms=T0) for n in batch), return_exceptions=True
         )
     finally:
-        await dead.aclose()
-    assert all(isinstance(r, (QueueUnavailable, *streams.DRIVER_ERRORS)) for r in results)
-    for new in batch:
-        row = await store.get_instance(new.id)
-        assert row is not None and row.status is Status.PENDING
+        await nobody.close()
+    assert all(isinstance(r, StoreUnavailable) for r in results)
+    assert await stream_ids(redis, keys) == []
+    assert await store.list_instances(limit=10) == []
 
 
 async def test_a_cancelled_caller_does_not_stop_its_batch(

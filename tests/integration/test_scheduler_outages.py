@@ -1,0 +1,174 @@
+"""The scheduler when the store or Redis fails in the middle of deciding a tick, on real
+Redis and a real store (failures are real: a store or a Redis nobody listens for, a statement
+whose connection is killed), clock passed in: the tick runs once and its decision is recorded
+once, as what happened."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from sqlalchemy import text
+
+from taskstream.core import streams
+from taskstream.core.errors import StoreUnavailable
+from taskstream.core.outbox import Outbox
+from taskstream.core.protocol import Keys
+from taskstream.core.states import Status
+from taskstream.core.store.port import InstanceRow
+from taskstream.core.store.sql import SqlStore
+from taskstream.core.store.sql_engine import make_engine
+from taskstream.core.store.urls import normalize_url
+from taskstream.scheduler import decide
+from taskstream.scheduler.advance import missed_instance
+from taskstream.scheduler.service import Scheduler, SchedulerConfig
+from tests.integration.harness import Harness
+from tests.integration.outages import kill_waiter
+
+M0 = 1_780_000_020_000
+"""A whole minute (epoch ms), so `every: 1m` fires at M0 + k minutes."""
+TASKS = "tasks:\n  - {id: minutely, agent: echo, schedule: {every: 1m}, window: 1h}\n"
+NO_CATCHUP = (
+    "tasks:\n  - {id: minutely, agent: echo, schedule: {every: 1m}, window: 30s,"
+    " catchup: {enabled: false}}\n"
+)
+NOBODY = "mysql://root@127.0.0.1:1/nothing"
+"""A database URL nothing listens on (port 1)."""
+
+
+@pytest.fixture
+def h(store: SqlStore, redis: streams.Redis, keys: Keys) -> Harness:
+    return Harness(store, redis, keys)
+
+
+def _scheduler(h: Harness, outbox: Outbox) -> Scheduler:
+    return Scheduler(h.store, outbox, h.clock, SchedulerConfig())
+
+
+async def _first_pass(h: Harness) -> Outbox:
+    """The task applied and one pass made just before M0 (its cursor is stored); returns
+    the outbox the test breaks."""
+    await h.apply(TASKS)
+    h.clock.set(M0 - 1)
+    outbox = h.outbox
+    await _scheduler(h, outbox).run_pass()
+    return outbox
+
+
+async def _the_instance(h: Harness) -> InstanceRow:
+    [row] = [r for r in await h.store.list_instances(limit=10) if r.task_id == "minutely"]
+    assert row.scheduled_for_ms == M0
+    return row
+
+
+async def _decisions(h: Harness) -> list[tuple[str, str | None]]:
+    rows = await h.store.decisions("minutely", limit=10)
+    return [(d.decision, d.instance_id) for d in rows if d.fire_time_ms == M0]
+
+
+async def _entries(h: Harness) -> int:
+    return sum([await h.redis.xlen(s) for s in h.keys.streams()])
+
+
+async def test_a_tick_whose_instance_could_not_be_created_runs_at_the_next_pass(
+    h: Harness,
+) -> None:
+    outbox = await _first_pass(h)
+    scheduler = _scheduler(h, outbox)
+    nobody = SqlStore(make_engine(normalize_url(NOBODY)), display_url=NOBODY)
+    outbox.store = nobody
+    h.clock.set(M0 + 1000)
+    try:
+        with pytest.raises(StoreUnavailable):
+            await scheduler.run_pass()
+    finally:
+        await nobody.close()
+    assert await h.store.list_instances(limit=10) == []
+
+    outbox.store = h.store
+    await scheduler.run_pass()
+    await scheduler.run_pass()
+
+    row = await _the_instance(h)
+    assert row.status is Status.DISPATCHED
+    assert await _decisions(h) == [(decide.SHOULD_RUN, row.id)]
+    assert await _entries(h) == 1
+
+
+async def test_a_tick_whose_entry_could_not_be_added_is_recorded_as_run_and_republished(
+    h: Harness,
+) -> None:
+    outbox = await _first_pass(h)
+    scheduler = _scheduler(h, outbox)
+    dead = streams.connect("redis://127.0.0.1:1/0")  # nothing listens on port 1
+    outbox.redis = dead
+    h.clock.set(M0 + 1000)
+    try:
+        await scheduler.run_pass()
+    finally:
+        await dead.aclose()
+    outbox.redis = h.redis
+    await scheduler.run_pass()
+
+    row = await _the_instance(h)
+    assert row.status is Status.PENDING
+    assert await _decisions(h) == [(decide.SHOULD_RUN, row.id)]
+    [record] = await h.store.decisions("minutely", limit=1)
+    assert record.details["outcome"] == "unpublished"
+    assert await _entries(h) == 0
+
+    # The reconciler publishes the row once it is older than its grace.
+    h.clock.set(row.updated_at_ms + 16_000)
+    counts = await h.sweeper().sweep_once()
+    assert counts["republished"] == 1
+    assert await _entries(h) == 1
+    assert (await _the_instance(h)).status is Status.DISPATCHED
+    assert await _decisions(h) == [(decide.SHOULD_RUN, row.id)]
+
+
+async def test_a_tick_whose_decision_could_not_be_recorded_is_recorded_once_as_run(
+    outage_server: Harness,
+) -> None:
+    """The instance is created and published, then recording the decision fails (its INSERT
+    waits for this test's lock on the decisions table, and its connection is killed): the
+    next pass records the run, not a duplicate of it."""
+    h = outage_server
+    outbox = await _first_pass(h)
+    scheduler = _scheduler(h, outbox)
+    h.clock.set(M0 + 1000)
+    async with h.store.engine.connect() as conn:
+        await conn.execute(text("LOCK TABLES trigger_decisions WRITE"))
+        try:
+            passed, _ = await asyncio.gather(
+                scheduler.run_pass(),
+                kill_waiter(conn, "INSERT INTO trigger_decisions%", release=False),
+                return_exceptions=True,
+            )
+        finally:
+            await conn.execute(text("UNLOCK TABLES"))
+    assert isinstance(passed, StoreUnavailable)
+    assert await _decisions(h) == []
+    await scheduler.run_pass()
+
+    row = await _the_instance(h)
+    assert await _decisions(h) == [(decide.SHOULD_RUN, row.id)]
+    assert await _entries(h) == 1
+
+
+async def test_a_missed_tick_left_pending_by_a_failed_pass_is_skipped(h: Harness) -> None:
+    """A pass that created the record of a missed tick but failed before moving it to SKIPPED
+    leaves it PENDING; the next pass finishes the move, so the reconciler never publishes (and
+    so runs) a tick that was decided missed."""
+    await h.apply(NO_CATCHUP)
+    h.clock.set(M0 - 1)
+    scheduler = _scheduler(h, h.outbox)
+    await scheduler.run_pass()
+    [spec] = [s for s in await h.definitions() if s.id == "minutely"]
+    await h.store.create_instance(missed_instance(spec, M0))
+    h.clock.set(M0 + 45_000)  # the tick's 30 s window has closed: missed
+
+    await scheduler.run_pass()
+
+    [row] = await h.store.list_instances(limit=10)
+    assert (row.status, row.dedupe_key.startswith("missed:")) == (Status.SKIPPED, True)
+    assert await _decisions(h) == [(decide.MISSED, row.id)]
