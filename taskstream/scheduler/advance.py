@@ -220,9 +220,10 @@ class Advancer:
             return
         before = state.waiting.get(fire_ms)
         if not decision.final:
-            state.waiting[fire_ms] = decision
+            # Recorded before it is remembered: a failed record is made again by the next pass.
             if before is None or _why(before) != _why(decision):
                 await self._record(spec, fire_ms, decision, None, now_ms)
+            state.waiting[fire_ms] = decision
             return
         decision = released(before, decision)
         instance_id = None

@@ -32,6 +32,10 @@ NO_CATCHUP = (
     "tasks:\n  - {id: minutely, agent: echo, schedule: {every: 1m}, window: 30s,"
     " catchup: {enabled: false}}\n"
 )
+WAITS = (
+    "tasks:\n  - {id: minutely, agent: echo, schedule: {every: 1m}, window: 1h,"
+    " depends_on: [feed]}\n"
+)
 NOBODY = "mysql://root@127.0.0.1:1/nothing"
 """A database URL nothing listens on (port 1)."""
 
@@ -68,6 +72,22 @@ async def _decisions(h: Harness) -> list[tuple[str, str | None]]:
 
 async def _entries(h: Harness) -> int:
     return sum([await h.redis.xlen(s) for s in h.keys.streams()])
+
+
+async def _pass_whose_record_fails(h: Harness, scheduler: Scheduler) -> None:
+    """One pass whose INSERT of a decision waits for this test's lock on the decisions table
+    and has its connection killed (MariaDB)."""
+    async with h.store.engine.connect() as conn:
+        await conn.execute(text("LOCK TABLES trigger_decisions WRITE"))
+        try:
+            passed, _ = await asyncio.gather(
+                scheduler.run_pass(),
+                kill_waiter(conn, "INSERT INTO trigger_decisions%", release=False),
+                return_exceptions=True,
+            )
+        finally:
+            await conn.execute(text("UNLOCK TABLES"))
+    assert isinstance(passed, StoreUnavailable)
 
 
 async def test_a_tick_whose_instance_could_not_be_created_runs_at_the_next_pass(
@@ -136,23 +156,30 @@ async def test_a_tick_whose_decision_could_not_be_recorded_is_recorded_once_as_r
     outbox = await _first_pass(h)
     scheduler = _scheduler(h, outbox)
     h.clock.set(M0 + 1000)
-    async with h.store.engine.connect() as conn:
-        await conn.execute(text("LOCK TABLES trigger_decisions WRITE"))
-        try:
-            passed, _ = await asyncio.gather(
-                scheduler.run_pass(),
-                kill_waiter(conn, "INSERT INTO trigger_decisions%", release=False),
-                return_exceptions=True,
-            )
-        finally:
-            await conn.execute(text("UNLOCK TABLES"))
-    assert isinstance(passed, StoreUnavailable)
+    await _pass_whose_record_fails(h, scheduler)
     assert await _decisions(h) == []
     await scheduler.run_pass()
 
     row = await _the_instance(h)
     assert await _decisions(h) == [(decide.SHOULD_RUN, row.id)]
     assert await _entries(h) == 1
+
+
+async def test_a_waiting_tick_whose_record_failed_is_recorded_at_the_next_pass(
+    outage_server: Harness,
+) -> None:
+    h = outage_server
+    await h.apply(WAITS)
+    h.clock.set(M0 - 1)
+    scheduler = _scheduler(h, h.outbox)
+    await scheduler.run_pass()
+    h.clock.set(M0 + 1000)
+    await _pass_whose_record_fails(h, scheduler)
+
+    await scheduler.run_pass()
+    await scheduler.run_pass()
+
+    assert await _decisions(h) == [(decide.WAIT_DEP, None)]
 
 
 async def test_a_missed_tick_left_pending_by_a_failed_pass_is_skipped(h: Harness) -> None:
