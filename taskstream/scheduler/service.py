@@ -154,7 +154,13 @@ class Scheduler:
             async with gate:
                 return await self._advancer.advance(spec, trigger, now_ms, token)
 
-        nexts = await asyncio.gather(*(one(s, t) for s, t in active))
+        # Every task's advance ends before the pass does, even when one fails: a task still
+        # deciding in the background would race the next pass over the same ticks.
+        results = await asyncio.gather(*(one(s, t) for s, t in active), return_exceptions=True)
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            raise failed[0]
+        nexts = [r for r in results if not isinstance(r, BaseException)]
         return min(nexts) if nexts else None
 
     async def _emit_due_retries(self, now_ms: int) -> None:

@@ -32,6 +32,7 @@ NO_CATCHUP = (
     "tasks:\n  - {id: minutely, agent: echo, schedule: {every: 1m}, window: 30s,"
     " catchup: {enabled: false}}\n"
 )
+GATED = "  - {id: gated, agent: echo, schedule: {every: 1m}, window: 1h, preconditions: [gate]}\n"
 WAITS = (
     "tasks:\n  - {id: minutely, agent: echo, schedule: {every: 1m}, window: 1h,"
     " depends_on: [feed]}\n"
@@ -180,6 +181,39 @@ async def test_a_waiting_tick_whose_record_failed_is_recorded_at_the_next_pass(
     await scheduler.run_pass()
 
     assert await _decisions(h) == [(decide.WAIT_DEP, None)]
+
+
+async def test_a_pass_ends_only_after_every_task_ended_even_when_one_failed(
+    outage_server: Harness,
+) -> None:
+    """Task `minutely` fails (recording its decision fails) while task `gated` is still in its
+    precondition check: the pass raises only once `gated` is decided too, so no task is left
+    deciding in the background while the next pass starts."""
+    h = outage_server
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def gate(task_id: str, business_date: str) -> str:
+        entered.set()
+        await release.wait()
+        return "pass"
+
+    await h.apply(TASKS + GATED)
+    h.clock.set(M0 - 1)
+    scheduler = Scheduler(h.store, h.outbox, h.clock, SchedulerConfig(), checks={"gate": gate})
+    await scheduler.run_pass()
+    h.clock.set(M0 + 1000)
+    async with h.store.engine.connect() as conn:
+        await conn.execute(text("LOCK TABLES trigger_decisions WRITE"))
+        passing = asyncio.create_task(scheduler.run_pass())
+        await entered.wait()
+        await kill_waiter(conn, "INSERT INTO trigger_decisions%", release=False)
+        await conn.execute(text("UNLOCK TABLES"))
+    release.set()
+    with pytest.raises(StoreUnavailable):
+        await passing
+
+    gated = await h.store.decisions("gated", limit=10)
+    assert [(d.fire_time_ms, d.decision) for d in gated] == [(M0, decide.SHOULD_RUN)]
 
 
 async def test_a_missed_tick_left_pending_by_a_failed_pass_is_skipped(h: Harness) -> None:
