@@ -147,25 +147,38 @@ class Outbox:
         self, batch: Sequence[_Emit], created: Sequence[CreateResult], published: bool
     ) -> None:
         """CAS the batch's new rows to DISPATCHED when their entries were added, then answer
-        its callers."""
-        try:
-            fresh = [i.new.id for i, c in zip(batch, created, strict=True) if c.created]
-            if published:
+        its callers. A failed CAS fails nobody: the rows exist and their entries are on a
+        stream (an executor that reads one moves its row on from PENDING itself)."""
+        fresh = [i.new.id for i, c in zip(batch, created, strict=True) if c.created]
+        status = Status.PENDING
+        if published and fresh:
+            try:
                 await self._dispatch([DispatchRequest(i, Status.PENDING, 0) for i in fresh])
-            results = [await self._emitted(c, published) for c in created]
-        except Exception as exc:
-            _fail(batch, exc)
-            return
-        for item, result in zip(batch, results, strict=True):
-            item.done.set_result(result)
+                status = Status.DISPATCHED
+            except Exception as exc:
+                self._log.warning(
+                    "instances.dispatch_failed",
+                    count=len(fresh),
+                    error_type=type(exc).__name__,
+                    error=str(exc)[:300],
+                )
+        for item, c in zip(batch, created, strict=True):
+            if not c.created:
+                await self._answer_duplicate(item, c.instance_id)
+            elif published:
+                item.done.set_result(Emitted("published", c.instance_id, status))
+            else:
+                item.done.set_result(Emitted("unpublished", c.instance_id, Status.PENDING))
 
-    async def _emitted(self, created: CreateResult, published: bool) -> Emitted:
-        if created.created and not published:
-            return Emitted("unpublished", created.instance_id, Status.PENDING)
-        if created.created:
-            return Emitted("published", created.instance_id, Status.DISPATCHED)
-        row = await self.store.get_instance(created.instance_id)
-        return Emitted("duplicate", created.instance_id, row.status if row else None)
+    async def _answer_duplicate(self, item: _Emit, instance_id: str) -> None:
+        """A duplicate's answer names the existing row's status; its caller alone learns when
+        that cannot be read."""
+        try:
+            row = await self.store.get_instance(instance_id)
+        except Exception as exc:
+            item.done.set_exception(exc)
+            return
+        item.done.set_result(Emitted("duplicate", instance_id, row.status if row else None))
 
     async def _dispatch(self, requests: list[DispatchRequest]) -> None:
         """CAS to DISPATCHED; a lost CAS is only noted."""

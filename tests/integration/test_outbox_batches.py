@@ -11,6 +11,8 @@ import random
 from typing import Any
 
 import pytest
+from sqlalchemy import insert, text
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from taskstream.core import streams
 from taskstream.core.errors import StoreUnavailable
@@ -21,8 +23,13 @@ from taskstream.core.states import Status
 from taskstream.core.store.port import NewInstance
 from taskstream.core.store.sql import SqlStore
 from taskstream.core.store.sql_engine import make_engine
+from taskstream.core.store.sql_instances import instance_values
+from taskstream.core.store.tables import task_instances
 from taskstream.core.store.urls import normalize_url
 from taskstream.scheduler.instances import new_instance
+from tests.integration.harness import until
+from tests.integration.outages import RUNNING, kill_waiter
+from tests.support.databases import temp_database
 from tests.support.statements import statements
 
 T0 = 1_780_000_000_000
@@ -116,6 +123,54 @@ async def test_a_batch_the_store_refused_reaches_every_caller_and_writes_nothing
     assert all(isinstance(r, StoreUnavailable) for r in results)
     assert await stream_ids(redis, keys) == []
     assert await store.list_instances(limit=10) == []
+
+
+async def test_a_batch_whose_dispatched_step_failed_is_still_answered_published(
+    redis: streams.Redis, keys: Keys
+) -> None:
+    """Created and on the stream, then the CAS to DISPATCHED fails (its UPDATE waits for this
+    test's lock on the table and its connection is killed; MariaDB): the caller learns its
+    instance is published, still PENDING, so it records it instead of emitting it again."""
+    async with temp_database("mariadb") as url:
+        store = await SqlStore.connect(url)
+        try:
+            [new] = news(1)
+            emitted = await _emit_with_failing_dispatch(Outbox(store, redis, keys), store, new)
+            row = await store.get_instance(new.id)
+        finally:
+            await store.close()
+    assert (emitted.outcome, emitted.instance_id, emitted.status) == (
+        "published",
+        new.id,
+        Status.PENDING,
+    )
+    assert row is not None and row.status is Status.PENDING
+    assert await stream_ids(redis, keys) == [new.id]
+
+
+async def _emit_with_failing_dispatch(outbox: Outbox, store: SqlStore, new: NewInstance) -> Any:
+    """Emit `new` while this test holds its key (an uncommitted row with its id), queue a lock
+    of `task_instances` behind the creation's own, let the creation commit, then kill the
+    outbox's CAS UPDATE that waits for that lock."""
+    async with store.engine.connect() as row, store.engine.connect() as table:
+        values = instance_values(new) | {"created_at_ms": T0, "updated_at_ms": T0}
+        await row.execute(insert(task_instances).values(values))
+        emitting = asyncio.create_task(outbox.emit(new, now_ms=T0))
+        await _waiting(row, "INSERT INTO task_instances%")
+        locking = asyncio.create_task(table.execute(text("LOCK TABLES task_instances WRITE")))
+        await _waiting(row, "LOCK TABLES task_instances%")
+        await row.rollback()
+        await locking
+        await kill_waiter(row, "UPDATE task_instances%", release=False)
+        await table.execute(text("UNLOCK TABLES"))
+    return await emitting
+
+
+async def _waiting(conn: AsyncConnection, head: str) -> None:
+    async def found() -> bool:
+        return bool((await conn.execute(RUNNING, {"head": head})).all())
+
+    await until(found)
 
 
 async def test_a_cancelled_caller_does_not_stop_its_batch(
