@@ -1,7 +1,10 @@
 """The outbox (DESIGN.md §6.1): INSERT PENDING -> XADD -> CAS PENDING->DISPATCHED.
 
 A crash between the steps leaves a PENDING row; the reconciler publishes such rows again, so
-no fire time is lost, and the UNIQUE dedupe key makes sure none is doubled.
+no fire time is lost, and the UNIQUE dedupe key makes sure none is doubled. A failure after
+the creation commit (the XADD, or the CAS) does not fail the emit: its caller learns that the
+instance exists (`unpublished`, or `published` still PENDING) and records it, rather than
+emitting again and finding it a duplicate.
 
 Emits are group-committed: while one batch is being written, new emits queue and go in the
 next, so many concurrent emits cost three round trips per batch (one transaction creating the
