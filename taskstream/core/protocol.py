@@ -175,7 +175,8 @@ def decode(raw: RawFields) -> WorkEntry:
     for name in _INT_FIELDS:
         text = fields.get(name)
         if text is not None:
-            if not text.isdigit():
+            # ASCII digits only: `isdigit` also accepts digits such as "²" that `int` refuses.
+            if not (text.isascii() and text.isdigit()):
                 raise ProtocolError("bad_field", f"{name}={text[:40]!r}")
             values[name] = int(text)
     try:

@@ -66,6 +66,8 @@ def test_round_trip_property(attempt: int, at: int, task: str) -> None:
         ({**encode(ENTRY), "v": "9"}, "unknown_version"),
         ({**encode(ENTRY), "attempt": "-1"}, "bad_field"),
         ({**encode(ENTRY), "attempt": "one"}, "bad_field"),
+        ({**encode(ENTRY), "attempt": "\u00b2"}, "bad_field"),  # "²": isdigit, but not int
+        ({**encode(ENTRY), "scheduled_for_ms": "\u0661"}, "bad_field"),  # Arabic-Indic 1
         ({**encode(ENTRY), "surprise": "x"}, "bad_field"),
         ({k: v for k, v in encode(ENTRY).items() if k != "agent"}, "bad_field"),
         ({b"v": b"1", b"instance_id": b"\xff\xfe"}, "bad_encoding"),
@@ -76,6 +78,22 @@ def test_malformed_entries_name_their_reason(fields: dict[object, object], reaso
     with pytest.raises(ProtocolError) as info:
         decode(fields)
     assert info.value.reason == reason
+
+
+@given(
+    changes=st.dictionaries(
+        st.sampled_from(["attempt", "scheduled_for_ms", "emitted_at_ms", "v", "agent", "x"]),
+        st.text(max_size=8),
+        max_size=3,
+    )
+)
+def test_any_field_values_decode_or_raise_protocol_error(changes: dict[str, str]) -> None:
+    """Whatever a writer put in the fields, decoding raises nothing but `ProtocolError`
+    (anything else would crash the executor's and the sweeper's loops)."""
+    try:
+        decode({**encode(ENTRY), **changes})
+    except ProtocolError:
+        pass
 
 
 def test_dead_fields_keep_the_original_and_the_reason() -> None:
