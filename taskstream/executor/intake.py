@@ -123,7 +123,9 @@ class Intake:
             if (owner := runs.get(dupe.entry.instance_id)) is not None:
                 owner.duplicates.append(dupe.delivery)
         for run in runs.values():
-            if run.token > run.max_attempts:
+            # At or past the last attempt by its token, earlier attempts given back may leave
+            # one more; a first attempt has none before it.
+            if run.token >= run.max_attempts and run.token > 1:
                 await self._count_budget(run)
         return list(runs.values())
 

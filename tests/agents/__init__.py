@@ -17,16 +17,20 @@ from taskstream.agents.errors import FatalError, NeedsReview, RetriableError
 
 
 class Params(BaseModel):
-    """`fail_until`: attempts before this one fail; `kind`: how they fail; `seconds`: sleep."""
+    """`fail_until`: attempts up to this one fail; `kind`: how they fail; `seconds`: sleep;
+    `stall_until`: `flaky` attempts up to this one first sleep `seconds`."""
 
     model_config = ConfigDict(extra="allow")
     fail_until: int = 0
+    stall_until: int = 0
     kind: str = "retriable"
     seconds: float = 0.0
     effect: str = ""
 
 
 async def _flaky(ctx: AgentContext, p: Params) -> dict[str, Any]:
+    if ctx.attempt <= p.stall_until:
+        await asyncio.sleep(p.seconds)
     if ctx.attempt <= p.fail_until:
         errors = {
             "retriable": RetriableError,

@@ -262,6 +262,41 @@ async def test_a_run_past_the_grace_is_released_without_spending_an_attempt(h: H
     assert done is not None and done.attempt == 2
 
 
+STALLS = """
+tasks:
+  - id: stalls
+    agent: flaky
+    retry: {max_attempts: 2, backoff: {base: 1}}
+    payload: {stall_until: 1, seconds: 60, fail_until: 2}
+"""
+
+
+async def test_a_released_attempt_does_not_count_at_the_last_attempt(h: Harness) -> None:
+    """Attempt 1 is released at shutdown (not counted); attempt 2, the last by the token but
+    only the first that ran, fails retriably: one attempt is left, so it retries."""
+    await h.apply(STALLS)
+    row = await h.trigger(STALLS, "stalls")
+    ex = Running(h.executor(grace_s=0.05))
+    await reach(h, row.id, Status.RUNNING)
+    await ex.close()
+    assert await status_of(h, row.id) is Status.RETRYING
+    await h.scheduler().run_pass()
+    again = Running(h.executor())
+    try:
+
+        async def second_ended() -> bool:
+            found = await h.store.get_instance(row.id)
+            assert found is not None
+            return found.attempt == 2 and found.status in (Status.RETRYING, Status.FAILED)
+
+        await until(second_ended)
+    finally:
+        await again.close()
+    ended = await h.store.get_instance(row.id)
+    assert ended is not None
+    assert (ended.status, ended.fail_class) == (Status.RETRYING, None)
+
+
 async def test_liveness_key_is_set_while_running_and_removed_after(h: Harness) -> None:
     ex = Running(h.executor("c9"))
 
