@@ -39,18 +39,21 @@ class RowFacts:
     attempt: int
     lease_expires_at_ms: int | None
     fail_class: FailClass | None = None
+    lease_owner: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class EntryFacts:
-    """What Redis says about the entry. `attempt` is None when the entry does not decode."""
+    """What Redis says about the entry. `attempt` is None when the entry does not decode;
+    `owner_alive` is whether `consumer` (whose pending list holds it) is alive;
+    `owner_losses` how many earlier runs of this instance already lost their owner."""
 
     attempt: int | None
     deliveries: int
     owner_alive: bool
     owner_losses: int = 0
     idle_ms: int = 0
-    """How many earlier runs of this instance already lost their owner."""
+    consumer: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,20 +72,29 @@ def decide(
 ) -> Verdict:
     """The action for one pending entry; see `Action` for each outcome. An entry its live
     owner has not claimed within `unclaimed_ms` (the claim failed, the store was down) is
-    delivered again."""
-    early = _gate(entry, row, max_deliveries)
+    delivered again.
+
+    Only an entry for the attempt in progress can be poison, and only when nobody is running
+    it: a run whose owner is alive and holds its lease is left alone whatever the delivery
+    count, and so is a duplicate delivery of it in another consumer's list (acked)."""
+    early = _gate(entry, row)
     if early is not None or row is None or entry.attempt is None:
         return early or Verdict(Action.DEAD_LETTER, "unknown_instance")
     if row.status is Status.RUNNING and row.attempt == entry.attempt + 1:
-        return _running(entry, row, db_now_ms)
-    if row.status is Status.DISPATCHED and row.attempt == entry.attempt:
-        return _dispatched(entry, unclaimed_ms)
+        return _running(entry, row, db_now_ms, max_deliveries)
+    if row.status in _WAITING and row.attempt == entry.attempt:
+        return _crashes(entry, max_deliveries) or _unclaimed(entry, unclaimed_ms)
     if row.attempt > entry.attempt:
         return Verdict(Action.ACK, "entry of an older attempt")
     return Verdict(Action.LEAVE, f"instance is {row.status}")
 
 
-def _gate(entry: EntryFacts, row: RowFacts | None, max_deliveries: int) -> Verdict | None:
+_WAITING = (Status.DISPATCHED, Status.PENDING, Status.RETRYING)
+"""Statuses an entry of the row's attempt is claimed from (PENDING and RETRYING when the
+outbox's CAS to DISPATCHED did not happen)."""
+
+
+def _gate(entry: EntryFacts, row: RowFacts | None) -> Verdict | None:
     """Verdicts that do not depend on the run's state."""
     if entry.attempt is None:
         return Verdict(Action.DEAD_LETTER, "undecodable")
@@ -94,6 +106,11 @@ def _gate(entry: EntryFacts, row: RowFacts | None, max_deliveries: int) -> Verdi
             # failed after the store's commit): the entry still belongs there.
             return Verdict(Action.DEAD_LETTER, "poison")
         return Verdict(Action.ACK, f"instance is {row.status}")
+    return None
+
+
+def _crashes(entry: EntryFacts, max_deliveries: int) -> Verdict | None:
+    """POISON when the entry was delivered, or its runs lost their owner, too often."""
     crashes = max(entry.deliveries, entry.owner_losses + 1)
     if crashes > max_deliveries:
         return Verdict(Action.POISON, f"{crashes} deliveries > {max_deliveries}")
@@ -106,7 +123,7 @@ def _poisoned_by(attempt: int, row: RowFacts) -> bool:
     return poisoned and row.attempt in (attempt, attempt + 1)
 
 
-def _dispatched(entry: EntryFacts, unclaimed_ms: int) -> Verdict:
+def _unclaimed(entry: EntryFacts, unclaimed_ms: int) -> Verdict:
     if not entry.owner_alive:
         return Verdict(Action.REDELIVER, "owner gone before claiming")
     if entry.idle_ms >= unclaimed_ms:
@@ -114,10 +131,16 @@ def _dispatched(entry: EntryFacts, unclaimed_ms: int) -> Verdict:
     return Verdict(Action.LEAVE, "owner alive, claim pending")
 
 
-def _running(entry: EntryFacts, row: RowFacts, db_now_ms: int) -> Verdict:
-    if not entry.owner_alive:
-        return Verdict(Action.TIMEOUT, OWNER_LOST)
+def _running(entry: EntryFacts, row: RowFacts, db_now_ms: int, max_deliveries: int) -> Verdict:
+    owner = row.lease_owner
+    if entry.consumer is not None and owner is not None and entry.consumer != owner:
+        # A second delivery of the attempt that lost its claim: the run is `owner`'s, and its
+        # own entry is in `owner`'s list (or, if lost, the reconciler times the run out).
+        return Verdict(Action.ACK, "duplicate of a run another consumer holds")
     expired = row.lease_expires_at_ms is None or row.lease_expires_at_ms <= db_now_ms
-    if expired:
-        return Verdict(Action.TIMEOUT, LEASE_EXPIRED)
-    return Verdict(Action.LEAVE, "owner alive, lease held")
+    if entry.owner_alive and not expired:
+        return Verdict(Action.LEAVE, "owner alive, lease held")
+    poison = _crashes(entry, max_deliveries)
+    if poison is not None:
+        return poison
+    return Verdict(Action.TIMEOUT, OWNER_LOST if not entry.owner_alive else LEASE_EXPIRED)

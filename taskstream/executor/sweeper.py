@@ -114,9 +114,11 @@ class Sweeper:
         losses = 0
         if row is not None and row.status is Status.RUNNING and not alive:
             losses = await self._store.count_history(row.id, reason=f"after_{OWNER_LOST}")
-        facts = EntryFacts(entry.attempt, p.deliveries, alive, losses, p.idle_ms)
+        facts = EntryFacts(entry.attempt, p.deliveries, alive, losses, p.idle_ms, p.consumer)
         rowf = (
-            RowFacts(row.status, row.attempt, row.lease_expires_at_ms, row.fail_class)
+            RowFacts(
+                row.status, row.attempt, row.lease_expires_at_ms, row.fail_class, row.lease_owner
+            )
             if row
             else None
         )

@@ -109,3 +109,28 @@ async def test_a_poison_entry_whose_dead_letter_failed_is_moved_there_by_the_swe
         (b"poison", delivery.entry_id)
     ]
     assert (await h.redis.xpending(delivery.stream, GROUP))["pending"] == 0
+
+
+async def test_a_duplicate_read_by_a_consumer_now_gone_does_not_end_the_run(
+    outage: Harness,
+) -> None:
+    """`c1` runs the instance (alive, lease held). A second entry of the same attempt was
+    read by `c2`, which lost the claim and then went away: the sweeper acks that duplicate
+    and leaves `c1`'s run alone, instead of timing it out as if its owner were lost."""
+    h = outage
+    instance_id, delivery = await claimed_unrun(h, "c1")
+    await streams.mark_alive(h.redis, h.keys, "c1", ttl_ms=60_000)
+    await h.redis.xadd(delivery.stream, dict(delivery.fields))
+    [duplicate] = await streams.read(h.redis, h.keys, "c2", count=1, block_ms=10)
+    before = await h.store.get_instance(instance_id)
+
+    counts = await h.sweeper().sweep_once()
+
+    assert counts.get("ack") == 1
+    assert counts.get("timeout") is None
+    assert await h.store.get_instance(instance_id) == before
+    pending: Any = await h.redis.xpending_range(delivery.stream, GROUP, "-", "+", 10)
+    assert [(p["message_id"].decode(), p["consumer"].decode()) for p in pending] == [
+        (delivery.entry_id, "c1")
+    ]
+    assert duplicate.entry_id != delivery.entry_id

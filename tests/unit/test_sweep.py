@@ -39,14 +39,40 @@ POISON = FailClass.POISON
         (EntryFacts(0, 1, False), row(Status.DISPATCHED, 0), Action.REDELIVER),
         (EntryFacts(0, 1, True, idle_ms=30_000), row(Status.DISPATCHED, 0), Action.REDELIVER),
         (EntryFacts(0, 2, False), row(Status.RETRYING, 1), Action.ACK),
-        (EntryFacts(1, 1, False), row(Status.RETRYING, 1), Action.LEAVE),
-        (EntryFacts(0, 6, True), row(Status.RUNNING, 1, NOW + 1), Action.POISON),
+        # PENDING / RETRYING at the entry's attempt: the outbox's CAS did not happen; an
+        # entry whose consumer is gone is delivered again, not left forever.
+        (EntryFacts(1, 1, False), row(Status.RETRYING, 1), Action.REDELIVER),
+        (EntryFacts(0, 1, False), row(Status.PENDING, 0), Action.REDELIVER),
+        (EntryFacts(0, 1, True), row(Status.PENDING, 0), Action.LEAVE),
+        (EntryFacts(0, 6, False), row(Status.PENDING, 0), Action.POISON),
+        # A live run is never poison, however often its entry was read.
+        (EntryFacts(0, 6, True), row(Status.RUNNING, 1, NOW + 1), Action.LEAVE),
+        (EntryFacts(0, 6, True), row(Status.RUNNING, 1, NOW), Action.POISON),
+        (EntryFacts(0, 6, False), row(Status.RUNNING, 1, NOW + 1), Action.POISON),
+        # A stale entry is acked, never poison for the newer attempt.
+        (EntryFacts(0, 9, False), row(Status.RETRYING, 2), Action.ACK),
+        (EntryFacts(0, 9, False), row(Status.RUNNING, 3, NOW + 1), Action.ACK),
         (EntryFacts(3, 1, False, owner_losses=5), row(Status.RUNNING, 4, NOW + 1), Action.POISON),
         (EntryFacts(3, 1, False, owner_losses=4), row(Status.RUNNING, 4, NOW + 1), Action.TIMEOUT),
     ],
 )
 def test_table(entry: EntryFacts, facts: RowFacts | None, action: Action) -> None:
     assert decide(entry, facts, db_now_ms=NOW, max_deliveries=5).action is action
+
+
+def test_a_duplicate_in_a_dead_consumers_list_does_not_end_the_run_it_duplicates() -> None:
+    """The run is `a`'s (alive or not); `b` read a second entry of the same attempt, lost the
+    claim and is gone: that entry is acked, the run left to `a`'s own entry."""
+    running = RowFacts(Status.RUNNING, 1, NOW + 60_000, lease_owner="a")
+    for alive in (True, False):
+        duplicate = EntryFacts(0, 1, alive, consumer="b")
+        verdict = decide(duplicate, running, db_now_ms=NOW, max_deliveries=5)
+        assert (verdict.action, verdict.reason) == (
+            Action.ACK,
+            "duplicate of a run another consumer holds",
+        )
+    own = EntryFacts(0, 1, False, consumer="a")
+    assert decide(own, running, db_now_ms=NOW, max_deliveries=5).action is Action.TIMEOUT
 
 
 def test_settled_wins_over_delivery_count() -> None:
