@@ -113,3 +113,21 @@ async def test_read_own_returns_our_pending_entries_but_not_deleted_ones(
 
     assert [decode(d.fields).instance_id for d in own] == ["i_1", "i_3"]
     assert await streams.read_own(redis, keys, "c2", count=10) == []
+
+
+async def test_read_own_leaves_delivery_counts_as_they_are(
+    redis: streams.Redis, keys: Keys
+) -> None:
+    """Reading our own list again (after a Redis error) is not a delivery: the counts the
+    sweeper's poison limit looks at stay where they were."""
+    await streams.ensure_groups(redis, keys)
+    await streams.publish(redis, keys, Priority.DEFAULT, entry(1))
+    await streams.read(redis, keys, "c1", count=1, block_ms=10)
+
+    for _ in range(3):
+        assert len(await streams.read_own(redis, keys, "c1", count=10)) == 1
+
+    pending: Any = await redis.xpending_range(
+        keys.stream(Priority.DEFAULT), GROUP, min="-", max="+", count=10
+    )
+    assert [(p["consumer"], p["times_delivered"]) for p in pending] == [(b"c1", 1)]
