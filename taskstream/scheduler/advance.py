@@ -112,7 +112,9 @@ class Advancer:
         last = due[-1] if due else cursor
         await self._move(spec, state, min([last, *(f - 1 for f in state.waiting)]), token)
         wake = [d.until_ms for d in state.waiting.values() if d.until_ms is not None]
-        return min([next_fire(trigger, max(last, cursor)), *wake])
+        # Past every tick decided so far, even those the cursor has not passed yet (a waiting
+        # tick holds it back, or its write failed): a wake-up in the past would spin.
+        return min([next_fire(trigger, max([last, cursor, *state.decided])), *wake])
 
     async def _catch_up(
         self,

@@ -216,6 +216,36 @@ async def test_a_pass_ends_only_after_every_task_ended_even_when_one_failed(
     assert [(d.fire_time_ms, d.decision) for d in gated] == [(M0, decide.SHOULD_RUN)]
 
 
+async def test_after_a_failed_cursor_write_the_next_wake_is_the_next_fire_time(
+    outage_server: Harness,
+) -> None:
+    """The tick is decided and recorded, then the cursor write fails (its UPDATE waits for
+    this test's row lock and its connection is killed). The next pass has nothing left to
+    decide and must name the next fire time, not the decided one (a wake-up in the past would
+    make the scheduler loop without sleeping)."""
+    h = outage_server
+    outbox = await _first_pass(h)
+    scheduler = _scheduler(h, outbox)
+    h.clock.set(M0 + 1000)
+    async with h.store.engine.connect() as conn:
+        await conn.execute(
+            text("SELECT task_id FROM task_definitions WHERE task_id = 'minutely' FOR UPDATE")
+        )
+        passed, _ = await asyncio.gather(
+            scheduler.run_pass(),
+            kill_waiter(conn, "UPDATE task_definitions%"),
+            return_exceptions=True,
+        )
+    assert isinstance(passed, StoreUnavailable)
+    h.clock.set(M0 + 2000)
+
+    next_due = await scheduler.run_pass()
+
+    assert next_due == M0 + 60_000
+    row = await _the_instance(h)
+    assert await _decisions(h) == [(decide.SHOULD_RUN, row.id)]
+
+
 async def test_a_missed_tick_left_pending_by_a_failed_pass_is_skipped(h: Harness) -> None:
     """A pass that created the record of a missed tick but failed before moving it to SKIPPED
     leaves it PENDING; the next pass finishes the move, so the reconciler never publishes (and
