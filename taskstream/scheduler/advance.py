@@ -39,6 +39,7 @@ from taskstream.scheduler.hold import (
     released,
 )
 from taskstream.scheduler.instances import business_date_of, new_instance
+from taskstream.scheduler.recall import RECALL_LIMIT, recall
 from taskstream.scheduler.replace import cancel_previous
 from taskstream.scheduler.ticks import Trigger, fire_times, next_fire
 
@@ -142,6 +143,11 @@ class Advancer:
     ) -> int:
         if state.cursor is None:
             state.cursor = await self._store.get_cursor(spec.id)
+            if state.cursor is not None:
+                rows = await self._store.decisions(
+                    spec.id, since_ms=state.cursor + 1, limit=RECALL_LIMIT
+                )
+                state.decided, state.waiting = recall(rows)
         if state.cursor is None:
             await self._move(spec, state, now_ms - 1, token)
         return state.cursor if state.cursor is not None else now_ms - 1

@@ -99,7 +99,9 @@ async def test_two_schedulers_on_one_tick_make_one_instance(
     await apply(store)
     clock = FixedClock(T0 + 1)
     first, second = scheduler(store, redis, keys, clock), scheduler(store, redis, keys, clock)
+    # Both have read the cursor before the tick is due: neither has seen the other's decision.
     await first.run_pass()
+    await second.run_pass()
     clock.set(T0 + 10_000)
     await store.set_cursor("every10", T0 + 1)  # both see the tick as due
     await first.run_pass()

@@ -33,6 +33,10 @@ NO_CATCHUP = (
     " catchup: {enabled: false}}\n"
 )
 GATED = "  - {id: gated, agent: echo, schedule: {every: 1m}, window: 1h, preconditions: [gate]}\n"
+WAITS_5M = (
+    "tasks:\n  - {id: minutely, agent: echo, schedule: {every: 1m}, window: 5m,"
+    " depends_on: [feed]}\n"
+)
 WAITS = (
     "tasks:\n  - {id: minutely, agent: echo, schedule: {every: 1m}, window: 1h,"
     " depends_on: [feed]}\n"
@@ -50,14 +54,15 @@ def _scheduler(h: Harness, outbox: Outbox) -> Scheduler:
     return Scheduler(h.store, outbox, h.clock, SchedulerConfig())
 
 
-async def _first_pass(h: Harness) -> Outbox:
+async def _first_pass(h: Harness) -> tuple[Outbox, Scheduler]:
     """The task applied and one pass made just before M0 (its cursor is stored); returns
-    the outbox the test breaks."""
+    the outbox the test breaks and the scheduler that made the pass."""
     await h.apply(TASKS)
     h.clock.set(M0 - 1)
     outbox = h.outbox
-    await _scheduler(h, outbox).run_pass()
-    return outbox
+    scheduler = _scheduler(h, outbox)
+    await scheduler.run_pass()
+    return outbox, scheduler
 
 
 async def _the_instance(h: Harness) -> InstanceRow:
@@ -94,8 +99,7 @@ async def _pass_whose_record_fails(h: Harness, scheduler: Scheduler) -> None:
 async def test_a_tick_whose_instance_could_not_be_created_runs_at_the_next_pass(
     h: Harness,
 ) -> None:
-    outbox = await _first_pass(h)
-    scheduler = _scheduler(h, outbox)
+    outbox, scheduler = await _first_pass(h)
     nobody = SqlStore(make_engine(normalize_url(NOBODY)), display_url=NOBODY)
     outbox.store = nobody
     h.clock.set(M0 + 1000)
@@ -119,8 +123,7 @@ async def test_a_tick_whose_instance_could_not_be_created_runs_at_the_next_pass(
 async def test_a_tick_whose_entry_could_not_be_added_is_recorded_as_run_and_republished(
     h: Harness,
 ) -> None:
-    outbox = await _first_pass(h)
-    scheduler = _scheduler(h, outbox)
+    outbox, scheduler = await _first_pass(h)
     dead = streams.connect("redis://127.0.0.1:1/0")  # nothing listens on port 1
     outbox.redis = dead
     h.clock.set(M0 + 1000)
@@ -154,8 +157,7 @@ async def test_a_tick_whose_decision_could_not_be_recorded_is_recorded_once_as_r
     waits for this test's lock on the decisions table, and its connection is killed): the
     next pass records the run, not a duplicate of it."""
     h = outage_server
-    outbox = await _first_pass(h)
-    scheduler = _scheduler(h, outbox)
+    _, scheduler = await _first_pass(h)
     h.clock.set(M0 + 1000)
     await _pass_whose_record_fails(h, scheduler)
     assert await _decisions(h) == []
@@ -224,8 +226,7 @@ async def test_after_a_failed_cursor_write_the_next_wake_is_the_next_fire_time(
     decide and must name the next fire time, not the decided one (a wake-up in the past would
     make the scheduler loop without sleeping)."""
     h = outage_server
-    outbox = await _first_pass(h)
-    scheduler = _scheduler(h, outbox)
+    _, scheduler = await _first_pass(h)
     h.clock.set(M0 + 1000)
     async with h.store.engine.connect() as conn:
         await conn.execute(
@@ -242,6 +243,50 @@ async def test_after_a_failed_cursor_write_the_next_wake_is_the_next_fire_time(
     next_due = await scheduler.run_pass()
 
     assert next_due == M0 + 60_000
+    row = await _the_instance(h)
+    assert await _decisions(h) == [(decide.SHOULD_RUN, row.id)]
+
+
+async def test_a_tick_left_waiting_by_a_stopped_scheduler_keeps_waiting_for_its_marker(
+    h: Harness,
+) -> None:
+    """A tick waits for its marker; its scheduler stops; the window closes before the next
+    one starts. The successor knows the tick was waiting (from the explain log), so it ends
+    `skip_dep` instead of running, without the marker, as a late tick caught up."""
+    await h.apply(WAITS_5M)
+    h.clock.set(M0 - 1)
+    await _scheduler(h, h.outbox).run_pass()
+    h.clock.set(M0 + 1000)
+    await _scheduler(h, h.outbox).run_pass()
+    assert await _decisions(h) == [(decide.WAIT_DEP, None)]
+
+    h.clock.set(M0 + 6 * 60_000)  # the 5-minute window has closed
+    await _scheduler(h, h.outbox).run_pass()
+
+    assert await _decisions(h) == [(decide.WAIT_DEP, None), (decide.SKIP_DEP, None)]
+    assert await h.store.list_instances(limit=10) == []
+
+
+async def test_a_successor_does_not_decide_again_a_tick_decided_past_the_cursor(
+    outage_server: Harness,
+) -> None:
+    """The tick is recorded but the cursor write fails; a new scheduler (a restart, a new
+    leader) reads the decision back instead of deciding the tick a second time."""
+    h = outage_server
+    outbox, scheduler = await _first_pass(h)
+    h.clock.set(M0 + 1000)
+    async with h.store.engine.connect() as conn:
+        await conn.execute(
+            text("SELECT task_id FROM task_definitions WHERE task_id = 'minutely' FOR UPDATE")
+        )
+        await asyncio.gather(
+            scheduler.run_pass(),
+            kill_waiter(conn, "UPDATE task_definitions%"),
+            return_exceptions=True,
+        )
+
+    await _scheduler(h, outbox).run_pass()
+
     row = await _the_instance(h)
     assert await _decisions(h) == [(decide.SHOULD_RUN, row.id)]
 

@@ -1,0 +1,52 @@
+"""What earlier passes decided after a task's cursor, rebuilt from the explain log (pure).
+
+The cursor moves only past ticks that are fully decided, so a scheduler that starts deciding a
+task (a restart, a new leader, a standby taking over) may find ticks after the cursor that
+were already decided or are still waiting. Without this memory a waiting tick whose window
+closed meanwhile would be taken for a late one and handed to catch-up, which may run it
+without its dependency; a decided one would be decided, and recorded, a second time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from taskstream.core.store.port import DecisionRow
+from taskstream.scheduler.decide import DEFERRED, NOT_FINAL, Decision
+from taskstream.scheduler.hold import HELD_BY
+
+RECALL_LIMIT = 5000
+"""Most decision rows read back per task; ticks beyond them are decided again."""
+
+
+def recall(rows: Sequence[DecisionRow]) -> tuple[set[int], dict[int, Decision]]:
+    """(fire times decided, fire time -> waiting decision) from `rows`, ordered by fire time
+    then insertion: the latest row of each fire time counts."""
+    latest: dict[int, DecisionRow] = {}
+    for row in rows:
+        latest[row.fire_time_ms] = row
+    decided: set[int] = set()
+    waiting: dict[int, Decision] = {}
+    for fire_ms, row in latest.items():
+        if row.decision in NOT_FINAL:
+            details = dict(row.details)
+            waiting[fire_ms] = Decision(row.decision, row.reason, details, _until_ms(row))
+        else:
+            decided.add(fire_ms)
+    return decided, waiting
+
+
+def _until_ms(row: DecisionRow) -> int | None:
+    """When the waiting tick is to be decided again, as its decision set it: the earliest
+    cool-down end of a breaker hold, a deferral's held start, or a wait's window close."""
+    details: Mapping[str, Any] = row.details
+    held = details.get(HELD_BY)
+    if isinstance(held, Mapping) and held:
+        return min(int(v) for v in held.values())
+    deferral = details.get("deferral")
+    if row.decision == DEFERRED and isinstance(deferral, Mapping):
+        until = deferral.get("until_ms")
+        return int(until) if isinstance(until, int) else None
+    until = details.get("open_until_ms")
+    return int(until) if isinstance(until, int) else None
