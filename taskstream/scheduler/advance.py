@@ -276,13 +276,15 @@ class Advancer:
         return decision, emitted.instance_id
 
     async def _skipped(self, spec: TaskSpec, fire_ms: int, now_ms: int) -> str | None:
-        """A missed fire time leaves a SKIPPED instance (reason `missed`) for the record. A row
-        a failed earlier pass created but left PENDING is moved on too: the reconciler would
-        otherwise publish, and so run, a tick decided missed."""
-        created = await self._store.create_instance(missed_instance(spec, fire_ms))
-        await self._store.transition(
-            created.instance_id, Status.PENDING, Status.SKIPPED, reason=MISSED
-        )
+        """A missed fire time leaves a SKIPPED instance (reason `missed`) for the record,
+        created SKIPPED in one transaction: a PENDING one would be published, and so run, by
+        the reconciler. A row an earlier version left PENDING is moved on too."""
+        new = missed_instance(spec, fire_ms)
+        created = await self._store.create_instance(new, skipped=MISSED)
+        if not created.created:
+            await self._store.transition(
+                created.instance_id, Status.PENDING, Status.SKIPPED, reason=MISSED
+            )
         return created.instance_id
 
     async def _record(

@@ -68,6 +68,26 @@ async def test_create_inserts_pending_row_and_first_history_row(
     assert first.at_ms == row.created_at_ms
 
 
+async def test_create_skipped_is_never_seen_pending(store: SqlStore, make_new: MakeNew) -> None:
+    """A record-only instance (a missed tick) is created and moved to SKIPPED in one
+    transaction; a duplicate key writes nothing."""
+    outcome = await store.create_instance(make_new("m"), skipped="missed")
+
+    assert outcome == CreateResult(created=True, instance_id="inst-m")
+    row = await store.get_instance("inst-m")
+    assert row is not None and row.status is Status.SKIPPED
+    history = await store.history("inst-m")
+    assert [(h.from_status, h.to_status, h.reason) for h in history][-1] == (
+        Status.PENDING,
+        Status.SKIPPED,
+        "missed",
+    )
+    assert len(history) == 2
+    again = await store.create_instance(make_new("m"), skipped="missed")
+    assert again == CreateResult(created=False, instance_id="inst-m")
+    assert len(await store.history("inst-m")) == 2
+
+
 async def test_duplicate_dedupe_key_returns_the_existing_id(
     store: SqlStore, make_new: MakeNew
 ) -> None:

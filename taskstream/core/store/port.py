@@ -81,7 +81,12 @@ class Store(Protocol):
         ...
 
     # instances
-    async def create_instance(self, new: NewInstance) -> CreateResult: ...
+    async def create_instance(
+        self, new: NewInstance, *, skipped: str | None = None
+    ) -> CreateResult:
+        """Insert `new` as PENDING with its history row; with `skipped` (a reason) move it on
+        to SKIPPED in the same transaction, so it is never seen PENDING."""
+        ...
 
     async def create_instances(self, news: Sequence[NewInstance]) -> list[CreateResult]:
         """`create_instance` for many, in request order, normally in one transaction. A later

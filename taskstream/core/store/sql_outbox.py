@@ -44,11 +44,13 @@ class OutboxMethods:
     def _hot(self) -> AbstractAsyncContextManager[Runner]:
         raise NotImplementedError
 
-    async def create_instance(self, new: NewInstance) -> CreateResult:
-        """Insert a PENDING row and its first history row. When the dedupe key (or id) is
-        taken, nothing is written and the existing row's id is returned with created=False.
-        Safe under concurrent inserts: the UNIQUE index decides, each try is a fresh
-        transaction."""
+    async def create_instance(
+        self, new: NewInstance, *, skipped: str | None = None
+    ) -> CreateResult:
+        """Insert a PENDING row and its first history row; with `skipped` (a reason) also move
+        it to SKIPPED, in the same transaction. When the dedupe key (or id) is taken, nothing
+        is written and the existing row's id is returned with created=False. Safe under
+        concurrent inserts: the UNIQUE index decides, each try is a fresh transaction."""
         last: ConstraintViolation | None = None
         for _ in range(_CREATE_TRIES):
             try:
@@ -57,6 +59,8 @@ class OutboxMethods:
                     await rows.append_history(
                         conn, new.id, src=None, dst=Status.PENDING, owner=None, reason=new.reason
                     )
+                    if skipped is not None:
+                        await _skip(conn, new.id, skipped)
                 return CreateResult(created=True, instance_id=new.id)
             except ConstraintViolation as exc:
                 last = exc
@@ -93,6 +97,16 @@ class OutboxMethods:
                     return await dispatch_unread(run, requests)
         async with self._write() as conn:
             return await dispatch_many(conn, requests)
+
+
+async def _skip(conn: AsyncConnection, instance_id: str, reason: str) -> None:
+    """PENDING -> SKIPPED for a row this transaction just inserted."""
+    values = rows.status_values(Status.SKIPPED, None, None, None)
+    if not await rows.cas_update(conn, instance_id, Status.PENDING, None, values):
+        raise StoreError(f"instance {instance_id!r} was not PENDING right after its insert")
+    await rows.append_history(
+        conn, instance_id, src=Status.PENDING, dst=Status.SKIPPED, owner=None, reason=reason
+    )
 
 
 async def _taken(run: Runner, news: Sequence[NewInstance]) -> tuple[dict[str, str], set[str]]:
