@@ -113,7 +113,9 @@ class Scheduler:
             self._log.warning("scheduler.fenced", error=str(exc))
             self._advancer.forget()
             if self._leader is not None:
-                await self._leader.release()
+                # Redis may be what failed: the lease then lapses by itself.
+                with contextlib.suppress(*streams.DRIVER_ERRORS):
+                    await self._leader.release()
             return ERROR_PAUSE_S
         except (StoreUnavailable, *streams.DRIVER_ERRORS) as exc:
             self._log.warning("scheduler.dependency_down", error=str(exc)[:300])
