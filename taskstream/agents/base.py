@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -10,6 +11,7 @@ import structlog
 from pydantic import BaseModel
 
 from taskstream.agents.upstream import UpstreamClient
+from taskstream.core.store.tables import KEY_LEN
 
 
 async def _nothing_done(_key: str) -> bool:
@@ -58,12 +60,22 @@ class AgentContext:
 
     async def once(self, key: str) -> bool:
         """True when the side effect named `key` should be performed by this run: no earlier
-        run of any instance has committed it. The key is committed with this run's outcome."""
-        full = f"{self.idempotency_key}:{key}"
+        run of any instance has committed it. The key is committed with this run's outcome.
+        A full key (`idempotency_key:key`) longer than the store keeps (`KEY_LEN`) is stored
+        as `sha256:` and its hex digest, so a long dedupe key or name cannot fail the commit."""
+        full = effect_key(self.idempotency_key, key)
         if full in self.side_effects or await self.effect_done(full):
             return False
         self.side_effects.append(full)
         return True
+
+
+def effect_key(idempotency_key: str, name: str) -> str:
+    """The stored key of the side effect `name` of the instance with `idempotency_key`."""
+    full = f"{idempotency_key}:{name}"
+    if len(full) <= KEY_LEN:
+        return full
+    return "sha256:" + hashlib.sha256(full.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 class Agent(Protocol):

@@ -110,6 +110,16 @@ class Committer:
         try:
             results, retried = await self._finish(batch, stop)
         except Exception as exc:
+            if len(batch) > 1 and not isinstance(exc, StoreUnavailable):
+                # A finish the store refuses (a value it will not take) must not fail the
+                # runs batched with it: each is written on its own.
+                self._log.warning("commit.batch_refused", error=str(exc)[:300], runs=len(batch))
+                for item in batch:
+                    await self._commit([item], stop)
+                return
+            self._log.warning(
+                "commit.refused", error=str(exc)[:300], runs=[_named(i) for i in batch]
+            )
             for item in batch:
                 item.done.set_exception(exc)
             return

@@ -39,12 +39,22 @@ class RunEnd:
     least this long (ms), or the backoff when that is longer."""
 
 
+MAX_RESULT_BYTES = 4 * 1024 * 1024
+"""Largest result a run may return, as stored (UTF-8 JSON): a larger one could not be sent
+in one statement (MariaDB's default packet limit is 16 MiB, counted in utf8mb4)."""
+
+
 def succeeded(result: Any) -> RunEnd:
-    """A run that returned. A result that is not JSON is a fatal failure, not a success."""
+    """A run that returned. A result the store cannot keep (not JSON, not UTF-8 encodable,
+    over `MAX_RESULT_BYTES`) is a fatal failure, not a success: it would fail its commit
+    every time, and its batch with it."""
     try:
-        json.dumps(result, allow_nan=False)
-    except (TypeError, ValueError) as exc:
+        size = len(json.dumps(result, allow_nan=False, ensure_ascii=False).encode("utf-8"))
+    except (TypeError, ValueError) as exc:  # UnicodeEncodeError is a ValueError
         return RunEnd("result_not_json", failure=Failure.FATAL, error=str(exc)[:200])
+    if size > MAX_RESULT_BYTES:
+        error = f"result is {size} bytes, limit {MAX_RESULT_BYTES}"
+        return RunEnd("result_too_large", failure=Failure.FATAL, error=error)
     return RunEnd("completed", result=result)
 
 

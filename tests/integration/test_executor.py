@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
+from taskstream.agents.base import effect_key
 from taskstream.core import streams
 from taskstream.core.protocol import GROUP, Keys, Priority
 from taskstream.core.states import FailClass, Status
@@ -295,6 +296,31 @@ async def test_a_released_attempt_does_not_count_at_the_last_attempt(h: Harness)
     ended = await h.store.get_instance(row.id)
     assert ended is not None
     assert (ended.status, ended.fail_class) == (Status.RETRYING, None)
+
+
+LONG_KEY = f"""
+tasks:
+  - id: long-key
+    agent: effect
+    dedupe_key: "{{task_id}}:{{scheduled_for}}:{"k" * 220}"
+    payload: {{seconds: 0}}
+"""
+
+
+async def test_a_side_effect_of_an_instance_with_a_long_dedupe_key_commits(h: Harness) -> None:
+    """`dedupe_key:name` would be longer than the store's key column: the key is stored as
+    its digest instead of failing the commit every time."""
+    await h.apply(LONG_KEY)
+    row = await h.trigger(LONG_KEY, "long-key")
+    assert len(f"{row.dedupe_key}:send") > 255
+    ex = Running(h.executor())
+    try:
+        await reach(h, row.id, Status.SUCCESS)
+    finally:
+        await ex.close()
+    assert await h.store.side_effect_done(effect_key(row.dedupe_key, "send"))
+    done = await h.store.get_instance(row.id)
+    assert done is not None and done.result == {"performed": True, "attempt": 1}
 
 
 async def test_liveness_key_is_set_while_running_and_removed_after(h: Harness) -> None:

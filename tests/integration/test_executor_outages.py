@@ -8,17 +8,22 @@ from __future__ import annotations
 
 import asyncio
 from random import Random
+from typing import Any
 
 import redis.asyncio as aioredis
 
+from taskstream.agents.base import AgentContext, FunctionAgent
 from taskstream.agents.registry import default_registry
 from taskstream.core import streams
+from taskstream.core.definitions import to_records
 from taskstream.core.errors import StoreUnavailable
 from taskstream.core.protocol import GROUP, Keys, Priority
+from taskstream.core.specfile import parse_task_file_text
 from taskstream.core.states import Status
 from taskstream.core.store.port import CasResult, FinishRequest
 from taskstream.core.store.sql import SqlStore
 from taskstream.executor.service import Executor, ExecutorConfig, ExecutorDeps
+from tests.agents import Params
 from tests.integration import outages
 from tests.integration.harness import Harness, Running, until
 from tests.integration.outages import (
@@ -185,3 +190,45 @@ async def test_a_commit_applied_but_unanswered_is_recognised_and_acked(
         assert [x.to_status for x in history].count(Status.SUCCESS) == 1
     finally:
         await store.close()
+
+
+REFUSED = """
+tasks:
+  - {id: good, agent: both-started}
+  - {id: refused, agent: both-started, payload: {effect: refused}}
+"""
+
+
+async def test_a_finish_the_store_refuses_does_not_fail_the_runs_batched_with_it(
+    outage_server: Harness,
+) -> None:
+    """Two runs end together, in one commit batch; MariaDB refuses one of them (a
+    side-effect key longer than its column, recorded past `once`): the other is committed on
+    its own."""
+    h = outage_server
+    started: list[str] = []
+    together = asyncio.Event()
+
+    async def both_started(ctx: AgentContext, p: Params) -> dict[str, Any]:
+        started.append(ctx.instance_id)
+        if len(started) == 2:
+            together.set()
+        await together.wait()
+        if p.effect:
+            ctx.side_effects.append("x" * 300)
+        return {}
+
+    registry = default_registry(h.registry_modules)
+    registry.register(FunctionAgent(name="both-started", params_model=Params, fn=both_started))
+    taskfile = parse_task_file_text(REFUSED, "t.yaml", known_agents=registry.names())
+    await h.store.upsert_definitions(to_records(taskfile))
+    good = await h.trigger(REFUSED, "good")
+    refused = await h.trigger(REFUSED, "refused")
+    deps = ExecutorDeps(h.store, h.redis, h.keys, registry, h.clock, Random(7))
+    ex = Running(Executor(deps, ExecutorConfig(consumer="c1", block_ms=20, concurrency=2)))
+    try:
+        await settled(h, good.id)
+    finally:
+        await ex.close()
+    still = await h.store.get_instance(refused.id)
+    assert still is not None and still.status is Status.RUNNING

@@ -10,6 +10,7 @@ from taskstream.agents.errors import FatalError, NeedsReview, RetriableError
 from taskstream.core.spec_parts import Backoff, RetryPolicy
 from taskstream.core.states import FailClass, Status
 from taskstream.executor.outcome import (
+    MAX_RESULT_BYTES,
     Attempt,
     RunEnd,
     deferred,
@@ -59,6 +60,17 @@ def test_success_needs_a_json_result() -> None:
     assert succeeded({"a": [1, 2]}).failure is None
     assert succeeded({"a": object()}).failure is Failure.FATAL
     assert succeeded(float("nan")).failure is Failure.FATAL
+
+
+def test_a_result_the_store_cannot_keep_is_a_fatal_failure() -> None:
+    """Not UTF-8 encodable (a lone surrogate) or over the size limit: it would fail its
+    commit, and its batch, every time."""
+    surrogate = succeeded({"text": "\ud83d"})
+    assert (surrogate.reason, surrogate.failure) == ("result_not_json", Failure.FATAL)
+    big = succeeded("é" * (MAX_RESULT_BYTES // 2 + 1))  # 2 bytes each in UTF-8
+    assert (big.reason, big.failure) == ("result_too_large", Failure.FATAL)
+    assert big.error is not None and str(MAX_RESULT_BYTES) in big.error
+    assert succeeded("é" * (MAX_RESULT_BYTES // 2 - 1)).failure is None
 
 
 def attempt(used: int, deadline_ms: int | None = None) -> Attempt:
@@ -135,3 +147,14 @@ def test_every_plan_names_the_attempts_owner(end: RunEnd) -> None:
     finish = plan(owner_attempt, end, now_ms=10_000, rng=Random(1)).finish
 
     assert (finish.instance_id, finish.token, finish.owner) == ("i1", 1, "host:1:2")
+
+
+def test_side_effect_keys_fit_the_store() -> None:
+    from taskstream.agents.base import effect_key
+    from taskstream.core.store.tables import KEY_LEN
+
+    assert effect_key("daily:2026-12-01", "send") == "daily:2026-12-01:send"
+    long_a, long_b = effect_key("k" * 251, "send"), effect_key("k" * 251, "sent")
+    assert long_a.startswith("sha256:") and len(long_a) <= KEY_LEN
+    assert long_a != long_b
+    assert effect_key("k" * 251, "send") == long_a

@@ -42,8 +42,11 @@ def reason(text: str) -> str:
 
 
 def error_text(text: str | None) -> str | None:
-    """An error message, cut to `ERROR_MAX_CHARS`."""
-    return None if text is None else text[:ERROR_MAX_CHARS]
+    """An error message, cut to `ERROR_MAX_CHARS`, with what UTF-8 cannot encode (a lone
+    surrogate in an exception's text) replaced: it must never make its write fail."""
+    if text is None:
+        return None
+    return text[:ERROR_MAX_CHARS].encode("utf-8", "replace").decode("utf-8")
 
 
 def _opt_int(value: Any) -> int | None:
