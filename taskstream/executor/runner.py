@@ -14,7 +14,9 @@ from structlog.typing import FilteringBoundLogger
 from taskstream.agents.base import AgentContext
 from taskstream.agents.errors import UpstreamDeferred
 from taskstream.agents.upstream import UpstreamClient
+from taskstream.core import streams
 from taskstream.core.clock import Clock
+from taskstream.core.errors import QueueUnavailable, StoreUnavailable
 from taskstream.core.logging import get_logger
 from taskstream.core.states import FailClass
 from taskstream.core.store.port import Store
@@ -25,6 +27,10 @@ from taskstream.executor.retry import Failure
 from taskstream.ratelimit.breaker import Outcome
 
 DEFAULT_TIMEOUT_S = 60.0
+ADMISSION_RETRY_MS = 1000
+"""Wait before a run whose admission could not be decided (Redis or the store down) is
+tried again (ms)."""
+UNAVAILABLE = (QueueUnavailable, StoreUnavailable, *streams.DRIVER_ERRORS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +109,12 @@ async def _admitted_call(
     access: RunUpstreams | None = None
     gate, upstreams = env.gate, run.upstreams
     if gate is not None:
-        wait_ms = await gate.admit(upstreams) if upstreams else None
+        try:
+            wait_ms = await gate.admit(upstreams) if upstreams else None
+        except UNAVAILABLE as exc:
+            # Admission cannot be decided: wait, as for a refusal, without spending an attempt.
+            log.warning("upstream.admission_unavailable", error=str(exc)[:300])
+            return deferred(ADMISSION_RETRY_MS)
         if wait_ms is not None:
             return deferred(wait_ms)
         access = gate.bind(upstreams)
@@ -115,7 +126,12 @@ async def _admitted_call(
         await ctx.http.aclose()
     if access is None:
         return end
-    wait_ms = await access.settle(upstreams, _breaker_outcome(end))
+    try:
+        wait_ms = await access.settle(upstreams, _breaker_outcome(end))
+    except UNAVAILABLE as exc:
+        # The agent has run: its end stands; only the breakers miss this outcome.
+        log.warning("upstream.settle_unavailable", error=str(exc)[:300])
+        return end
     if wait_ms is None:
         return end
     # This run's failure opened (or kept open) an upstream's breaker: the outage is known,

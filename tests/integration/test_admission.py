@@ -92,6 +92,28 @@ async def test_over_the_limit_is_deferred_without_spending_an_attempt(h: Harness
         await ex.close()
 
 
+async def test_a_run_whose_admission_cannot_be_decided_is_deferred(h: Harness) -> None:
+    """The limiter and breakers live in a Redis that does not answer: the run is deferred
+    without spending an attempt, not dropped while RUNNING."""
+    dead = streams.connect("redis://127.0.0.1:1/0")  # nothing listens on port 1
+    gate = UpstreamGate(h.store, RedisLimiter(dead, h.keys), RedisBreakers(dead, h.keys))
+    deps = ExecutorDeps(
+        h.store, h.redis, h.keys, default_registry(("tests.agents",)), h.clock, gate=gate
+    )
+    row = await h.trigger(TASKS, "ask", 1_000)
+    ex = Running(Executor(deps, ExecutorConfig(consumer="g1", block_ms=20)))
+    try:
+
+        async def deferred() -> bool:
+            return await status(h, row.id) is Status.RETRYING
+
+        await until(deferred)
+    finally:
+        await ex.close()
+        await dead.aclose()
+    assert [x.reason for x in await h.store.history(row.id)][-1] == "deferred"
+
+
 async def test_an_open_breaker_defers_instead_of_calling(h: Harness) -> None:
     cfg = BreakerConfig(failure_threshold=1, cooldown_ms=60_000)
     await h.redis.delete(h.keys.limiter("llm"))
