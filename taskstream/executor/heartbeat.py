@@ -81,9 +81,20 @@ class Heartbeat:
                 await asyncio.wait_for(stop.wait(), timeout=self.interval_s)
 
     async def beat(self) -> None:
-        await streams.mark_alive(self._redis, self._keys, self._consumer, self._ttl_ms)
-        if not self._runs:
-            return
+        """Refresh the liveness key, and the leases when a third of the shortest has passed.
+        Redis and the store are independent here: with Redis down the leases (in the store)
+        are still extended, and the Redis error is raised afterwards."""
+        down: Exception | None = None
+        try:
+            await streams.mark_alive(self._redis, self._keys, self._consumer, self._ttl_ms)
+        except streams.DRIVER_ERRORS as exc:
+            down = exc
+        if self._runs:
+            await self._extend_due()
+        if down is not None:
+            raise down
+
+    async def _extend_due(self) -> None:
         now = self._clock.now_ms()
         shortest = min(_lease_s(run) for run, _ in self._runs.values())
         if now - self._last_extend_ms < shortest * 1000 / 3:
@@ -94,11 +105,16 @@ class Heartbeat:
         self._last_extend_ms = now
 
     async def extend(self, lease_s: float) -> None:
+        """Extend every tracked run's lease (store), cancel the runs that no longer hold one,
+        then reset their entries' idle time (Redis)."""
         runs = dict(self._runs)
         held = await self._store.extend_leases(
             [(run.row.id, run.token) for run, _ in runs.values()], lease_s=lease_s
         )
+        self._fence(runs, held)
         await streams.touch(self._redis, self._consumer, [run.delivery for run, _ in runs.values()])
+
+    def _fence(self, runs: dict[str, tuple[Run, asyncio.Task[None]]], held: set[str]) -> None:
         for instance_id, (run, task) in runs.items():
             # A run whose agent returned is committing (or just committed): its commit decides,
             # and logs, whether it was fenced.

@@ -134,3 +134,29 @@ async def test_a_duplicate_read_by_a_consumer_now_gone_does_not_end_the_run(
         (delivery.entry_id, "c1")
     ]
     assert duplicate.entry_id != delivery.entry_id
+
+
+async def test_leases_are_extended_while_redis_is_down(outage: Harness) -> None:
+    """The liveness key cannot be set (Redis down), but the leases live in the store, which
+    answers: they are extended, and the Redis error is reported after."""
+    h = outage
+    instance_id, delivery = await claimed_unrun(h, "c1")
+    [run] = await (await intake(h, "c1")).admit([delivery])  # adopted: its claim is ours
+    dead = streams.connect("redis://127.0.0.1:1/0")  # nothing listens on port 1
+    beat = Heartbeat(h.store, dead, h.keys, "c1", h.clock, liveness_ttl_s=6)
+
+    async def running() -> None:
+        await asyncio.Event().wait()
+
+    holder = asyncio.create_task(running())
+    beat.track(run, holder)
+    lease_s = run.spec.effective_lease_s if run.spec else 0
+    try:
+        before = await h.store.db_now_ms()
+        with pytest.raises(streams.DRIVER_ERRORS):
+            await beat.beat()
+        assert await lease_end(h, instance_id) >= before + lease_s * 1000
+        assert not run.fenced
+    finally:
+        holder.cancel()
+        await dead.aclose()
