@@ -40,6 +40,9 @@ class Reconciler:
         self._redis, self._keys = redis, keys
         self._outbox = Outbox(store, redis, keys)
         self._grace_ms, self._limit = grace_ms, limit
+        self._after: tuple[int, str] | None = None
+        """(updated_at_ms, id) of the last row the previous pass read, when it read a full
+        page."""
         self._log = get_logger(role="reconciler")
 
     async def reconcile(self) -> int:
@@ -48,8 +51,11 @@ class Reconciler:
         live = await admin.instance_ids(self._redis, self._keys)
         now = self._clock.now_ms()
         rows = await self._store.stale(
-            IN_FLIGHT, updated_before_ms=now - self._grace_ms, limit=self._limit
+            IN_FLIGHT, updated_before_ms=now - self._grace_ms, limit=self._limit, after=self._after
         )
+        # Page on from the last row seen, and start over once past the end: rows that need
+        # nothing (a live entry, a held lease) cannot hide the others behind them for good.
+        self._after = (rows[-1].updated_at_ms, rows[-1].id) if len(rows) == self._limit else None
         fixed = 0
         for row in rows:
             if row.id in live:

@@ -100,6 +100,12 @@ async def test_stale_rows_are_filtered_by_status_and_age_oldest_first(
     assert await store.stale([], updated_before_ms=10_000, limit=10) == []
     pending = await store.stale([Status.PENDING], updated_before_ms=10_000, limit=10)
     assert [r.id for r in pending] == ["inst-f"]
+    # Paging on from a row seen: ties on the time are ordered by id.
+    pages = [
+        await store.stale(wanted, updated_before_ms=10_000, limit=1, after=after)
+        for after in ((2_000, "inst-b"), (2_000, "inst-c"), (5_000, "inst-a"))
+    ]
+    assert [[r.id for r in page] for page in pages] == [["inst-c"], ["inst-a"], []]
 
 
 async def test_side_effect_done_only_for_committed_keys(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from random import Random
 from typing import Any
 
 import pytest
@@ -9,10 +10,13 @@ from sqlalchemy import select
 
 from taskstream.agents.base import effect_key
 from taskstream.core import streams
-from taskstream.core.protocol import GROUP, Keys, Priority
+from taskstream.core.definitions import DefinitionCache
+from taskstream.core.protocol import GROUP, Keys, Priority, decode
 from taskstream.core.states import FailClass, Status
 from taskstream.core.store.sql import SqlStore
 from taskstream.core.store.tables import review_queue
+from taskstream.executor.reconciler import Reconciler
+from taskstream.executor.recovery import Recovery
 from tests.integration.harness import T0, Harness, Running, until
 
 TASKS = """
@@ -233,6 +237,32 @@ async def test_redis_emptied_in_flight_nothing_is_lost(h: Harness) -> None:
             await reach(h, row.id, Status.SUCCESS)
     finally:
         await ex.close()
+
+
+async def test_the_reconciler_reaches_a_lost_row_behind_a_page_of_rows_that_are_fine(
+    h: Harness,
+) -> None:
+    """More stale in-flight rows than one pass reads (2 here) have live entries; a newer row
+    lost its entry. The reconciler pages on across passes and republishes it."""
+    fine = [await h.trigger(TASKS, "slow", T0 + k) for k in (1, 2)]
+    lost = await h.trigger(TASKS, "slow", T0 + 3)
+    stream = h.keys.stream(Priority.DEFAULT)
+    entries: Any = await h.redis.xrange(stream)
+    [lost_entry] = [i for i, f in entries if decode(f).instance_id == lost.id]
+    await h.redis.xdel(stream, lost_entry)
+    h.clock.advance(60_000)  # every row is past the grace
+    defs = DefinitionCache(h.store)
+    reconciler = Reconciler(
+        h.store, h.redis, h.keys, h.clock, Recovery(h.store, defs, Random(7)), limit=2
+    )
+
+    republished = [await reconciler.reconcile() for _ in range(2)]
+
+    assert republished == [0, 1]
+    entries = await h.redis.xrange(stream)
+    assert sorted(decode(f).instance_id for _, f in entries) == sorted(
+        [r.id for r in fine] + [lost.id]
+    )
 
 
 async def test_stop_lets_a_run_finish_within_the_grace(h: Harness) -> None:

@@ -177,9 +177,15 @@ class Store(Protocol):
         ...
 
     async def stale(
-        self, statuses: list[Status], *, updated_before_ms: int, limit: int
+        self,
+        statuses: list[Status],
+        *,
+        updated_before_ms: int,
+        limit: int,
+        after: tuple[int, str] | None = None,
     ) -> list[InstanceRow]:
-        """Rows in `statuses` not updated since `updated_before_ms`, oldest first."""
+        """Rows in `statuses` not updated since `updated_before_ms`, oldest first (then by
+        id), from just past `after` (an (updated_at_ms, id) already seen) when given."""
         ...
 
     async def side_effect_done(self, key: str) -> bool:

@@ -314,11 +314,17 @@ class SqlStore(OutboxMethods, SchedulingMethods):
             return await queries.due_retries(conn, now_ms, limit)
 
     async def stale(
-        self, statuses: list[Status], *, updated_before_ms: int, limit: int
+        self,
+        statuses: list[Status],
+        *,
+        updated_before_ms: int,
+        limit: int,
+        after: tuple[int, str] | None = None,
     ) -> list[InstanceRow]:
-        """Rows in `statuses` with `updated_at_ms < updated_before_ms`, oldest first."""
+        """Rows in `statuses` with `updated_at_ms < updated_before_ms`, oldest first (then by
+        id), past `after` ((updated_at_ms, id)) when given."""
         async with self._read() as conn:
-            return await queries.stale(conn, statuses, updated_before_ms, limit)
+            return await queries.stale(conn, statuses, updated_before_ms, limit, after)
 
     async def side_effect_done(self, key: str) -> bool:
         """True when a side effect with this idempotency key has been committed."""

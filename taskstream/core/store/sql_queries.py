@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 
-from sqlalchemy import Update, and_, case, func, insert, literal, select, tuple_
+from sqlalchemy import Update, and_, case, func, insert, literal, or_, select, tuple_
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.types import TypeEngine
@@ -198,10 +198,15 @@ async def due_retries(conn: AsyncConnection, now_ms: int, limit: int) -> list[In
 
 
 async def stale(
-    conn: AsyncConnection, statuses: Sequence[Status], updated_before_ms: int, limit: int
+    conn: AsyncConnection,
+    statuses: Sequence[Status],
+    updated_before_ms: int,
+    limit: int,
+    after: tuple[int, str] | None = None,
 ) -> list[InstanceRow]:
     """Rows in `statuses` whose `updated_at_ms < updated_before_ms`, least recently updated
-    first (then id), at most `limit`."""
+    first (then id), at most `limit`; only those past `after` ((updated_at_ms, id)) when
+    given, so a caller can page through all of them."""
     if not statuses:
         return []
     stmt = (
@@ -213,6 +218,14 @@ async def stale(
         .order_by(inst.c.updated_at_ms, inst.c.id)
         .limit(max(limit, 0))
     )
+    if after is not None:
+        at_ms, instance_id = after
+        stmt = stmt.where(
+            or_(
+                inst.c.updated_at_ms > at_ms,
+                and_(inst.c.updated_at_ms == at_ms, inst.c.id > instance_id),
+            )
+        )
     return [codec.instance_row(m) for m in (await conn.execute(stmt)).mappings().all()]
 
 
