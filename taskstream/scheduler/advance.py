@@ -213,7 +213,13 @@ class Advancer:
             missing = tuple(m for m in spec.depends_on if m not in found)
             checks = await evaluate(self._checks, list(spec.preconditions), spec.id, day)
         facts = TickFacts(
-            fire_ms, active, missing, checks, catchup, previous.decision if previous else None
+            fire_ms,
+            active,
+            missing,
+            checks,
+            catchup,
+            previous.decision if previous else None,
+            previous.until_ms if previous else None,
         )
         return hold_back(decide_tick(facts, spec, now_ms), held)
 

@@ -45,6 +45,9 @@ MISSED: Final = "missed"
 COALESCED: Final = "coalesced"
 DEFERRED: Final = "deferred"
 WAIT_DEP: Final = "wait_dep"
+START_GRACE_MS: Final = 5_000
+"""How long after its window closed a tick deferred to a start inside the window may still
+start: the scheduler wakes at that start, a little after it."""
 NOT_FINAL: Final = frozenset({DEFERRED, WAIT_DEP})
 """Decisions after which the tick is decided again later; every other one is final."""
 
@@ -94,7 +97,7 @@ class TickFacts:
     `preconditions`: results by check name; a declared check with no result is `unavailable`.
     `catchup`: the tick was admitted by the catch-up policy after its window closed.
     `previous`: the tick's last decision when it was non-final (`wait_dep`, `deferred`), else
-    None (first decision).
+    None (first decision); `previous_until_ms` the instant that decision held it until.
     """
 
     fire_ms: int
@@ -103,6 +106,7 @@ class TickFacts:
     preconditions: Mapping[str, CheckResult] = field(default_factory=lambda: MappingProxyType({}))
     catchup: bool = False
     previous: str | None = None
+    previous_until_ms: int | None = None
 
     def __post_init__(self) -> None:
         if self.previous is not None and self.previous not in NOT_FINAL:
@@ -188,7 +192,7 @@ def _window(tick: _Tick) -> _Step:
         if tick.closed:
             return _Step(seen, MISSED, "older than catchup.max_delay")
         return _Step(seen)
-    if not tick.closed:
+    if not tick.closed or _held_start_due(tick):
         return _Step({})
     late = tick.now_ms - tick.facts.fire_ms
     if tick.facts.previous == WAIT_DEP:
@@ -197,6 +201,17 @@ def _window(tick: _Tick) -> _Step:
             names = ", ".join(readiness.failed + readiness.waiting)
             return _Step(readiness.seen, SKIP_DEP, f"window closed waiting for {names}")
     return _Step({}, SKIP_WINDOW, f"trigger window closed: late by {late} ms")
+
+
+def _held_start_due(tick: _Tick) -> bool:
+    """A tick deferred to a start inside its window, decided again at that start: the
+    scheduler's wake-up may come a little after a start held until the window's last instant
+    (`not_before: 07:00` with a window ending at 07:00), within `START_GRACE_MS`."""
+    facts = tick.facts
+    until = facts.previous_until_ms
+    if facts.previous != DEFERRED or until is None or until > tick.open_until_ms:
+        return False
+    return until <= tick.now_ms <= tick.open_until_ms + START_GRACE_MS
 
 
 def _calendar(tick: _Tick) -> _Step:

@@ -19,6 +19,7 @@ from taskstream.scheduler.decide import (
     SKIP_DUPLICATED,
     SKIP_OVERLAP,
     SKIP_WINDOW,
+    START_GRACE_MS,
     WAIT_DEP,
     ActiveInstance,
     Decision,
@@ -214,6 +215,21 @@ def test_deferred_names_when_to_decide_again() -> None:
     assert got.details["deferral"]["until_local"] == "2026-06-05T09:05:00.000+02:00"
     again = decide_tick(facts(previous=DEFERRED), NOT_BEFORE_905, berlin(9, 5))
     assert again.runs and again.final
+
+
+def test_a_start_held_until_the_window_closes_still_runs_when_decided_just_after() -> None:
+    """Window 10 min and `not_before: 09:10`: deferred to the window's last instant. The
+    scheduler decides it again a little after 09:10; it runs, within `START_GRACE_MS`."""
+    task = spec(not_before="09:10")
+    held = decide_tick(facts(), task, FIRE)
+    assert (held.decision, held.until_ms) == (DEFERRED, FIRE + WINDOW)
+    again = facts(previous=DEFERRED, previous_until_ms=held.until_ms)
+    assert decide_tick(again, task, FIRE + WINDOW + 20).runs
+    assert decide_tick(again, task, FIRE + WINDOW + START_GRACE_MS).runs
+    late = decide_tick(again, task, FIRE + WINDOW + START_GRACE_MS + 1)
+    assert late.decision == SKIP_WINDOW
+    # Without the deferral the same instant is late.
+    assert decide_tick(facts(), spec(), FIRE + WINDOW + 20).decision == SKIP_WINDOW
 
 
 def test_wait_dep_holds_until_the_window_closes() -> None:
