@@ -137,7 +137,11 @@ def executor_cmd(
 def sweeper_cmd() -> None:
     """Run one sweeper until SIGINT/SIGTERM: reclaims stuck entries, republishes lost work."""
     s = settings()
-    config = SweeperConfig(interval_s=s.sweep_interval_s, max_deliveries=s.max_deliveries)
+    config = SweeperConfig(
+        interval_s=s.sweep_interval_s,
+        max_deliveries=s.max_deliveries,
+        liveness_ttl_ms=round(s.liveness_ttl_s * 1000),
+    )
 
     def build(cluster: Cluster, clock: Clock) -> Service:
         return Sweeper(cluster.store, cluster.queue, cluster.keys, clock, config)

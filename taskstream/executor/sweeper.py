@@ -35,6 +35,9 @@ class SweeperConfig:
     max_deliveries: int = 5
     batch: int = 500
     consumer_idle_ms: int = 300_000
+    liveness_ttl_ms: int = 6_000
+    """The executors' liveness TTL: after this sweeper saw Redis fail, consumers count as
+    alive for this long (their keys expired in the outage, not with them)."""
 
 
 class Sweeper:
@@ -54,7 +57,18 @@ class Sweeper:
         self._defs = DefinitionCache(store)
         self._recovery = Recovery(store, self._defs, rng or Random())
         self._reconciler = Reconciler(store, redis, keys, clock, self._recovery)
+        self._redis_failed_ms: int | None = None
         self._log = get_logger(role="sweeper")
+
+    def redis_failed(self) -> None:
+        """Note that Redis just failed. Liveness keys expire during an outage longer than
+        their TTL whether or not their executors live, so for one TTL after it an absent key
+        proves nothing: runs are then judged by their leases alone, not timed out at once."""
+        self._redis_failed_ms = self._clock.now_ms()
+
+    def _liveness_trusted(self) -> bool:
+        failed = self._redis_failed_ms
+        return failed is None or self._clock.now_ms() - failed >= self._config.liveness_ttl_ms
 
     async def run(self, stop: asyncio.Event) -> None:
         """Sweep every `interval_s` until `stop` is set; a dependency outage pauses a pass."""
@@ -64,6 +78,8 @@ class Sweeper:
                 await self.sweep_once()
             except (StoreUnavailable, *streams.DRIVER_ERRORS) as exc:
                 self._log.warning("sweeper.dependency_down", error=str(exc)[:300])
+                if isinstance(exc, streams.DRIVER_ERRORS):
+                    self.redis_failed()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=self._config.interval_s)
         self._log.info("sweeper.stopped")
@@ -87,6 +103,8 @@ class Sweeper:
     async def _sweep_stream(self, stream: str) -> list[str]:
         entries = await admin.pending(self._redis, stream, count=self._config.batch)
         owners = await admin.alive(self._redis, self._keys, {p.consumer for p in entries})
+        if not self._liveness_trusted():
+            owners = dict.fromkeys(owners, True)
         stuck = [
             p
             for p in entries

@@ -160,3 +160,23 @@ async def test_leases_are_extended_while_redis_is_down(outage: Harness) -> None:
     finally:
         holder.cancel()
         await dead.aclose()
+
+
+async def test_right_after_redis_failed_an_absent_liveness_key_does_not_end_a_run(
+    outage: Harness,
+) -> None:
+    """Liveness keys expire during a Redis outage longer than their TTL, live executors'
+    too. For one TTL after the sweeper saw Redis fail it judges runs by their leases alone;
+    after that an absent key means a lost owner again."""
+    h = outage
+    instance_id, _ = await claimed_unrun(h, "c1")  # "c1" has no liveness key
+    sweeper = h.sweeper(liveness_ttl_ms=6_000)
+    sweeper.redis_failed()
+    before = await h.store.get_instance(instance_id)
+
+    counts = await sweeper.sweep_once()
+
+    assert counts.get("timeout") is None
+    assert await h.store.get_instance(instance_id) == before
+    h.clock.advance(6_000)
+    assert (await sweeper.sweep_once()).get("timeout") == 1
