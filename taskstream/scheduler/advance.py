@@ -159,6 +159,7 @@ class Advancer:
             raise Fenced(f"cursor of {spec.id} was written under a newer leader token")
         state.cursor = cursor
         state.decided = {f for f in state.decided if f > cursor}
+        state.emitted = {f: done for f, done in state.emitted.items() if f > cursor}
 
     async def _beyond_horizon(
         self, spec: TaskSpec, trigger: Trigger, cursor: int, now_ms: int, state: TaskState
@@ -257,7 +258,12 @@ class Advancer:
         state: TaskState,
     ) -> None:
         """Record a final decision; only then is the tick done. A pass that fails before (the
-        store or Redis down) leaves the tick to the next pass."""
+        store or Redis down) leaves the tick to the next pass. A run that replaces an earlier
+        one cancels it here, after its own instance exists: a failed emit must not leave the
+        task with neither."""
+        replaced = decision.details.get("replace")
+        if decision.runs and isinstance(replaced, str):
+            await cancel_previous(self._store, replaced, by_fire_ms=fire_ms)
         await self._record(spec, fire_ms, decision, instance_id, now_ms)
         state.waiting.pop(fire_ms, None)
         state.decided.add(fire_ms)
@@ -268,9 +274,6 @@ class Advancer:
     ) -> tuple[Decision, str]:
         """Emit the tick's instance; returns the decision as emitting it turned out, which is
         kept in `state` until it is recorded."""
-        replaced = decision.details.get("replace")
-        if isinstance(replaced, str):
-            await cancel_previous(self._store, replaced, by_fire_ms=fire_ms)
         emitted = await self._outbox.emit(new_instance(spec, fire_ms), now_ms=now_ms)
         if emitted.outcome == "duplicate":
             details = {**decision.details, "existing_status": str(emitted.status)}

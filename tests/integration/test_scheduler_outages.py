@@ -14,7 +14,7 @@ from taskstream.core import streams
 from taskstream.core.errors import StoreUnavailable
 from taskstream.core.outbox import Outbox
 from taskstream.core.protocol import Keys
-from taskstream.core.states import Status
+from taskstream.core.states import FailClass, Status
 from taskstream.core.store.port import InstanceRow
 from taskstream.core.store.sql import SqlStore
 from taskstream.core.store.sql_engine import make_engine
@@ -33,6 +33,10 @@ NO_CATCHUP = (
     " catchup: {enabled: false}}\n"
 )
 GATED = "  - {id: gated, agent: echo, schedule: {every: 1m}, window: 1h, preconditions: [gate]}\n"
+REPLACES = (
+    "tasks:\n  - {id: minutely, agent: echo, schedule: {every: 1m}, window: 1h,"
+    " concurrency: replace}\n"
+)
 WAITS_5M = (
     "tasks:\n  - {id: minutely, agent: echo, schedule: {every: 1m}, window: 5m,"
     " depends_on: [feed]}\n"
@@ -289,6 +293,37 @@ async def test_a_successor_does_not_decide_again_a_tick_decided_past_the_cursor(
 
     row = await _the_instance(h)
     assert await _decisions(h) == [(decide.SHOULD_RUN, row.id)]
+
+
+async def test_a_replacing_run_that_could_not_be_created_leaves_the_previous_one_running(
+    h: Harness,
+) -> None:
+    """`concurrency: replace`: the new tick's instance cannot be created (store refused), so
+    the previous run is not cancelled; the next pass creates the new one and cancels it."""
+    await h.apply(REPLACES)
+    h.clock.set(M0 - 1)
+    outbox = h.outbox
+    scheduler = _scheduler(h, outbox)
+    await scheduler.run_pass()
+    h.clock.set(M0 + 1000)
+    await scheduler.run_pass()
+    first = await _the_instance(h)
+    nobody = SqlStore(make_engine(normalize_url(NOBODY)), display_url=NOBODY)
+    outbox.store = nobody
+    h.clock.set(M0 + 61_000)
+    try:
+        with pytest.raises(StoreUnavailable):
+            await scheduler.run_pass()
+    finally:
+        await nobody.close()
+    assert (await h.store.get_instance(first.id)) == first
+
+    outbox.store = h.store
+    await scheduler.run_pass()
+
+    rows = {r.scheduled_for_ms: r for r in await h.store.list_instances(limit=10)}
+    assert (rows[M0].status, rows[M0].fail_class) == (Status.FAILED, FailClass.REPLACED)
+    assert rows[M0 + 60_000].status is Status.DISPATCHED
 
 
 async def test_a_missed_tick_left_pending_by_a_failed_pass_is_skipped(h: Harness) -> None:
