@@ -108,7 +108,12 @@ class Advancer:
             await self._catch_up(spec, closed, now_ms, state, held, newer_on_time=on_time)
         for fire in sorted(set(due) - set(closed)):
             previous = state.waiting.get(fire)
-            decision = await self._decide(spec, fire, now_ms, held, previous=previous)
+            # A tick catch-up admitted and then deferred keeps its catch-up window.
+            late = previous is not None and previous.details.get("catchup") is True
+            ready = spec.catchup.only_if_ready if late else True
+            decision = await self._decide(
+                spec, fire, now_ms, held, catchup=late, ready=ready, previous=previous
+            )
             await self._apply(spec, fire, decision, now_ms, state)
         last = due[-1] if due else cursor
         await self._move(spec, state, min([last, *(f - 1 for f in state.waiting)]), token)

@@ -33,6 +33,10 @@ NO_CATCHUP = (
     " catchup: {enabled: false}}\n"
 )
 GATED = "  - {id: gated, agent: echo, schedule: {every: 1m}, window: 1h, preconditions: [gate]}\n"
+LATE_AND_HELD = (
+    "tasks:\n  - {id: minutely, agent: echo, schedule: {cron: '27 20 * * *', timezone: UTC},"
+    " window: 5m, not_before: '20:50', catchup: {max_delay: 1h}}\n"
+)
 REPLACES = (
     "tasks:\n  - {id: minutely, agent: echo, schedule: {every: 1m}, window: 1h,"
     " concurrency: replace}\n"
@@ -324,6 +328,24 @@ async def test_a_replacing_run_that_could_not_be_created_leaves_the_previous_one
     rows = {r.scheduled_for_ms: r for r in await h.store.list_instances(limit=10)}
     assert (rows[M0].status, rows[M0].fail_class) == (Status.FAILED, FailClass.REPLACED)
     assert rows[M0 + 60_000].status is Status.DISPATCHED
+
+
+async def test_a_late_tick_that_catch_up_deferred_runs_at_its_held_start(h: Harness) -> None:
+    """The 20:27 tick (window 5 min) is first decided at 20:37: catch-up admits it (max_delay
+    1 h) and `not_before: 20:50` defers it. Decided again at 20:50 it keeps its catch-up
+    window, so it runs, instead of `skip_window` against its 5-minute window."""
+    await h.apply(LATE_AND_HELD)
+    h.clock.set(M0 - 1)
+    scheduler = _scheduler(h, h.outbox)
+    await scheduler.run_pass()
+    h.clock.set(M0 + 10 * 60_000)
+    await scheduler.run_pass()
+    h.clock.set(M0 + 23 * 60_000 + 10)
+
+    await scheduler.run_pass()
+
+    [row] = await h.store.list_instances(limit=10)
+    assert await _decisions(h) == [(decide.DEFERRED, None), (decide.SHOULD_RUN, row.id)]
 
 
 async def test_a_missed_tick_left_pending_by_a_failed_pass_is_skipped(h: Harness) -> None:
