@@ -18,6 +18,11 @@ _ACQUIRE: Final = """
 local cur = redis.call('GET', KEYS[1])
 if not cur then
   local token = redis.call('INCR', KEYS[2])
+  local floor = tonumber(ARGV[3])
+  if token <= floor then
+    token = floor + 1
+    redis.call('SET', KEYS[2], token)
+  end
   redis.call('SET', KEYS[1], ARGV[1] .. '|' .. token, 'PX', ARGV[2])
   return token
 end
@@ -49,11 +54,14 @@ class LeaderLease:
         self._release: Any = redis.register_script(_RELEASE)
         self.token: int | None = None
 
-    async def hold(self) -> int | None:
-        """Acquire the lease or renew ours; returns our fencing token, or None (standby)."""
+    async def hold(self, *, floor: int = 0) -> int | None:
+        """Acquire the lease or renew ours; returns our fencing token, or None (standby). A
+        new token is above `floor` (the largest token the store has seen): after Redis lost
+        the counter, the first leader does not wait for it to climb back."""
         got = int(
             await self._acquire(
-                keys=[self._keys.leader, self._keys.leader_epoch], args=[self.owner, self.lease_ms]
+                keys=[self._keys.leader, self._keys.leader_epoch],
+                args=[self.owner, self.lease_ms, floor],
             )
         )
         self.token = got if got > 0 else None

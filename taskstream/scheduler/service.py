@@ -82,6 +82,9 @@ class Scheduler:
         self._defs = DefinitionCache(store)
         self._advancer = Advancer(store, outbox, checks or {}, holds)
         self._token: int | None = None
+        self._floor: int | None = None
+        """The largest token the store's cursors were written with (read when first needed,
+        and again after being fenced): new leader tokens start above it."""
         self._renew_s = leader.lease_ms / 3000 if leader else config.max_sleep_s
         self._log = get_logger(role="scheduler", owner=leader.owner if leader else None)
 
@@ -112,6 +115,7 @@ class Scheduler:
         except Fenced as exc:
             self._log.warning("scheduler.fenced", error=str(exc))
             self._advancer.forget()
+            self._floor = None  # read again: Redis may have lost the token counter
             if self._leader is not None:
                 # Redis may be what failed: the lease then lapses by itself.
                 with contextlib.suppress(*streams.DRIVER_ERRORS):
@@ -130,7 +134,9 @@ class Scheduler:
         """Hold or renew the lease; a new token means others may have moved cursors."""
         if self._leader is None:
             return True
-        token = await self._leader.hold()
+        if self._floor is None:
+            self._floor = await self._store.max_cursor_token() or 0
+        token = await self._leader.hold(floor=self._floor)
         if token != self._token:
             self._log.info("scheduler.leadership", token=token)
             self._advancer.forget()

@@ -21,6 +21,7 @@ from taskstream.core.store.sql_engine import make_engine
 from taskstream.core.store.urls import normalize_url
 from taskstream.scheduler import decide
 from taskstream.scheduler.advance import missed_instance
+from taskstream.scheduler.leader import LeaderLease
 from taskstream.scheduler.service import Scheduler, SchedulerConfig
 from tests.integration.harness import Harness
 from tests.integration.outages import kill_waiter
@@ -365,3 +366,27 @@ async def test_a_missed_tick_left_pending_by_a_failed_pass_is_skipped(h: Harness
     [row] = await h.store.list_instances(limit=10)
     assert (row.status, row.dedupe_key.startswith("missed:")) == (Status.SKIPPED, True)
     assert await _decisions(h) == [(decide.MISSED, row.id)]
+
+
+async def test_a_leader_whose_token_counter_redis_lost_schedules_again_at_once(
+    h: Harness,
+) -> None:
+    """The cursors were written with token 1000 (many leaders ago); Redis restarts empty, so
+    its token counter starts again from 1. The first new leader's token is above 1000, not
+    rejected as stale until the counter climbs back."""
+    await h.apply(TASKS)
+    lease = LeaderLease(h.redis, h.keys, "s1", lease_ms=10_000)
+    scheduler = Scheduler(h.store, h.outbox, h.clock, SchedulerConfig(), leader=lease)
+    h.clock.set(M0 - 1)
+    await scheduler.run_pass()
+    assert await h.store.set_cursor("minutely", M0 - 1, token=1000)
+    await h.redis.delete(h.keys.leader, h.keys.leader_epoch)  # Redis restarted empty
+    h.clock.set(M0 + 1000)
+
+    for _ in range(2):
+        await scheduler._step()
+
+    assert (await h.store.get_cursor("minutely") or 0) >= M0
+    assert lease.token is not None and lease.token > 1000
+    row = await _the_instance(h)
+    assert await _decisions(h) == [(decide.SHOULD_RUN, row.id)]

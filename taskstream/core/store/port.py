@@ -73,6 +73,10 @@ class Store(Protocol):
         """The last fire time (ms) the scheduler has decided for this task."""
         ...
 
+    async def max_cursor_token(self) -> int | None:
+        """The largest leader token any cursor was written with; None when none was."""
+        ...
+
     async def set_cursor(
         self, task_id: str, fire_time_ms: int, *, token: int | None = None
     ) -> bool:

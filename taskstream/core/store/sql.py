@@ -155,6 +155,11 @@ class SqlStore(OutboxMethods, SchedulingMethods):
         async with self._read() as conn:
             return await defs.get_cursor(conn, task_id)
 
+    async def max_cursor_token(self) -> int | None:
+        """The largest leader token any cursor was written with; None when none was."""
+        async with self._read() as conn:
+            return await defs.max_cursor_token(conn)
+
     async def set_cursor(
         self, task_id: str, fire_time_ms: int, *, token: int | None = None
     ) -> bool:

@@ -93,6 +93,12 @@ async def get_cursor(conn: AsyncConnection, task_id: str) -> int | None:
     return None if value is None else int(value)
 
 
+async def max_cursor_token(conn: AsyncConnection) -> int | None:
+    """The largest leader token any cursor was written with; None when none was."""
+    value = (await conn.execute(select(func.max(defs.c.cursor_token)))).scalar_one_or_none()
+    return None if value is None else int(value)
+
+
 async def set_cursor(
     conn: AsyncConnection, task_id: str, fire_time_ms: int, token: int | None
 ) -> bool:
