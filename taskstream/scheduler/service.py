@@ -167,7 +167,8 @@ class Scheduler:
         results = await asyncio.gather(*(one(s, t) for s, t in active), return_exceptions=True)
         failed = [r for r in results if isinstance(r, BaseException)]
         if failed:
-            raise failed[0]
+            # Being fenced matters most: it makes this scheduler step down.
+            raise next((f for f in failed if isinstance(f, Fenced)), failed[0])
         nexts = [r for r in results if not isinstance(r, BaseException)]
         return min(nexts) if nexts else None
 
