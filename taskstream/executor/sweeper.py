@@ -180,6 +180,13 @@ class Sweeper:
     async def _poison(
         self, d: streams.Delivery, instance_id: str, status: Status, attempt: int, reason: str
     ) -> None:
+        if status is Status.PENDING:
+            # PENDING cannot fail: its entry is on the stream, so it moves on to DISPATCHED
+            # first, as a claim would (else the reconciler would publish it again).
+            moved = await self._store.transition(
+                instance_id, status, Status.DISPATCHED, reason="seen_on_stream", attempt=attempt
+            )
+            status = Status.DISPATCHED if moved.ok else status
         if can_transition(status, Status.FAILED):
             await self._store.transition(
                 instance_id,
