@@ -105,21 +105,43 @@ async def _pass_whose_record_fails(h: Harness, scheduler: Scheduler) -> None:
     assert isinstance(passed, StoreUnavailable)
 
 
-async def test_a_tick_whose_instance_could_not_be_created_runs_at_the_next_pass(
-    h: Harness,
-) -> None:
-    outbox, scheduler = await _first_pass(h)
+async def _pass_whose_creation_fails(outbox: Outbox, scheduler: Scheduler) -> None:
+    """One pass whose outbox creates instances in a store nobody listens for; the outbox's
+    own store is back afterwards."""
+    store = outbox.store
     nobody = SqlStore(make_engine(normalize_url(NOBODY)), display_url=NOBODY)
     outbox.store = nobody
-    h.clock.set(M0 + 1000)
     try:
         with pytest.raises(StoreUnavailable):
             await scheduler.run_pass()
     finally:
+        outbox.store = store
         await nobody.close()
+
+
+async def _pass_whose_cursor_write_fails(h: Harness, scheduler: Scheduler) -> None:
+    """One pass whose cursor UPDATE waits for this test's row lock on the task's definition
+    and has its connection killed (MariaDB)."""
+    async with h.store.engine.connect() as conn:
+        await conn.execute(
+            text("SELECT task_id FROM task_definitions WHERE task_id = 'minutely' FOR UPDATE")
+        )
+        passed, _ = await asyncio.gather(
+            scheduler.run_pass(),
+            kill_waiter(conn, "UPDATE task_definitions%"),
+            return_exceptions=True,
+        )
+    assert isinstance(passed, StoreUnavailable)
+
+
+async def test_a_tick_whose_instance_could_not_be_created_runs_at_the_next_pass(
+    h: Harness,
+) -> None:
+    outbox, scheduler = await _first_pass(h)
+    h.clock.set(M0 + 1000)
+    await _pass_whose_creation_fails(outbox, scheduler)
     assert await h.store.list_instances(limit=10) == []
 
-    outbox.store = h.store
     await scheduler.run_pass()
     await scheduler.run_pass()
 
@@ -237,16 +259,7 @@ async def test_after_a_failed_cursor_write_the_next_wake_is_the_next_fire_time(
     h = outage_server
     _, scheduler = await _first_pass(h)
     h.clock.set(M0 + 1000)
-    async with h.store.engine.connect() as conn:
-        await conn.execute(
-            text("SELECT task_id FROM task_definitions WHERE task_id = 'minutely' FOR UPDATE")
-        )
-        passed, _ = await asyncio.gather(
-            scheduler.run_pass(),
-            kill_waiter(conn, "UPDATE task_definitions%"),
-            return_exceptions=True,
-        )
-    assert isinstance(passed, StoreUnavailable)
+    await _pass_whose_cursor_write_fails(h, scheduler)
     h.clock.set(M0 + 2000)
 
     next_due = await scheduler.run_pass()
@@ -284,15 +297,7 @@ async def test_a_successor_does_not_decide_again_a_tick_decided_past_the_cursor(
     h = outage_server
     outbox, scheduler = await _first_pass(h)
     h.clock.set(M0 + 1000)
-    async with h.store.engine.connect() as conn:
-        await conn.execute(
-            text("SELECT task_id FROM task_definitions WHERE task_id = 'minutely' FOR UPDATE")
-        )
-        await asyncio.gather(
-            scheduler.run_pass(),
-            kill_waiter(conn, "UPDATE task_definitions%"),
-            return_exceptions=True,
-        )
+    await _pass_whose_cursor_write_fails(h, scheduler)
 
     await _scheduler(h, outbox).run_pass()
 
@@ -313,17 +318,10 @@ async def test_a_replacing_run_that_could_not_be_created_leaves_the_previous_one
     h.clock.set(M0 + 1000)
     await scheduler.run_pass()
     first = await _the_instance(h)
-    nobody = SqlStore(make_engine(normalize_url(NOBODY)), display_url=NOBODY)
-    outbox.store = nobody
     h.clock.set(M0 + 61_000)
-    try:
-        with pytest.raises(StoreUnavailable):
-            await scheduler.run_pass()
-    finally:
-        await nobody.close()
+    await _pass_whose_creation_fails(outbox, scheduler)
     assert (await h.store.get_instance(first.id)) == first
 
-    outbox.store = h.store
     await scheduler.run_pass()
 
     rows = {r.scheduled_for_ms: r for r in await h.store.list_instances(limit=10)}
