@@ -100,36 +100,6 @@ async def read(
     return await _xreadgroup(redis, dict.fromkeys(keys.streams(), ">"), consumer, 1, block_ms)
 
 
-async def read_own(redis: Redis, keys: Keys, consumer: str, *, count: int) -> list[Delivery]:
-    """This consumer's own pending entries (delivered to it and not yet acknowledged), at most
-    `count` per stream, oldest first; entries deleted meanwhile are left out.
-
-    Read with XPENDING and XRANGE, which leave delivery counts and idle times as they are:
-    XREADGROUP from id 0 would count every entry, those of live runs too, as delivered once
-    more, and push them towards the sweeper's poison limit at each Redis failure."""
-    out: list[Delivery] = []
-    for stream in keys.streams():
-        try:
-            rows: Any = await redis.xpending_range(
-                stream, GROUP, "-", "+", count, consumername=consumer
-            )
-        except ResponseError:  # no stream or no group yet: nothing pending
-            continue
-        ids = [as_text(r["message_id"]) for r in rows]
-        if not ids:
-            continue
-        async with redis.pipeline(transaction=False) as pipe:
-            for entry_id in ids:
-                pipe.xrange(stream, entry_id, entry_id, count=1)
-            replies: list[Any] = await pipe.execute()
-        out += [
-            Delivery(stream, entry_id, reply[0][1])
-            for entry_id, reply in zip(ids, replies, strict=True)
-            if reply and reply[0][1]
-        ]
-    return out
-
-
 async def _xreadgroup(
     redis: Redis, streams: dict[str, str], consumer: str, count: int, block_ms: int | None
 ) -> list[Delivery]:

@@ -23,10 +23,15 @@ class Pending:
     deliveries: int
 
 
-async def pending(redis: Redis, stream: str, *, count: int) -> list[Pending]:
-    """The oldest `count` pending entries of the group on `stream` (none if it is missing)."""
+async def pending(
+    redis: Redis, stream: str, *, count: int, consumer: str | None = None
+) -> list[Pending]:
+    """The oldest `count` pending entries of the group on `stream`, or of one `consumer` in
+    it (none if it is missing). Reading them changes no delivery count or idle time."""
     try:
-        rows: list[dict[str, Any]] = await redis.xpending_range(stream, GROUP, "-", "+", count)
+        rows: list[dict[str, Any]] = await redis.xpending_range(
+            stream, GROUP, "-", "+", count, consumername=consumer
+        )
     except ResponseError:
         return []
     return [
@@ -51,6 +56,22 @@ async def fetch(redis: Redis, stream: str, entry_ids: list[str]) -> dict[str, De
     for entry_id, reply in zip(entry_ids, replies, strict=True):
         if reply:
             out[entry_id] = Delivery(stream, entry_id, reply[0][1] or {})
+    return out
+
+
+async def read_own(redis: Redis, keys: Keys, consumer: str, *, count: int) -> list[Delivery]:
+    """This consumer's own pending entries (delivered to it and not yet acknowledged), at most
+    `count` per stream, oldest first; entries deleted meanwhile are left out.
+
+    Read with XPENDING and XRANGE (`pending`, `fetch`), which leave delivery counts and idle
+    times as they are: XREADGROUP from id 0 would count every entry, those of live runs too,
+    as delivered once more, and push them towards the sweeper's poison limit at each Redis
+    failure."""
+    out: list[Delivery] = []
+    for stream in keys.streams():
+        ids = [p.entry_id for p in await pending(redis, stream, count=count, consumer=consumer)]
+        found = await fetch(redis, stream, ids) if ids else {}
+        out += [found[i] for i in ids if i in found and found[i].fields]
     return out
 
 

@@ -24,6 +24,7 @@ from redis.exceptions import ResponseError
 
 from taskstream.agents.registry import Registry
 from taskstream.core import notify, streams
+from taskstream.core import streams_admin as admin
 from taskstream.core.clock import Clock, SystemClock
 from taskstream.core.definitions import DefinitionCache
 from taskstream.core.errors import StoreUnavailable
@@ -197,7 +198,7 @@ class Executor:
         """Our pending entries that no run of ours holds: delivered by a read whose reply was
         lost. At most `free` of them (the oldest); the rest wait for the next step."""
         held = self._heartbeat.entries()
-        own = await streams.read_own(
+        own = await admin.read_own(
             self._deps.redis, self._deps.keys, self._config.consumer, count=len(held) + free
         )
         self._recheck = False

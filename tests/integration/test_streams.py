@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from taskstream.core import streams
+from taskstream.core import streams_admin as admin
 from taskstream.core.protocol import GROUP, Keys, Priority, WorkEntry, decode
 
 
@@ -109,10 +110,10 @@ async def test_read_own_returns_our_pending_entries_but_not_deleted_ones(
     await streams.read(redis, keys, "c2", count=1, block_ms=10)  # nothing left for c2
     await redis.xdel(got[1].stream, got[1].entry_id)  # pending, but its fields are gone
 
-    own = await streams.read_own(redis, keys, "c1", count=10)
+    own = await admin.read_own(redis, keys, "c1", count=10)
 
     assert [decode(d.fields).instance_id for d in own] == ["i_1", "i_3"]
-    assert await streams.read_own(redis, keys, "c2", count=10) == []
+    assert await admin.read_own(redis, keys, "c2", count=10) == []
 
 
 async def test_read_own_leaves_delivery_counts_as_they_are(
@@ -125,7 +126,7 @@ async def test_read_own_leaves_delivery_counts_as_they_are(
     await streams.read(redis, keys, "c1", count=1, block_ms=10)
 
     for _ in range(3):
-        assert len(await streams.read_own(redis, keys, "c1", count=10)) == 1
+        assert len(await admin.read_own(redis, keys, "c1", count=10)) == 1
 
     pending: Any = await redis.xpending_range(
         keys.stream(Priority.DEFAULT), GROUP, min="-", max="+", count=10
