@@ -213,13 +213,21 @@ class SqlStore(OutboxMethods, SchedulingMethods):
         Raises `InvalidTransition` before any SQL when the table forbids src -> dst.
         """
         check_transition(src, dst, fail_class=fail_class)
-        values = rows.status_values(dst, fail_class, error, next_attempt_at_ms)
         async with self._write() as conn:
-            if not await rows.cas_update(conn, instance_id, src, attempt, values):
-                return CasResult(ok=False, found=await rows.status_of(conn, instance_id))
-            await rows.append_history(
-                conn, instance_id, src=src, dst=dst, owner=owner, reason=reason
+            moved = await rows.move(
+                conn,
+                instance_id,
+                src,
+                dst,
+                reason=reason,
+                attempt=attempt,
+                owner=owner,
+                fail_class=fail_class,
+                error=error,
+                next_attempt_at_ms=next_attempt_at_ms,
             )
+            if not moved:
+                return CasResult(ok=False, found=await rows.status_of(conn, instance_id))
         return CasResult(ok=True)
 
     async def claim(

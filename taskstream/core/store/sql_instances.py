@@ -162,6 +162,28 @@ async def append_history(
     await conn.execute(insert(hist).from_select(columns, source))
 
 
+async def move(
+    conn: AsyncConnection,
+    instance_id: str,
+    src: Status,
+    dst: Status,
+    *,
+    reason: str,
+    attempt: int | None = None,
+    owner: str | None = None,
+    fail_class: FailClass | None = None,
+    error: str | None = None,
+    next_attempt_at_ms: int | None = None,
+) -> bool:
+    """CAS `src` -> `dst` (at `attempt` when given) with the columns of `status_values`, and
+    its history row; False, writing nothing, when the row was not at `src`."""
+    values = status_values(dst, fail_class, error, next_attempt_at_ms)
+    if not await cas_update(conn, instance_id, src, attempt, values):
+        return False
+    await append_history(conn, instance_id, src=src, dst=dst, owner=owner, reason=reason)
+    return True
+
+
 async def insert_side_effects(
     conn: AsyncConnection, instance_id: str, token: int, keys: list[str]
 ) -> None:

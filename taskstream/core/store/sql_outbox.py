@@ -101,12 +101,8 @@ class OutboxMethods:
 
 async def _skip(conn: AsyncConnection, instance_id: str, reason: str) -> None:
     """PENDING -> SKIPPED for a row this transaction just inserted."""
-    values = rows.status_values(Status.SKIPPED, None, None, None)
-    if not await rows.cas_update(conn, instance_id, Status.PENDING, None, values):
+    if not await rows.move(conn, instance_id, Status.PENDING, Status.SKIPPED, reason=reason):
         raise StoreError(f"instance {instance_id!r} was not PENDING right after its insert")
-    await rows.append_history(
-        conn, instance_id, src=Status.PENDING, dst=Status.SKIPPED, owner=None, reason=reason
-    )
 
 
 async def _taken(run: Runner, news: Sequence[NewInstance]) -> tuple[dict[str, str], set[str]]:
