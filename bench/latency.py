@@ -47,6 +47,7 @@ from taskstream.core.clock import Clock
 from taskstream.core.logging import configure
 from taskstream.core.outbox import Outbox
 from taskstream.core.protocol import Keys
+from taskstream.core.reasons import SEEN_ON_STREAM
 from taskstream.core.specfile import parse_task_file_text
 from taskstream.core.states import Status
 from taskstream.core.store.port import NewInstance
@@ -328,7 +329,7 @@ async def _history_times(store: SqlStore) -> tuple[list[tuple[int, int, int]], i
         .join(dispatched, _step(dispatched, created, Status.DISPATCHED, 0))
         .where(created.c.from_status.is_(None))
     )
-    raced_stmt = select(hist.c.id).where(hist.c.reason == "seen_on_stream")
+    raced_stmt = select(hist.c.id).where(hist.c.reason == SEEN_ON_STREAM)
     async with store.engine.connect() as conn:
         times = [(int(a), int(d), int(b)) for a, d, b in (await conn.execute(stmt)).all()]
         raced = len((await conn.execute(raced_stmt)).all())

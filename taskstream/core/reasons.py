@@ -16,5 +16,9 @@ DEFERRED: Final = "deferred"
 OWNER_LOST: Final = "owner_lost"
 """A run whose executor stopped heartbeating (crashed, killed, paused)."""
 
+SEEN_ON_STREAM: Final = "seen_on_stream"
+"""PENDING/RETRYING -> DISPATCHED by whoever found the row's entry on a stream (its XADD
+happened; the outbox's own CAS did not)."""
+
 LEASE_EXPIRED: Final = "lease_expired"
 """A run whose lease ran out."""

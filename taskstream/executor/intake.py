@@ -21,6 +21,7 @@ from taskstream.core.definitions import DefinitionCache
 from taskstream.core.errors import ProtocolError
 from taskstream.core.logging import get_logger
 from taskstream.core.protocol import Keys, WorkEntry, decode
+from taskstream.core.reasons import SEEN_ON_STREAM
 from taskstream.core.spec import TaskSpec
 from taskstream.core.states import SETTLED, FailClass, Status
 from taskstream.core.store.port import Claimed, ClaimRequest, InstanceRow, Store
@@ -195,7 +196,7 @@ class Intake:
                         row.id,
                         row.status,
                         Status.DISPATCHED,
-                        reason="seen_on_stream",
+                        reason=SEEN_ON_STREAM,
                         attempt=row.attempt,
                     )
                 again.append(c)

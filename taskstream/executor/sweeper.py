@@ -17,7 +17,7 @@ from taskstream.core.definitions import DefinitionCache
 from taskstream.core.errors import ProtocolError, StoreUnavailable
 from taskstream.core.logging import get_logger
 from taskstream.core.protocol import Keys, decode
-from taskstream.core.reasons import OWNER_LOST
+from taskstream.core.reasons import OWNER_LOST, SEEN_ON_STREAM
 from taskstream.core.states import FailClass, Status, can_transition
 from taskstream.core.store.port import InstanceRow, Store
 from taskstream.executor.reconciler import Reconciler
@@ -184,7 +184,7 @@ class Sweeper:
             # PENDING cannot fail: its entry is on the stream, so it moves on to DISPATCHED
             # first, as a claim would (else the reconciler would publish it again).
             moved = await self._store.transition(
-                instance_id, status, Status.DISPATCHED, reason="seen_on_stream", attempt=attempt
+                instance_id, status, Status.DISPATCHED, reason=SEEN_ON_STREAM, attempt=attempt
             )
             status = Status.DISPATCHED if moved.ok else status
         if can_transition(status, Status.FAILED):
