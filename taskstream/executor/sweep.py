@@ -94,6 +94,12 @@ _WAITING = (Status.DISPATCHED, Status.PENDING, Status.RETRYING)
 outbox's CAS to DISPATCHED did not happen)."""
 
 
+def liveness_trusted(redis_failed_ms: int | None, *, now_ms: int, ttl_ms: int) -> bool:
+    """Whether an absent liveness key means a lost consumer: not within one TTL (`ttl_ms`)
+    after Redis failed at `redis_failed_ms` (every key may have expired in the outage)."""
+    return redis_failed_ms is None or now_ms - redis_failed_ms >= ttl_ms
+
+
 def _gate(entry: EntryFacts, row: RowFacts | None) -> Verdict | None:
     """Verdicts that do not depend on the run's state."""
     if entry.attempt is None:

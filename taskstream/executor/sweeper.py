@@ -22,7 +22,14 @@ from taskstream.core.states import FailClass, Status, can_transition
 from taskstream.core.store.port import InstanceRow, Store
 from taskstream.executor.reconciler import Reconciler
 from taskstream.executor.recovery import Recovery
-from taskstream.executor.sweep import Action, EntryFacts, RowFacts, Verdict, decide
+from taskstream.executor.sweep import (
+    Action,
+    EntryFacts,
+    RowFacts,
+    Verdict,
+    decide,
+    liveness_trusted,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,10 +73,6 @@ class Sweeper:
         proves nothing: runs are then judged by their leases alone, not timed out at once."""
         self._redis_failed_ms = self._clock.now_ms()
 
-    def _liveness_trusted(self) -> bool:
-        failed = self._redis_failed_ms
-        return failed is None or self._clock.now_ms() - failed >= self._config.liveness_ttl_ms
-
     async def run(self, stop: asyncio.Event) -> None:
         """Sweep every `interval_s` until `stop` is set; a dependency outage pauses a pass."""
         self._log.info("sweeper.started")
@@ -103,7 +106,8 @@ class Sweeper:
     async def _sweep_stream(self, stream: str) -> list[str]:
         entries = await admin.pending(self._redis, stream, count=self._config.batch)
         owners = await admin.alive(self._redis, self._keys, {p.consumer for p in entries})
-        if not self._liveness_trusted():
+        now_ms, ttl_ms = self._clock.now_ms(), self._config.liveness_ttl_ms
+        if not liveness_trusted(self._redis_failed_ms, now_ms=now_ms, ttl_ms=ttl_ms):
             owners = dict.fromkeys(owners, True)
         stuck = [
             p

@@ -80,3 +80,11 @@ def test_settled_wins_over_delivery_count() -> None:
         EntryFacts(0, 99, False), row(Status.SUCCESS, 1), db_now_ms=NOW, max_deliveries=5
     )
     assert verdict.action is Action.ACK
+
+
+def test_liveness_is_trusted_again_one_ttl_after_redis_failed() -> None:
+    from taskstream.executor.sweep import liveness_trusted
+
+    assert liveness_trusted(None, now_ms=NOW, ttl_ms=6_000)
+    assert not liveness_trusted(NOW - 5_999, now_ms=NOW, ttl_ms=6_000)
+    assert liveness_trusted(NOW - 6_000, now_ms=NOW, ttl_ms=6_000)
