@@ -26,6 +26,7 @@ from taskstream.core.errors import TaskstreamError
 from taskstream.core.outbox import Emitted, Outbox
 from taskstream.core.spec import TaskSpec, format_utc_ms
 from taskstream.core.spec_parts import NAME_PATTERN
+from taskstream.executor.reconciler import GRACE_MS
 from taskstream.scheduler import manual
 
 T = TypeVar("T")
@@ -35,7 +36,7 @@ JSON_OPT = typer.Option(False, "--json", help="Machine-readable output.")
 TASK_ARG = typer.Argument(..., help="Task id.")
 UNPUBLISHED_NOTE = (
     "not on a work stream yet (Redis failed); the sweeper's reconciler publishes it once it"
-    " is 15 s old and Redis answers"
+    f" is {GRACE_MS // 1000} s old and Redis answers"
 )
 TIME_HELP: Final = "ISO 8601 with an offset or Z, a date (midnight UTC), or now"
 FROM_OPT = typer.Option(..., "--from", help=f"Range start (inclusive): {TIME_HELP}.")

@@ -19,6 +19,8 @@ from taskstream.core.states import Status
 from taskstream.core.store.port import Store
 from taskstream.executor.recovery import Recovery
 
+GRACE_MS = 15_000
+"""How long a row must have been left untouched before it counts as lost (ms)."""
 IN_FLIGHT = [Status.PENDING, Status.DISPATCHED, Status.RUNNING, Status.TIMEOUT]
 
 
@@ -33,7 +35,7 @@ class Reconciler:
         clock: Clock,
         recovery: Recovery,
         *,
-        grace_ms: int = 15_000,
+        grace_ms: int = GRACE_MS,
         limit: int = 1000,
     ) -> None:
         self._store, self._clock, self._recovery = store, clock, recovery
