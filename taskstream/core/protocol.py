@@ -25,6 +25,8 @@ Work entry fields (flat strings, protocol version `v` = "1"):
     scheduled_for_ms  fire time, UTC epoch milliseconds
     emitted_at_ms     publish time, UTC epoch milliseconds
     trace_id          opaque correlation id
+    redeliveries      deliveries of this attempt on the entries this one replaced (only on an
+                      entry the sweeper published again; absent means 0)
 
 The payload never travels in the stream; it stays in the store. Dead-letter entries carry
 `reason`, `detail`, `source_stream`, `source_id` and the original fields prefixed `orig.`.
@@ -133,14 +135,21 @@ class WorkEntry(BaseModel):
     scheduled_for_ms: int = Field(ge=0)
     emitted_at_ms: int = Field(ge=0)
     trace_id: str = Field(default="", max_length=128)
+    redeliveries: int = Field(default=0, ge=0)
+    """Deliveries of this attempt on earlier entries, which the sweeper replaced by this one
+    (a consumer that read them died before its claim): they count towards `max_deliveries`."""
 
 
-_INT_FIELDS: Final = ("attempt", "scheduled_for_ms", "emitted_at_ms")
+_INT_FIELDS: Final = ("attempt", "scheduled_for_ms", "emitted_at_ms", "redeliveries")
 
 
 def encode(entry: WorkEntry) -> dict[str, str]:
-    """Entry -> flat string fields for XADD."""
-    return {name: str(value) for name, value in entry.model_dump().items()}
+    """Entry -> flat string fields for XADD. `redeliveries` is written only when not 0, so a
+    first entry has exactly the fields of protocol version 1 before the field existed."""
+    fields = {name: str(value) for name, value in entry.model_dump().items()}
+    if not entry.redeliveries:
+        del fields["redeliveries"]
+    return fields
 
 
 RawFields = Mapping[Any, Any]

@@ -8,7 +8,7 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from taskstream.core.protocol import GROUP, Keys
+from taskstream.core.protocol import GROUP, Keys, WorkEntry, encode
 from taskstream.core.streams import Delivery, Redis, as_text
 
 
@@ -87,10 +87,11 @@ async def alive(redis: Redis, keys: Keys, consumers: set[str]) -> dict[str, bool
     return {name: bool(n) for name, n in zip(names, found, strict=True)}
 
 
-async def redeliver(redis: Redis, delivery: Delivery) -> str:
-    """Publish the entry again as a new entry and drop the old one, atomically."""
+async def redeliver(redis: Redis, delivery: Delivery, entry: WorkEntry) -> str:
+    """Publish `entry` (the delivery's, decoded, with its delivery count carried) as a new
+    entry of the same stream and drop the old one, atomically."""
     async with redis.pipeline(transaction=True) as pipe:
-        pipe.xadd(delivery.stream, dict(delivery.fields))
+        pipe.xadd(delivery.stream, encode(entry))  # type: ignore[arg-type]
         pipe.xack(delivery.stream, GROUP, delivery.entry_id)
         pipe.xdel(delivery.stream, delivery.entry_id)
         replies: list[Any] = await pipe.execute()

@@ -22,7 +22,8 @@ class Action(StrEnum):
     LEAVE = "leave"
     """Its owner is alive and holds a live lease: leave it."""
     REDELIVER = "redeliver"
-    """Delivered but never claimed by a consumer that is gone: publish it again."""
+    """Delivered but never claimed by a consumer that is gone: publish it again, carrying its
+    delivery count (`WorkEntry.redeliveries`)."""
     TIMEOUT = "timeout"
     """Its run lost its owner or its lease: CAS RUNNING -> TIMEOUT, then retry or fail."""
     DEAD_LETTER = "dead_letter"
@@ -46,7 +47,9 @@ class RowFacts:
 class EntryFacts:
     """What Redis says about the entry. `attempt` is None when the entry does not decode;
     `owner_alive` is whether `consumer` (whose pending list holds it) is alive;
-    `owner_losses` how many earlier runs of this instance already lost their owner."""
+    `owner_losses` how many earlier runs of this instance already lost their owner;
+    `earlier_deliveries` how often the entries this one replaced (`Action.REDELIVER`) were
+    delivered, so that consumers dying before their claim are counted too."""
 
     attempt: int | None
     deliveries: int
@@ -54,6 +57,7 @@ class EntryFacts:
     owner_losses: int = 0
     idle_ms: int = 0
     consumer: str | None = None
+    earlier_deliveries: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +121,7 @@ def _gate(entry: EntryFacts, row: RowFacts | None) -> Verdict | None:
 
 def _crashes(entry: EntryFacts, max_deliveries: int) -> Verdict | None:
     """POISON when the entry was delivered, or its runs lost their owner, too often."""
-    crashes = max(entry.deliveries, entry.owner_losses + 1)
+    crashes = max(entry.deliveries + entry.earlier_deliveries, entry.owner_losses + 1)
     if crashes > max_deliveries:
         return Verdict(Action.POISON, f"{crashes} deliveries > {max_deliveries}")
     return None

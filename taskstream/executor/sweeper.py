@@ -16,7 +16,7 @@ from taskstream.core.clock import Clock
 from taskstream.core.definitions import DefinitionCache
 from taskstream.core.errors import ProtocolError, StoreUnavailable
 from taskstream.core.logging import get_logger
-from taskstream.core.protocol import Keys, decode
+from taskstream.core.protocol import Keys, WorkEntry, decode
 from taskstream.core.reasons import OWNER_LOST, SEEN_ON_STREAM
 from taskstream.core.states import FailClass, Status, can_transition
 from taskstream.core.store.port import InstanceRow, Store
@@ -133,20 +133,9 @@ class Sweeper:
             await self._dead(d, exc.reason)
             return Action.DEAD_LETTER.value
         row = await self._store.get_instance(entry.instance_id)
-        losses = 0
-        if row is not None and row.status is Status.RUNNING and not alive:
-            losses = await self._store.count_history(row.id, reason=f"after_{OWNER_LOST}")
-        facts = EntryFacts(entry.attempt, p.deliveries, alive, losses, p.idle_ms, p.consumer)
-        rowf = (
-            RowFacts(
-                row.status, row.attempt, row.lease_expires_at_ms, row.fail_class, row.lease_owner
-            )
-            if row
-            else None
-        )
         verdict = decide(
-            facts,
-            rowf,
+            await self._entry_facts(p, entry, row, alive),
+            _row_facts(row),
             db_now_ms=self._clock.now_ms(),
             max_deliveries=self._config.max_deliveries,
             unclaimed_ms=self._config.unclaimed_ms,
@@ -158,16 +147,34 @@ class Sweeper:
             action=verdict.action,
             reason=verdict.reason,
         )
-        await self._act(verdict, d, row)
+        if verdict.action is Action.REDELIVER:
+            again = entry.model_copy(update={"redeliveries": entry.redeliveries + p.deliveries})
+            await admin.redeliver(self._redis, d, again)
+        else:
+            await self._act(verdict, d, row)
         return verdict.action.value
+
+    async def _entry_facts(
+        self, p: admin.Pending, entry: WorkEntry, row: InstanceRow | None, alive: bool
+    ) -> EntryFacts:
+        losses = 0
+        if row is not None and row.status is Status.RUNNING and not alive:
+            losses = await self._store.count_history(row.id, reason=f"after_{OWNER_LOST}")
+        return EntryFacts(
+            entry.attempt,
+            p.deliveries,
+            alive,
+            losses,
+            p.idle_ms,
+            p.consumer,
+            earlier_deliveries=entry.redeliveries,
+        )
 
     async def _act(
         self, verdict: Verdict, d: streams.Delivery, instance: InstanceRow | None
     ) -> None:
         if verdict.action is Action.ACK:
             await streams.ack(self._redis, d.stream, d.entry_id)
-        elif verdict.action is Action.REDELIVER:
-            await admin.redeliver(self._redis, d)
         elif verdict.action is Action.DEAD_LETTER:
             await self._dead(d, verdict.reason)
         elif verdict.action is Action.POISON and instance is not None:
@@ -206,3 +213,11 @@ class Sweeper:
     async def _dead(self, d: streams.Delivery, reason: str) -> None:
         await streams.dead_letter(self._redis, self._keys, d, reason, "swept")
         self._log.warning("entry.dead_lettered", entry_id=d.entry_id, reason=reason)
+
+
+def _row_facts(row: InstanceRow | None) -> RowFacts | None:
+    if row is None:
+        return None
+    return RowFacts(
+        row.status, row.attempt, row.lease_expires_at_ms, row.fail_class, row.lease_owner
+    )

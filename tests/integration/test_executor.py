@@ -171,6 +171,29 @@ async def test_oversize_payload_is_poison(h: Harness) -> None:
     assert [f[b"reason"] for _, f in dead] == [b"payload_too_large"]
 
 
+async def test_consumers_dying_before_their_claim_make_the_entry_poison(h: Harness) -> None:
+    """Each read of the entry kills its consumer before the claim (no liveness key, no claim):
+    the sweeper publishes it again with the deliveries so far, and the sixth delivery, the
+    first over `max_deliveries` (5), is poison. Without the count it would loop for ever."""
+    row = await h.trigger(TASKS, "slow")
+    sweeper = h.sweeper(max_deliveries=5)
+    actions: list[dict[str, int]] = []
+    for n in range(1, 9):
+        [d] = await streams.read(h.redis, h.keys, f"doomed-{n}", count=1, block_ms=10)
+        assert decode(d.fields).redeliveries == n - 1
+        actions.append(await sweeper.sweep_once())
+        if actions[-1].get("poison"):
+            break
+    assert [a.get("redeliver", 0) for a in actions] == [1, 1, 1, 1, 1, 0]
+    assert actions[-1]["poison"] == 1
+    done = await h.store.get_instance(row.id)
+    assert done is not None and done.status is Status.FAILED
+    assert done.fail_class is FailClass.POISON
+    dead: Any = await h.redis.xrange(h.keys.dead)
+    assert [f[b"reason"] for _, f in dead] == [b"poison"]
+    assert await h.redis.xlen(h.keys.stream(Priority.DEFAULT)) == 0
+
+
 async def test_a_duplicate_delivery_has_one_committed_effect(h: Harness) -> None:
     row = await h.trigger(TASKS, "effect")
     stream = h.keys.stream(Priority.DEFAULT)

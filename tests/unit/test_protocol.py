@@ -51,6 +51,16 @@ def test_round_trip_from_bytes() -> None:
     assert decode(raw) == ENTRY
 
 
+def test_redeliveries_travel_only_when_there_were_some() -> None:
+    """A first entry has the fields of version 1 as they always were; a redelivered one
+    carries its count, and it survives the round trip."""
+    assert "redeliveries" not in encode(ENTRY)
+    again = ENTRY.model_copy(update={"redeliveries": 3})
+    assert encode(again)["redeliveries"] == "3"
+    assert decode(encode(again)).redeliveries == 3
+    assert decode(encode(ENTRY)).redeliveries == 0
+
+
 @given(
     attempt=st.integers(min_value=0, max_value=10**6),
     at=st.integers(min_value=0, max_value=2**53),
@@ -71,6 +81,7 @@ def test_round_trip_property(attempt: int, at: int, task: str) -> None:
         ({**encode(ENTRY), "attempt": "\u00b2"}, "bad_field"),  # "²": isdigit, but not int
         ({**encode(ENTRY), "scheduled_for_ms": "\u0661"}, "bad_field"),  # Arabic-Indic 1
         ({**encode(ENTRY), "surprise": "x"}, "bad_field"),
+        ({**encode(ENTRY), "redeliveries": "-1"}, "bad_field"),
         ({k: v for k, v in encode(ENTRY).items() if k != "agent"}, "bad_field"),
         ({b"v": b"1", b"instance_id": b"\xff\xfe"}, "bad_encoding"),
         ({**encode(ENTRY), "trace_id": "x" * (MAX_ENTRY_BYTES + 1)}, "oversize"),
@@ -84,7 +95,9 @@ def test_malformed_entries_name_their_reason(fields: dict[object, object], reaso
 
 @given(
     changes=st.dictionaries(
-        st.sampled_from(["attempt", "scheduled_for_ms", "emitted_at_ms", "v", "agent", "x"]),
+        st.sampled_from(
+            ["attempt", "scheduled_for_ms", "emitted_at_ms", "redeliveries", "v", "agent", "x"]
+        ),
         st.text(max_size=8),
         max_size=3,
     )

@@ -45,6 +45,19 @@ POISON = FailClass.POISON
         (EntryFacts(0, 1, False), row(Status.PENDING, 0), Action.REDELIVER),
         (EntryFacts(0, 1, True), row(Status.PENDING, 0), Action.LEAVE),
         (EntryFacts(0, 6, False), row(Status.PENDING, 0), Action.POISON),
+        # Deliveries of the entries this one replaced count: consumers that died unclaimed.
+        (
+            EntryFacts(0, 1, False, earlier_deliveries=4),
+            row(Status.DISPATCHED, 0),
+            Action.REDELIVER,
+        ),
+        (EntryFacts(0, 1, False, earlier_deliveries=5), row(Status.DISPATCHED, 0), Action.POISON),
+        (
+            EntryFacts(0, 1, True, earlier_deliveries=9),
+            row(Status.RUNNING, 1, NOW + 1),
+            Action.LEAVE,
+        ),
+        (EntryFacts(0, 1, False, earlier_deliveries=5), row(Status.RUNNING, 1), Action.POISON),
         # A live run is never poison, however often its entry was read.
         (EntryFacts(0, 6, True), row(Status.RUNNING, 1, NOW + 1), Action.LEAVE),
         (EntryFacts(0, 6, True), row(Status.RUNNING, 1, NOW), Action.POISON),
