@@ -84,16 +84,28 @@ class UpstreamGate:
         return self._configs.get(name, self._default)
 
     async def admit(self, upstreams: Sequence[str]) -> int | None:
-        """None when the run may call every upstream now; else the wait (ms) before retrying."""
+        """None when the run may call every upstream now; else the wait (ms) before retrying.
+        A refusal hands back the half-open probes this call took for the upstreams before the
+        refusing one: no call goes out, and a kept probe would refuse everyone else until its
+        `probe_timeout_ms` passed."""
+        probes: list[str] = []
         for name in upstreams:
-            wait_ms = await self.admit_one(name)
+            wait_ms, probe = await self._admit(name)
             if wait_ms is not None:
+                for taken in probes:
+                    await self._breakers.record(taken, Outcome.IGNORE, self.config(taken))
                 return wait_ms
+            if probe:
+                probes.append(name)
         return None
 
     async def admit_one(self, name: str) -> int | None:
         """Admit one call to `name`: None when it may go now (a breaker probe or a window slot
         is taken), else the wait (ms, >= 1) before asking again."""
+        return (await self._admit(name))[0]
+
+    async def _admit(self, name: str) -> tuple[int | None, bool]:
+        """`admit_one`'s answer, and whether a half-open probe was taken for the call."""
         await self._reload()
         cfg = self.config(name)
         decision = await self._breakers.admit(name, cfg)
@@ -101,10 +113,10 @@ class UpstreamGate:
         if not decision.allowed:
             wait_ms = refused_wait_ms(decision, cfg)
             self._log.info("upstream.breaker_refused", upstream=name, retry_after_ms=wait_ms)
-            return wait_ms
+            return wait_ms, False
         limits = self._limits.get(name)
         if limits is None:
-            return None
+            return None, decision.probe
         admission = await self._limiter.acquire(name, *limits)
         if not admission.allowed:
             self._log.info(
@@ -112,8 +124,8 @@ class UpstreamGate:
             )
             if decision.probe:  # hand the half-open probe slot back: no call goes out
                 await self._breakers.record(name, Outcome.IGNORE, cfg)
-            return max(1, admission.retry_after_ms)
-        return None
+            return max(1, admission.retry_after_ms), False
+        return None, decision.probe
 
     async def record_call(self, name: str, outcome: Outcome) -> int | None:
         """Record one call's `outcome` in `name`'s breaker. A failure that leaves the breaker

@@ -141,6 +141,29 @@ async def test_a_half_open_probe_refused_by_the_limiter_is_handed_back(
     assert (state.status, state.probes_admitted) == (BreakerStatus.HALF_OPEN, 0)
 
 
+async def test_a_probe_taken_for_one_upstream_is_handed_back_when_the_next_refuses(
+    limits: SqlStore, redis: streams.Redis, keys: Keys
+) -> None:
+    """A run declares `api` (half-open) and `full` (no slot left): `api`'s probe, taken
+    first, is given back, so `api` is not refused for a probe that never went out."""
+    await limits.upsert_upstreams(
+        {
+            "api": {"limit": 2, "window": 60.0, "burst": None},
+            "full": {"limit": 1, "window": 60.0, "burst": None},
+        }
+    )
+    gate = make_gate(limits, redis, keys, failure_threshold=1, cooldown_ms=1, probes=1)
+    assert await gate.record_call("api", Outcome.FAILURE) is not None
+    opened = await breaker(redis, keys)
+    assert opened.status is BreakerStatus.OPEN
+    await RedisRig(redis, keys).wait_until_ms(opened.since_ms + 1)
+    assert await gate.admit_one("full") is None  # takes `full`'s only slot
+    assert await gate.admit(["api", "full"]) is not None
+    state = await breaker(redis, keys)
+    assert (state.status, state.probes_admitted) == (BreakerStatus.HALF_OPEN, 0)
+    assert await gate.admit_one("api") is None  # the probe is there to take
+
+
 async def test_check_false_returns_error_responses_but_still_records_them(
     limits: SqlStore, redis: streams.Redis, keys: Keys
 ) -> None:
