@@ -12,24 +12,23 @@ a rejected write means another scheduler leads now and raises `Fenced`.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from taskstream.core.errors import QueueUnavailable, TaskstreamError
 from taskstream.core.logging import get_logger
 from taskstream.core.outbox import Outbox
 from taskstream.core.preconditions import Check, CheckResult, evaluate
-from taskstream.core.spec import MAX_DEDUPE_KEY_LEN, TaskSpec, instance_id_for
-from taskstream.core.states import Status
-from taskstream.core.store.port import DecisionRow, NewInstance, Store
+from taskstream.core.spec import TaskSpec
+from taskstream.core.store.port import DecisionRow, Store
 from taskstream.scheduler.catchup import bound_missed, catchup_horizon_ms, plan_catchup
 from taskstream.scheduler.decide import (
     MISSED,
-    SKIP_DUPLICATED,
     ActiveInstance,
     Decision,
     TickFacts,
     decide_tick,
 )
+from taskstream.scheduler.emit import emit_tick, record_missed
 from taskstream.scheduler.hold import (
     UpstreamHolds,
     held_upstreams,
@@ -38,7 +37,7 @@ from taskstream.scheduler.hold import (
     is_held,
     released,
 )
-from taskstream.scheduler.instances import business_date_of, new_instance
+from taskstream.scheduler.instances import business_date_of
 from taskstream.scheduler.recall import RECALL_LIMIT, recall
 from taskstream.scheduler.replace import cancel_previous
 from taskstream.scheduler.ticks import Trigger, fire_times, next_fire
@@ -250,7 +249,7 @@ class Advancer:
         if decision.runs:
             decision, instance_id = await self._run(spec, fire_ms, decision, now_ms, state)
         elif decision.decision == MISSED:
-            instance_id = await self._skipped(spec, fire_ms, now_ms)
+            instance_id = await record_missed(self._store, spec, fire_ms)
         await self._done(spec, fire_ms, decision, instance_id, now_ms, state)
 
     async def _done(
@@ -277,29 +276,13 @@ class Advancer:
     async def _run(
         self, spec: TaskSpec, fire_ms: int, decision: Decision, now_ms: int, state: TaskState
     ) -> tuple[Decision, str]:
-        """Emit the tick's instance; returns the decision as emitting it turned out, which is
-        kept in `state` until it is recorded."""
-        emitted = await self._outbox.emit(new_instance(spec, fire_ms), now_ms=now_ms)
-        if emitted.outcome == "duplicate":
-            details = {**decision.details, "existing_status": str(emitted.status)}
-            decision = Decision(SKIP_DUPLICATED, "an instance with this dedupe key exists", details)
-        elif emitted.outcome == "unpublished":
-            # Created but not on a stream (Redis failed): the reconciler publishes it.
-            decision = replace(decision, details={**decision.details, "outcome": "unpublished"})
-        state.emitted[fire_ms] = (decision, emitted.instance_id)
-        return decision, emitted.instance_id
-
-    async def _skipped(self, spec: TaskSpec, fire_ms: int, now_ms: int) -> str | None:
-        """A missed fire time leaves a SKIPPED instance (reason `missed`) for the record,
-        created SKIPPED in one transaction: a PENDING one would be published, and so run, by
-        the reconciler. A row an earlier version left PENDING is moved on too."""
-        new = missed_instance(spec, fire_ms)
-        created = await self._store.create_instance(new, skipped=MISSED)
-        if not created.created:
-            await self._store.transition(
-                created.instance_id, Status.PENDING, Status.SKIPPED, reason=MISSED
-            )
-        return created.instance_id
+        """Emit the tick's instance; the decision as emitting it turned out is kept in `state`
+        until it is recorded."""
+        decision, instance_id = await emit_tick(
+            self._store, self._outbox, spec, fire_ms, decision, now_ms
+        )
+        state.emitted[fire_ms] = (decision, instance_id)
+        return decision, instance_id
 
     async def _record(
         self, spec: TaskSpec, fire_ms: int, decision: Decision, instance_id: str | None, now_ms: int
@@ -321,14 +304,6 @@ class Advancer:
             decision=decision.decision,
             instance_id=instance_id,
         )
-
-
-def missed_instance(spec: TaskSpec, fire_ms: int) -> NewInstance:
-    """The record of a missed fire time: created PENDING, then moved to SKIPPED. Its dedupe
-    key is prefixed `missed:` so an explicit backfill can still run the tick."""
-    base = new_instance(spec, fire_ms, reason=MISSED)
-    key = f"missed:{base.dedupe_key}"[:MAX_DEDUPE_KEY_LEN]
-    return replace(base, id=instance_id_for(key), dedupe_key=key)
 
 
 def _why(decision: Decision) -> tuple[str, tuple[str, ...]]:

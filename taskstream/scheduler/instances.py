@@ -23,11 +23,15 @@ def trigger_of(spec: TaskSpec) -> Trigger | None:
     return Trigger(every_ms=round((sched.every or 0) * 1000))
 
 
+SCHEDULED = "scheduled"
+"""The creation reason of an instance a scheduler pass makes for a tick."""
+
+
 def new_instance(
     spec: TaskSpec,
     fire_ms: int,
     *,
-    reason: str = "scheduled",
+    reason: str = SCHEDULED,
     payload: dict[str, Any] | None = None,
 ) -> NewInstance:
     """The PENDING row for one fire time of `spec` (with `payload` instead of the spec's when

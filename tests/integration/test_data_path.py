@@ -113,6 +113,33 @@ async def test_two_schedulers_on_one_tick_make_one_instance(
     assert await redis.xlen(keys.stream(Priority.DEFAULT)) == 1
 
 
+@pytest.mark.parametrize(
+    ("reason", "recorded"), [("scheduled", "should_run"), ("backfill", "skip_duplicated")]
+)
+async def test_a_tick_created_by_a_pass_that_stopped_before_recording_it_is_recorded_as_run(
+    store: SqlStore, redis: streams.Redis, keys: Keys, reason: str, recorded: str
+) -> None:
+    """A pass creates and publishes the tick's instance, then stops before its decision is
+    written. The next pass records `should_run` naming that instance (it is the tick's own),
+    where an instance a backfill made for the same key stays `skip_duplicated`."""
+    await apply(store)
+    await streams.ensure_groups(redis, keys)
+    clock = FixedClock(T0 + 1)
+    sched = scheduler(store, redis, keys, clock)
+    await sched.run_pass()
+    spec = next(t for t in parse_task_file_text(TASKS, "t.yaml").tasks if t.id == "every10")
+    outbox = Outbox(store, redis, keys)
+    made = await outbox.emit(new_instance(spec, T0 + 10_000, reason=reason), now_ms=T0 + 10_000)
+    clock.set(T0 + 10_000)
+    await scheduler(store, redis, keys, clock).run_pass()
+    [row] = await store.list_instances(task_id="every10")
+    assert row.id == made.instance_id
+    [decision] = await store.decisions("every10")
+    assert (decision.decision, decision.instance_id) == (recorded, row.id)
+    assert decision.details.get("recorded_after_creation", False) is (reason == "scheduled")
+    assert await redis.xlen(keys.stream(Priority.DEFAULT)) == 1
+
+
 async def test_a_late_tick_is_caught_up_by_default(
     store: SqlStore, redis: streams.Redis, keys: Keys
 ) -> None:

@@ -20,7 +20,7 @@ from taskstream.core.store.sql import SqlStore
 from taskstream.core.store.sql_engine import make_engine
 from taskstream.core.store.urls import normalize_url
 from taskstream.scheduler import decide
-from taskstream.scheduler.advance import missed_instance
+from taskstream.scheduler.emit import missed_instance
 from taskstream.scheduler.leader import LeaderLease
 from taskstream.scheduler.service import Scheduler, SchedulerConfig
 from tests.integration.harness import Harness

@@ -1,0 +1,69 @@
+"""What a final decision makes in the store: the tick's instance (through the outbox) for a
+run, a SKIPPED record for a missed fire time.
+
+Emitting finds a duplicate when the tick's dedupe key exists. That is the tick's own instance,
+not a duplicate, when a scheduler pass created it (reason `scheduled`) and stopped, or lost
+its lease, before recording its decision: no decision names it, so this one does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from taskstream.core.outbox import Outbox
+from taskstream.core.spec import MAX_DEDUPE_KEY_LEN, TaskSpec, instance_id_for
+from taskstream.core.states import Status
+from taskstream.core.store.port import NewInstance, Store
+from taskstream.scheduler.decide import MISSED, SKIP_DUPLICATED, Decision
+from taskstream.scheduler.instances import SCHEDULED, new_instance
+
+EXISTS = "an instance with this dedupe key exists"
+RECENT_DECISIONS = 50
+"""Decisions read from the tick's fire time on to find one naming its instance."""
+
+
+async def emit_tick(
+    store: Store, outbox: Outbox, spec: TaskSpec, fire_ms: int, decision: Decision, now_ms: int
+) -> tuple[Decision, str]:
+    """Emit the tick's instance; returns the decision as emitting it turned out (a duplicate
+    is `skip_duplicated`; an instance created but not published says so) and the instance."""
+    emitted = await outbox.emit(new_instance(spec, fire_ms), now_ms=now_ms)
+    if emitted.outcome == "duplicate":
+        details = {**decision.details, "existing_status": str(emitted.status)}
+        if await _unrecorded(store, spec.id, fire_ms, emitted.instance_id):
+            details["recorded_after_creation"] = True
+            decision = replace(decision, details=details)
+        else:
+            decision = Decision(SKIP_DUPLICATED, EXISTS, details)
+    elif emitted.outcome == "unpublished":
+        # Created but not on a stream (Redis failed): the reconciler publishes it.
+        decision = replace(decision, details={**decision.details, "outcome": "unpublished"})
+    return decision, emitted.instance_id
+
+
+async def _unrecorded(store: Store, task_id: str, fire_ms: int, instance_id: str) -> bool:
+    """Whether `instance_id` is the one a scheduler pass creates for this tick (reason
+    `scheduled`, not a backfill's or a manual trigger's) and no decision names it."""
+    history = await store.history(instance_id)
+    if not history or history[0].reason != SCHEDULED:
+        return False
+    recorded = await store.decisions(task_id, since_ms=fire_ms, limit=RECENT_DECISIONS)
+    return not any(d.instance_id == instance_id for d in recorded)
+
+
+async def record_missed(store: Store, spec: TaskSpec, fire_ms: int) -> str:
+    """A missed fire time leaves a SKIPPED instance (reason `missed`) for the record, created
+    SKIPPED in one transaction: a PENDING one would be published, and so run, by the
+    reconciler. A row an earlier version left PENDING is moved on too."""
+    created = await store.create_instance(missed_instance(spec, fire_ms), skipped=MISSED)
+    if not created.created:
+        await store.transition(created.instance_id, Status.PENDING, Status.SKIPPED, reason=MISSED)
+    return created.instance_id
+
+
+def missed_instance(spec: TaskSpec, fire_ms: int) -> NewInstance:
+    """The record of a missed fire time (created SKIPPED). Its dedupe key is prefixed
+    `missed:` so an explicit backfill can still run the tick."""
+    base = new_instance(spec, fire_ms, reason=MISSED)
+    key = f"missed:{base.dedupe_key}"[:MAX_DEDUPE_KEY_LEN]
+    return replace(base, id=instance_id_for(key), dedupe_key=key)
