@@ -6,8 +6,8 @@ their history row in the same transaction; a lost race is a `CasResult(ok=False,
 never an exception. Transitions are checked against the state table before any SQL is sent.
 Leases and timestamps come from the database clock. Driver errors surface as
 `StoreUnavailable` / `StoreError` naming the redacted URL. The SQL lives in `sql_instances`,
-`sql_batch`, `sql_finishes`, `sql_queries` and `sql_definitions`; the methods here own the
-transactions.
+`sql_batch`, `sql_finishes`, `sql_queries` and `sql_definitions`; the methods here, and those
+of the mixins `sql_tasks`, `sql_outbox` and `sql_scheduling`, own the transactions.
 """
 
 from __future__ import annotations
@@ -19,10 +19,8 @@ from typing import Any, Self
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from taskstream.core.errors import StoreError
 from taskstream.core.states import FailClass, Status, check_transition
 from taskstream.core.store import sql_batch as batch
-from taskstream.core.store import sql_definitions as defs
 from taskstream.core.store import sql_finishes as finishes
 from taskstream.core.store import sql_instances as rows
 from taskstream.core.store import sql_queries as queries
@@ -32,8 +30,6 @@ from taskstream.core.store.port import (
     Claim,
     Claimed,
     ClaimRequest,
-    DecisionRow,
-    DefinitionRecord,
     FinishRequest,
     HistoryRow,
     InstanceRow,
@@ -48,12 +44,11 @@ from taskstream.core.store.sql_engine import (
 from taskstream.core.store.sql_outbox import OutboxMethods
 from taskstream.core.store.sql_prepared import CoreRunner, Runner
 from taskstream.core.store.sql_scheduling import SchedulingMethods
+from taskstream.core.store.sql_tasks import DefinitionMethods
 from taskstream.core.store.urls import normalize_url, redact_url
 
-_CREATE_TRIES = 3
 
-
-class SqlStore(OutboxMethods, SchedulingMethods):
+class SqlStore(DefinitionMethods, OutboxMethods, SchedulingMethods):
     """The SQL adapter of `taskstream.core.store.port.Store`. Build it with `connect`."""
 
     def __init__(self, engine: AsyncEngine, *, display_url: str) -> None:
@@ -120,52 +115,6 @@ class SqlStore(OutboxMethods, SchedulingMethods):
         """The database clock, UTC epoch milliseconds."""
         async with self._read() as conn:
             return int((await conn.execute(select(db_now_ms()))).scalar_one())
-
-    # definitions
-
-    async def upsert_definitions(self, records: list[DefinitionRecord]) -> dict[str, str]:
-        """Insert or update; task_id -> "created" | "updated" | "unchanged". `paused` is only
-        taken from a record when the definition is created."""
-        last: ConstraintViolation | None = None
-        for _ in range(_CREATE_TRIES):
-            try:
-                async with self._write() as conn:
-                    return await defs.upsert(conn, records)
-            except ConstraintViolation as exc:  # a concurrent apply inserted the same task first
-                last = exc
-        raise StoreError(f"definitions kept conflicting: {last}") from last
-
-    async def list_definitions(self) -> list[DefinitionRecord]:
-        """Every definition, by task id."""
-        async with self._read() as conn:
-            return await defs.list_all(conn)
-
-    async def definitions_version(self) -> str:
-        """Changes whenever any definition is added, changed or paused."""
-        async with self._read() as conn:
-            return await defs.version(conn)
-
-    async def set_paused(self, task_id: str, paused: bool) -> bool:
-        """Pause or resume; False when the task is not defined."""
-        async with self._write() as conn:
-            return await defs.set_paused(conn, task_id, paused)
-
-    async def get_cursor(self, task_id: str) -> int | None:
-        """The last fire time (ms) the scheduler has decided for this task."""
-        async with self._read() as conn:
-            return await defs.get_cursor(conn, task_id)
-
-    async def max_cursor_token(self) -> int | None:
-        """The largest leader token any cursor was written with; None when none was."""
-        async with self._read() as conn:
-            return await defs.max_cursor_token(conn)
-
-    async def set_cursor(
-        self, task_id: str, fire_time_ms: int, *, token: int | None = None
-    ) -> bool:
-        """Store the cursor, fenced by `token` when given (see the port)."""
-        async with self._write() as conn:
-            return await defs.set_cursor(conn, task_id, fire_time_ms, token)
 
     # instances
 
@@ -354,17 +303,3 @@ class SqlStore(OutboxMethods, SchedulingMethods):
         entry, another add is a no-op."""
         async with self._write() as conn:
             await queries.add_review(conn, instance_id, reason)
-
-    # explain log
-
-    async def record_decision(self, row: DecisionRow) -> None:
-        """Append a scheduling decision (`decided_at_ms <= 0`: the database clock's now)."""
-        async with self._write() as conn:
-            await defs.record_decision(conn, row)
-
-    async def decisions(
-        self, task_id: str, *, since_ms: int | None = None, limit: int = 100
-    ) -> list[DecisionRow]:
-        """Decisions oldest first: from `since_ms` on, or the latest `limit` without it."""
-        async with self._read() as conn:
-            return await defs.decisions(conn, task_id, since_ms, limit)
