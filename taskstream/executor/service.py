@@ -88,6 +88,9 @@ class Executor:
         self._recheck = False
         """A Redis call failed: a read's reply may have been lost after Redis delivered its
         entries to us, so our own pending list is read before anything new."""
+        self._offered: set[tuple[str, str]] = set()
+        """Own pending entries this recheck has offered to intake: intake may leave some (a
+        duplicate of a run another consumer holds), and they are not offered again."""
         self._heartbeat = Heartbeat(
             deps.store,
             deps.redis,
@@ -196,18 +199,25 @@ class Executor:
 
     async def _unseen(self, free: int) -> list[streams.Delivery]:
         """Our pending entries that no run of ours holds: delivered by a read whose reply was
-        lost. At most `free` of them (the oldest); the rest wait for the next step."""
+        lost. At most `free` of them (the oldest not yet offered); the rest wait for the next
+        step. The recheck ends once none is left, even when intake left some in the list."""
         held = self._heartbeat.entries()
         own = await admin.read_own(
-            self._deps.redis, self._deps.keys, self._config.consumer, count=len(held) + free
+            self._deps.redis,
+            self._deps.keys,
+            self._config.consumer,
+            count=len(held) + len(self._offered) + free + 1,
         )
-        self._recheck = False
-        unseen = [d for d in own if (d.stream, d.entry_id) not in held]
-        if len(unseen) > free:
-            self._recheck = True
-        if unseen:
-            self._log.warning("executor.unseen_entries", count=len(unseen))
-        return unseen[:free]
+        seen = held | self._offered
+        unseen = [d for d in own if (d.stream, d.entry_id) not in seen]
+        taken = unseen[:free]
+        self._recheck = len(unseen) > free
+        self._offered = self._offered | {(d.stream, d.entry_id) for d in taken}
+        if not self._recheck:
+            self._offered = set()
+        if taken:
+            self._log.warning("executor.unseen_entries", count=len(taken))
+        return taken
 
     async def _execute(self, run: Run) -> None:
         queued = False

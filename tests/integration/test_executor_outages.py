@@ -20,15 +20,16 @@ from taskstream.core.errors import StoreUnavailable
 from taskstream.core.protocol import GROUP, Keys, Priority
 from taskstream.core.specfile import parse_task_file_text
 from taskstream.core.states import Status
-from taskstream.core.store.port import CasResult, FinishRequest
+from taskstream.core.store.port import CasResult, ClaimRequest, FinishRequest
 from taskstream.core.store.sql import SqlStore
 from taskstream.executor.service import Executor, ExecutorConfig, ExecutorDeps
 from tests.agents import Params
 from tests.integration import outages
-from tests.integration.harness import Harness, Running, until
+from tests.integration.harness import T0, Harness, Running, until
 from tests.integration.outages import (
     CLAIM_READ,
     FINISH_UPDATE,
+    GATED,
     TASKS,
     Gate,
     claimed_unrun,
@@ -110,6 +111,44 @@ async def test_an_entry_whose_read_reply_was_lost_is_found_in_the_pending_list(
     history = await h.store.history(row.id)
     assert [x.owner for x in history if x.to_status is Status.RUNNING] == ["c1"]
     assert (await h.redis.xpending(lost.stream, GROUP))["pending"] == 0
+
+
+async def test_after_a_redis_error_duplicates_left_in_the_pending_list_do_not_stall_reading(
+    outage: Harness, redis_url: str
+) -> None:
+    """Three duplicates of runs another consumer holds sit in c1's pending list, older than
+    its one running entry. After a Redis error c1 reads its own list: intake leaves the
+    duplicates, and c1 goes back to reading new work instead of offering them again for ever
+    (no sweeper runs here to ack them)."""
+    h = outage
+    dups = [await h.trigger(TASKS, "quick", T0 + i) for i in range(3)]
+    claims = [ClaimRequest(r.id, 0, 60) for r in dups]
+    assert len(await h.store.claim_many(claims, owner="other")) == 3
+    assert len(await streams.read(h.redis, h.keys, "c1", count=3, block_ms=10)) == 3
+    gate = Gate()
+    registry = default_registry(h.registry_modules)
+    registry.register(FunctionAgent(name="gated", params_model=Params, fn=gate.run))
+    taskfile = parse_task_file_text(GATED, "gated.yaml", known_agents=registry.names())
+    await h.store.upsert_definitions(to_records(taskfile))
+    held = await h.trigger(GATED, "gated")
+    name = f"tstest-executor-{h.keys.namespace}"
+    client = aioredis.Redis.from_url(redis_url, client_name=name)
+    deps = ExecutorDeps(h.store, client, h.keys, registry, h.clock, Random(7))
+    ex = Running(Executor(deps, ExecutorConfig(consumer="c1", block_ms=2000, concurrency=2)))
+    try:
+        await asyncio.wait_for(gate.started.wait(), timeout=20)
+        await kill_blocked(h.redis, name)
+        fresh = await h.trigger(TASKS, "quick", T0 + 10)
+        await settled(h, fresh.id)
+        gate.release.set()
+        await settled(h, held.id)
+    finally:
+        gate.release.set()
+        await ex.close()
+        await client.aclose()
+    for row in dups:
+        found = await h.store.get_instance(row.id)
+        assert found is not None and (found.status, found.lease_owner) == (Status.RUNNING, "other")
 
 
 async def test_a_finished_run_whose_commit_failed_is_committed_once_the_store_answers(
