@@ -8,6 +8,7 @@ its lease, before recording its decision: no decision names it, so this one does
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 from taskstream.core.outbox import Outbox
@@ -42,13 +43,19 @@ async def emit_tick(
 
 
 async def _unrecorded(store: Store, task_id: str, fire_ms: int, instance_id: str) -> bool:
-    """Whether `instance_id` is the one a scheduler pass creates for this tick (reason
-    `scheduled`, not a backfill's or a manual trigger's) and no decision names it."""
+    """Reads the facts for `unrecorded_own`: the instance's creation and the tick's decisions."""
     history = await store.history(instance_id)
-    if not history or history[0].reason != SCHEDULED:
+    if not history:
         return False
     recorded = await store.decisions(task_id, since_ms=fire_ms, limit=RECENT_DECISIONS)
-    return not any(d.instance_id == instance_id for d in recorded)
+    return unrecorded_own(history[0].reason, [d.instance_id for d in recorded], instance_id)
+
+
+def unrecorded_own(created_reason: str, named: Sequence[str | None], instance_id: str) -> bool:
+    """Whether the existing `instance_id` is the one a scheduler pass creates for this tick
+    (created with reason `scheduled`, not by a backfill or a manual trigger) and none of the
+    tick's recorded decisions (`named`: the instance each names) names it."""
+    return created_reason == SCHEDULED and instance_id not in named
 
 
 async def record_missed(store: Store, spec: TaskSpec, fire_ms: int) -> str:
