@@ -1,8 +1,10 @@
-"""Migrations build exactly the schema `tables.py` declares, the database clock is sane, and
-an unreachable database is a `StoreUnavailable` that does not leak the password."""
+"""Migrations build exactly the schema `tables.py` declares (the generated `in_flight` column
+included), the database clock is sane, and an unreachable database is a `StoreUnavailable`
+that does not leak the password."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import threading
 import time
@@ -15,13 +17,16 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Column, Integer, MetaData, Table, text
+from sqlalchemy import Column, Integer, MetaData, Table, select, text
 from sqlalchemy.engine import Connection, make_url
 
 from taskstream.core.errors import StoreError, StoreUnavailable
+from taskstream.core.states import SETTLED, Status
 from taskstream.core.store.migrate import alembic_config, current_revision, upgrade
 from taskstream.core.store.sql import SqlStore
-from taskstream.core.store.tables import metadata
+from taskstream.core.store.tables import IN_FLIGHT, IN_FLIGHT_SQL, metadata
+from taskstream.core.store.tables import task_instances as inst
+from tests.contract.conftest import Advance, MakeNew
 from tests.support.databases import admin_url, available_kinds
 
 HEAD = ScriptDirectory.from_config(alembic_config()).get_current_head()
@@ -55,7 +60,7 @@ async def test_upgrade_is_idempotent_and_reports_head(
     # Nothing may depend on the working directory (no alembic.ini, no relative paths).
     monkeypatch.chdir(tmp_path)
 
-    assert HEAD == "0003"
+    assert HEAD == "0004"
     assert await current_revision(db_url) == HEAD
     await upgrade(db_url)
     assert await current_revision(db_url) == HEAD
@@ -166,3 +171,61 @@ async def test_sessions_are_set_up_per_dialect(store: SqlStore) -> None:
             assert await conn.get_isolation_level() == "READ COMMITTED"
         if dialect == "mysql":
             assert (await conn.exec_driver_sql("SELECT @@session.time_zone")).scalar() == "+00:00"
+
+
+async def _in_flight(store: SqlStore) -> dict[str, object]:
+    async with store.engine.connect() as conn:
+        found = await conn.execute(select(inst.c.id, inst.c.in_flight).order_by(inst.c.id))
+        return {str(i): flag for i, flag in found.all()}
+
+
+async def test_in_flight_is_one_exactly_until_the_instance_settles(
+    store: SqlStore, make_new: MakeNew, advance: Advance
+) -> None:
+    for status in Status:
+        await store.create_instance(make_new(status.value))
+        await advance(f"inst-{status.value}", status)
+
+    flags = await _in_flight(store)
+
+    assert flags == {f"inst-{s.value}": (None if s in SETTLED else 1) for s in Status}, (
+        "generated from the status on every write, never written itself"
+    )
+    assert set(IN_FLIGHT) == set(Status) - SETTLED
+
+
+async def test_upgrade_to_0004_computes_in_flight_for_existing_rows(
+    db_url: str, make_new: MakeNew
+) -> None:
+    def to_0003(connection: Connection) -> None:
+        command.downgrade(alembic_config(connection), "0003")
+
+    store = await SqlStore.connect(db_url)
+    try:
+        async with store.engine.begin() as conn:
+            await conn.run_sync(to_0003)
+        await store.create_instance(make_new("open"))
+        await store.create_instance(make_new("done"))
+        async with store.engine.begin() as conn:
+            await conn.execute(
+                text("UPDATE task_instances SET status = 'SUCCESS' WHERE id = 'inst-done'")
+            )
+
+        await upgrade(db_url)
+
+        assert await _in_flight(store) == {"inst-done": None, "inst-open": 1}
+        stale = await store.stale([Status.PENDING], updated_before_ms=2**62, limit=10)
+        assert [r.id for r in stale] == ["inst-open"]
+    finally:
+        await store.close()
+
+
+def test_the_migration_keeps_the_generation_expression_of_tables() -> None:
+    path = Path(__file__).parents[2] / "taskstream/core/store/migrations/versions"
+    module = ast.parse((path / "0004_in_flight.py").read_text())
+    written = next(
+        ast.literal_eval(node.value)
+        for node in module.body
+        if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "IN_FLIGHT_SQL"
+    )
+    assert written == IN_FLIGHT_SQL

@@ -24,8 +24,8 @@ from taskstream.core.store import sql_templates as templates
 from taskstream.core.store.dbclock import db_now_ms
 from taskstream.core.store.port import InstanceRow
 from taskstream.core.store.sql_prepared import Runner
+from taskstream.core.store.tables import IN_FLIGHT, review_queue, side_effects
 from taskstream.core.store.tables import instance_history as hist
-from taskstream.core.store.tables import review_queue, side_effects
 from taskstream.core.store.tables import task_instances as inst
 
 CHUNK = 200
@@ -187,10 +187,14 @@ async def instances(conn: AsyncConnection, ids: Sequence[str]) -> list[InstanceR
 
 async def due_retries(conn: AsyncConnection, now_ms: int, limit: int) -> list[InstanceRow]:
     """RETRYING rows with `next_attempt_at_ms <= now_ms`, earliest due first (then id), at most
-    `limit`. Served by the (status, next_attempt_at_ms) index."""
+    `limit`. Served by the (in_flight, next_attempt_at_ms) index."""
     stmt = (
         select(inst)
-        .where(inst.c.status == Status.RETRYING.value, inst.c.next_attempt_at_ms <= now_ms)
+        .where(
+            inst.c.in_flight == 1,
+            inst.c.next_attempt_at_ms <= now_ms,
+            inst.c.status == Status.RETRYING.value,
+        )
         .order_by(inst.c.next_attempt_at_ms, inst.c.id)
         .limit(max(limit, 0))
     )
@@ -206,15 +210,16 @@ async def stale(
 ) -> list[InstanceRow]:
     """Rows in `statuses` whose `updated_at_ms < updated_before_ms`, least recently updated
     first (then id), at most `limit`; only those past `after` ((updated_at_ms, id)) when
-    given, so a caller can page through all of them."""
+    given, so a caller can page through all of them. In-flight statuses are found through the
+    `in_flight` index; settled ones need a scan."""
     if not statuses:
         return []
+    wanted: ColumnElement[bool] = inst.c.status.in_([s.value for s in statuses])
+    if set(statuses) <= set(IN_FLIGHT):
+        wanted = and_(inst.c.in_flight == 1, wanted)
     stmt = (
         select(inst)
-        .where(
-            inst.c.status.in_([s.value for s in statuses]),
-            inst.c.updated_at_ms < updated_before_ms,
-        )
+        .where(wanted, inst.c.updated_at_ms < updated_before_ms)
         .order_by(inst.c.updated_at_ms, inst.c.id)
         .limit(max(limit, 0))
     )

@@ -83,7 +83,9 @@ class SchedulingMethods:
     async def next_retry_at(self) -> int | None:
         """The earliest `next_attempt_at_ms` of any RETRYING row (ms), None when none waits."""
         stmt = select(func.min(inst.c.next_attempt_at_ms)).where(
-            inst.c.status == Status.RETRYING.value
+            inst.c.in_flight == 1,
+            inst.c.next_attempt_at_ms.is_not(None),
+            inst.c.status == Status.RETRYING.value,
         )
         async with self._read() as conn:
             value = (await conn.execute(stmt)).scalar_one_or_none()
@@ -93,7 +95,11 @@ class SchedulingMethods:
         """Instances of `task_id` not yet settled, oldest fire time first."""
         stmt = (
             select(inst)
-            .where(inst.c.task_id == task_id, inst.c.status.in_([s.value for s in ACTIVE]))
+            .where(
+                inst.c.task_id == task_id,
+                inst.c.in_flight == 1,
+                inst.c.status.in_([s.value for s in ACTIVE]),
+            )
             .order_by(inst.c.scheduled_for_ms, inst.c.id)
             .limit(limit)
         )

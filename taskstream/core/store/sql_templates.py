@@ -29,7 +29,7 @@ from taskstream.core.states import Status
 from taskstream.core.store import sql_codec as codec
 from taskstream.core.store.dbclock import db_now_ms
 from taskstream.core.store.sql_prepared import RowsTemplate, Template
-from taskstream.core.store.tables import OWNER_LEN, STATUS_LEN
+from taskstream.core.store.tables import INSTANCE_COLUMNS, OWNER_LEN, STATUS_LEN
 from taskstream.core.store.tables import instance_history as hist
 from taskstream.core.store.tables import task_instances as inst
 
@@ -85,7 +85,7 @@ def bind_lock(ids: Sequence[str]) -> Bound:
 def lock_rows(n: int) -> Template:
     """Whole rows of `n` ids and the database clock (`db_now_ms`), locked in id order."""
     stmt = (
-        select(inst, db_now_ms().label("db_now_ms"))
+        select(*INSTANCE_COLUMNS, db_now_ms().label("db_now_ms"))
         .where(inst.c.id.in_(_ids(n)))
         .order_by(inst.c.id)
         .with_for_update()

@@ -8,7 +8,13 @@ Dialect-neutral by construction:
   payload of up to 16 MiB fits.
 - MySQL tables are InnoDB, utf8mb4 with a binary collation, so keys compare byte for byte as they
   do on SQLite and PostgreSQL (`Daily` and `daily` are two dedupe keys everywhere).
-- `task_instances.status` is covered by the leftmost column of `(status, next_attempt_at_ms)`.
+- `task_instances.in_flight` is generated from `status`: 1 while the instance is not settled
+  (`IN_FLIGHT`), NULL once it is. Its index `(in_flight, next_attempt_at_ms)` finds the rows
+  the reconciler and the due-retry scan need without indexing `status` itself, so the hot
+  moves (PENDING -> DISPATCHED -> RUNNING) leave every secondary index alone and a run's
+  whole life changes it once, when it settles. Nothing writes it; every dialect computes it
+  (STORED on MySQL/MariaDB and PostgreSQL; VIRTUAL on SQLite, whose ALTER TABLE cannot add a
+  stored column).
 
 `migrations/versions` must produce exactly this schema; a contract test compares them.
 """
@@ -21,16 +27,20 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     Column,
+    Computed,
     ForeignKey,
     Index,
     Integer,
     MetaData,
+    SmallInteger,
     String,
     Table,
     Text,
 )
 from sqlalchemy.dialects import mysql
 from sqlalchemy.types import TypeEngine
+
+from taskstream.core.states import SETTLED, Status
 
 metadata = MetaData()
 
@@ -46,6 +56,14 @@ KEY_LEN = 255
 STATUS_LEN = 16
 OWNER_LEN = 255
 REASON_LEN = 500
+
+
+IN_FLIGHT: tuple[Status, ...] = tuple(sorted(set(Status) - SETTLED, key=lambda s: s.value))
+"""Statuses with work left to do automatically: `in_flight` is 1 for them, NULL otherwise."""
+IN_FLIGHT_SQL = "CASE WHEN status IN ({}) THEN 1 END".format(
+    ", ".join(f"'{s.value}'" for s in IN_FLIGHT)
+)
+"""The generation expression of `task_instances.in_flight` (constants only)."""
 
 
 def _json_text() -> TypeEngine[str]:
@@ -101,11 +119,15 @@ task_instances = Table(
     Column("trace_id", String(ID_LEN), nullable=False),
     _ms("created_at_ms"),
     _ms("updated_at_ms"),
+    Column("in_flight", SmallInteger(), Computed(IN_FLIGHT_SQL, persisted=True), nullable=True),
     Index("uq_task_instances_dedupe_key", "dedupe_key", unique=True),
     Index("ix_task_instances_task_id_scheduled", "task_id", "scheduled_for_ms"),
-    Index("ix_task_instances_status_next_attempt", "status", "next_attempt_at_ms"),
+    Index("ix_task_instances_in_flight_next_attempt", "in_flight", "next_attempt_at_ms"),
     **MYSQL_OPTIONS,
 )
+
+INSTANCE_COLUMNS = tuple(c for c in task_instances.c if c.computed is None)
+"""The columns a `task_instances` row is stored with (all but the generated `in_flight`)."""
 
 instance_history = Table(
     "instance_history",
