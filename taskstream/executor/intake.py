@@ -145,17 +145,29 @@ class Intake:
         try:
             return _Candidate(delivery, entry, self._registry.get(entry.agent))
         except UnknownAgent:
-            await self._store.transition(
-                entry.instance_id,
-                Status.DISPATCHED,
-                Status.FAILED,
-                reason="unknown_agent",
-                attempt=entry.attempt,
-                fail_class=FailClass.POISON,
-                error=f"unknown agent {entry.agent!r}",
-            )
-            await self.dead(delivery, "unknown_agent", entry.agent)
+            await self._unknown_agent(delivery, entry)
             return None
+
+    async def _unknown_agent(self, delivery: streams.Delivery, entry: WorkEntry) -> None:
+        """Fail the instance as poison and dead-letter the entry. A second entry of an
+        instance already settled (the first was dead-lettered, or ran) is a duplicate
+        delivery: acked, so one instance has one dead letter."""
+        moved = await self._store.transition(
+            entry.instance_id,
+            Status.DISPATCHED,
+            Status.FAILED,
+            reason="unknown_agent",
+            attempt=entry.attempt,
+            fail_class=FailClass.POISON,
+            error=f"unknown agent {entry.agent!r}",
+        )
+        if not moved.ok and moved.found in SETTLED:
+            await streams.ack(self._redis, delivery.stream, delivery.entry_id)
+            self._log.info(
+                "instance.duplicate_acked", instance_id=entry.instance_id, status=moved.found
+            )
+            return
+        await self.dead(delivery, "unknown_agent", entry.agent)
 
     async def _claim(self, candidates: list[_Candidate]) -> dict[str, Claimed]:
         requests = [

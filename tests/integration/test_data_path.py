@@ -210,6 +210,29 @@ async def test_unknown_agent_is_poison(store: SqlStore, redis: streams.Redis, ke
     assert fields[b"reason"] == b"unknown_agent"
 
 
+async def test_a_duplicate_entry_of_an_unknown_agent_is_acked_not_dead_lettered_again(
+    store: SqlStore, redis: streams.Redis, keys: Keys
+) -> None:
+    """The first entry fails the instance as poison and is dead-lettered; a second entry of
+    the same attempt (the sweeper's or the reconciler's republish) finds it settled."""
+    await apply(store)
+    await streams.ensure_groups(redis, keys)
+    spec = parse_task_file_text(TASKS, "t.yaml").tasks[1]
+    new = new_instance(spec, T0)
+    new = type(new)(**{**_fields(new), "agent": "nope"})
+    await Outbox(store, redis, keys).emit(new, now_ms=T0)
+    await drain(store, redis, keys)
+    await streams.publish(redis, keys, Priority.DEFAULT, _entry(new.id, agent="nope"))
+    await drain(store, redis, keys)
+
+    assert [f[b"reason"] for _, f in await _dead(redis, keys)] == [b"unknown_agent"]
+    stream = keys.stream(Priority.DEFAULT)
+    assert (await redis.xpending(stream, GROUP))["pending"] == 0
+    assert await redis.xlen(stream) == 0
+    history = await store.history(new.id)
+    assert [h.to_status for h in history].count(Status.FAILED) == 1
+
+
 async def test_a_duplicate_delivery_commits_once(
     store: SqlStore, redis: streams.Redis, keys: Keys
 ) -> None:
