@@ -7,7 +7,6 @@ chooses RETRYING (attempts left, class retries, next attempt before the deadline
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from random import Random
 from typing import Any
@@ -17,6 +16,7 @@ from taskstream.core.reasons import DEFERRED
 from taskstream.core.spec_parts import RetryPolicy
 from taskstream.core.states import FailClass, Status
 from taskstream.core.store.port import FinishRequest
+from taskstream.core.store.records import stored_json, utf8_size
 from taskstream.executor.retry import Failure, RetryDecision, decide
 
 MAX_ERROR_CHARS = 2000
@@ -28,6 +28,8 @@ class RunEnd:
 
     reason: str
     result: Any = None
+    result_json: str | None = None
+    """The result as the store keeps it (`stored_json`), encoded once when it was checked."""
     failure: Failure | None = None
     error: str | None = None
     fail_class: FailClass | None = None
@@ -45,17 +47,19 @@ in one statement (MariaDB's default packet limit is 16 MiB, counted in utf8mb4).
 
 
 def succeeded(result: Any) -> RunEnd:
-    """A run that returned. A result the store cannot keep (not JSON, not UTF-8 encodable,
-    over `MAX_RESULT_BYTES`) is a fatal failure, not a success: it would fail its commit
-    every time, and its batch with it."""
+    """A run that returned. Its result is encoded once, as the store keeps it. A result the
+    store cannot keep (not JSON, keys that do not sort, not UTF-8 encodable, over
+    `MAX_RESULT_BYTES`) is a fatal failure, not a success: it would fail its commit every
+    time, and its batch with it."""
     try:
-        size = len(json.dumps(result, allow_nan=False, ensure_ascii=False).encode("utf-8"))
+        text = None if result is None else stored_json(result)
+        size = 0 if text is None else utf8_size(text)
     except (TypeError, ValueError) as exc:  # UnicodeEncodeError is a ValueError
         return RunEnd("result_not_json", failure=Failure.FATAL, error=str(exc)[:200])
     if size > MAX_RESULT_BYTES:
         error = f"result is {size} bytes, limit {MAX_RESULT_BYTES}"
         return RunEnd("result_too_large", failure=Failure.FATAL, error=error)
-    return RunEnd("completed", result=result)
+    return RunEnd("completed", result=result, result_json=text)
 
 
 def failed(exc: BaseException) -> RunEnd:
@@ -131,6 +135,7 @@ def plan(attempt: Attempt, end: RunEnd, *, now_ms: int, rng: Random) -> Plan:
         result=end.result,
         error=end.error,
         owner=attempt.owner,
+        result_json=end.result_json,
     )
     if end.defer_ms is not None:
         return Plan(_deferral(base, attempt, end.defer_ms, now_ms, rng))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 
@@ -20,6 +19,7 @@ from taskstream.core.errors import QueueUnavailable, StoreUnavailable
 from taskstream.core.logging import get_logger
 from taskstream.core.states import FailClass
 from taskstream.core.store.port import Store
+from taskstream.core.store.records import stored_payload_bytes
 from taskstream.executor.admission import RunUpstreams, UpstreamGate
 from taskstream.executor.intake import Run
 from taskstream.executor.outcome import RunEnd, deferred, failed, final, succeeded
@@ -58,7 +58,7 @@ async def execute(run: Run, env: RunEnv) -> RunEnd:
             FailClass.EXHAUSTED,
             f"attempt {run.attempts_used} of at most {run.max_attempts}",
         )
-    size = len(json.dumps(row.payload))
+    size = stored_payload_bytes(run.claimed)
     if size > env.max_payload_bytes:
         return final(
             "payload_too_large",

@@ -18,6 +18,7 @@ from taskstream.core.errors import InvalidTransition
 from taskstream.core.states import FailClass, Status
 from taskstream.core.store import sql_queries
 from taskstream.core.store.port import CasResult, ClaimRequest, FinishRequest, InstanceRow
+from taskstream.core.store.records import stored_json
 from taskstream.core.store.sql import SqlStore
 from taskstream.core.store.tables import (
     instance_history,
@@ -331,6 +332,39 @@ async def test_a_finish_that_asks_for_review_queues_it_only_when_it_wins(
     assert queued == [(won, "unsure")]
     row = await store.get_instance(won)
     assert row is not None and (row.status, row.fail_class) == (Status.FAILED, review)
+
+
+async def test_a_result_encoded_by_the_caller_is_stored_as_given(
+    store: SqlStore, make_new: MakeNew, advance: Advance
+) -> None:
+    """`result_json` is kept as the text of the result, on the unread path (owner named) and
+    on the locking one, and reads back as the result."""
+    unread, unread_t = await _running(store, make_new, advance, "unread")
+    locked, locked_t = await _running(store, make_new, advance, "locked")
+    result = {"b": [1, 2.5], "a": "é"}
+    text = stored_json(result)
+    await store.finish_many(
+        [
+            FinishRequest(
+                unread,
+                unread_t,
+                Status.SUCCESS,
+                "completed",
+                result,
+                owner="exec-1",
+                result_json=text,
+            )
+        ]
+    )
+    await store.finish_many(
+        [FinishRequest(locked, locked_t, Status.SUCCESS, "completed", result, result_json=text)]
+    )
+    async with store.engine.connect() as conn:
+        stmt = select(task_instances.c.result).order_by(task_instances.c.id)
+        assert [r for (r,) in (await conn.execute(stmt)).all()] == [text, text]
+    for instance_id in (unread, locked):
+        row = await store.get_instance(instance_id)
+        assert row is not None and row.result == result
 
 
 async def test_finish_many_rejects_a_bad_batch_before_any_sql(

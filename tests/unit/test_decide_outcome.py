@@ -73,6 +73,21 @@ def test_a_result_the_store_cannot_keep_is_a_fatal_failure() -> None:
     assert succeeded("é" * (MAX_RESULT_BYTES // 2 - 1)).failure is None
 
 
+def test_keys_that_do_not_sort_are_a_fatal_failure() -> None:
+    """The store keeps JSON with sorted keys: a dict mixing int and str keys has no such
+    text, so it would fail its commit every time (and be retried until exhausted)."""
+    mixed = succeeded({1: "a", "b": 2})
+    assert (mixed.reason, mixed.failure) == ("result_not_json", Failure.FATAL)
+
+
+def test_a_result_is_encoded_once_as_the_store_keeps_it() -> None:
+    end = succeeded({"b": [1, 2.5], "a": "é"})
+    assert end.result_json == '{"a":"é","b":[1,2.5]}'
+    finish = plan(attempt(1), end, now_ms=0, rng=Random(0)).finish
+    assert (finish.result, finish.result_json) == (end.result, end.result_json)
+    assert succeeded(None).result_json is None
+
+
 def attempt(used: int, deadline_ms: int | None = None) -> Attempt:
     return Attempt("i1", token=used, attempts_used=used, policy=POLICY, deadline_ms=deadline_ms)
 

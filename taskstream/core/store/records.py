@@ -3,10 +3,25 @@ Times are UTC epoch milliseconds (`*_ms`)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from taskstream.core.states import FailClass, Status
+
+
+def stored_json(value: Any) -> str:
+    """The text a store keeps for a JSON value: sorted keys, no whitespace, UTF-8 kept as
+    is, so equal values store as equal text on every dialect. `TypeError` or `ValueError`
+    (NaN or infinity, a key that does not sort with the others) when it has none."""
+    return json.dumps(
+        value, sort_keys=True, allow_nan=False, separators=(",", ":"), ensure_ascii=False
+    )
+
+
+def utf8_size(text: str) -> int:
+    """Bytes of `text` in UTF-8 (`UnicodeEncodeError` for a lone surrogate)."""
+    return len(text) if text.isascii() else len(text.encode("utf-8"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +162,9 @@ class Claimed:
     token: int
     lease_expires_at_ms: int
     row: InstanceRow
+    payload_bytes: int | None = None
+    """Size of the payload as stored (`stored_json`, UTF-8), when the claim read its text
+    (None: not known; `stored_payload_bytes` measures it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,3 +188,13 @@ class FinishRequest:
     review: str | None = None
     """When set, a winning finish also queues the instance for human review with this reason,
     in the same transaction (a `manual_review` failure is never FAILED without its entry)."""
+    result_json: str | None = None
+    """`stored_json(result)`, when the caller has already encoded it (an executor checks a
+    result as it will be stored): the store keeps this text instead of encoding again."""
+
+
+def stored_payload_bytes(claimed: Claimed) -> int:
+    """Size of a claimed run's payload as stored, in UTF-8 bytes."""
+    if claimed.payload_bytes is not None:
+        return claimed.payload_bytes
+    return utf8_size(stored_json(claimed.row.payload))

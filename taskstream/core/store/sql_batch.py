@@ -31,6 +31,7 @@ from taskstream.core.store import sql_queries as q
 from taskstream.core.store import sql_templates as templates
 from taskstream.core.store.dbclock import db_now_ms
 from taskstream.core.store.port import Claim, Claimed, ClaimRequest, InstanceRow
+from taskstream.core.store.records import utf8_size
 from taskstream.core.store.sql_prepared import Runner
 from taskstream.core.store.tables import task_instances as inst
 
@@ -95,7 +96,8 @@ def _claimed(row: Mapping[str, Any], owner: str, now_ms: int, lease_length_ms: i
         updated_at_ms=now_ms,
     )
     after = InstanceRow(**fields)
-    return Claimed(token=after.attempt, lease_expires_at_ms=expires, row=after)
+    size = utf8_size(row["payload"])
+    return Claimed(token=after.attempt, lease_expires_at_ms=expires, row=after, payload_bytes=size)
 
 
 def _claim_columns(owner: str, now_ms: int, lease_length_ms: int) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from sqlalchemy.engine import RowMapping
 from taskstream.core.errors import StoreError
 from taskstream.core.states import FailClass, Status
 from taskstream.core.store.port import DecisionRow, DefinitionRecord, HistoryRow, InstanceRow
+from taskstream.core.store.records import stored_json
 from taskstream.core.store.tables import REASON_LEN
 
 ERROR_MAX_CHARS = 10_000
@@ -24,16 +25,18 @@ ERROR_MAX_CHARS = 10_000
 def dumps(value: Any, *, what: str) -> str:
     """Canonical JSON text of `value`; `StoreError` naming `what` when it is not JSON."""
     try:
-        return json.dumps(
-            value, sort_keys=True, allow_nan=False, separators=(",", ":"), ensure_ascii=False
-        )
+        return stored_json(value)
     except (TypeError, ValueError) as exc:
         raise StoreError(f"{what} is not JSON-serialisable: {exc}") from exc
 
 
 def loads(text: str | None) -> Any:
     """The value of stored JSON text; None for SQL NULL."""
-    return None if text is None else json.loads(text)
+    if text is None:
+        return None
+    if text == "{}":  # most contexts: a new dict, without the parser
+        return {}
+    return json.loads(text)
 
 
 def reason(text: str) -> str:

@@ -52,8 +52,10 @@ def prepare_finish(request: FinishRequest) -> PreparedFinish:
     values = rows.status_values(
         request.dst, request.fail_class, request.error, request.next_attempt_at_ms
     )
-    result = request.result
-    values["result"] = None if result is None else codec.dumps(result, what="result")
+    result, text = request.result, request.result_json
+    if text is None and result is not None:
+        text = codec.dumps(result, what="result")
+    values["result"] = text
     return PreparedFinish(request, values, tuple(dict.fromkeys(request.side_effects)))
 
 
