@@ -63,7 +63,10 @@ class Committer:
         self._store, self._redis, self._clock, self._rng = store, redis, clock, rng
         self._keys = keys
         self._dead = dead
-        self._queue: asyncio.Queue[_Item] = asyncio.Queue()
+        self._waiting: list[_Item] = []
+        """Ends queued for the next batch, oldest first."""
+        self._queued = asyncio.Event()
+        """Set when `_waiting` may be non-empty."""
         self._log = get_logger(role="executor")
 
     def enqueue(self, run: Run, end: RunEnd) -> asyncio.Future[bool]:
@@ -79,25 +82,28 @@ class Committer:
         item = _Item(run, _with_effects(p, run.side_effects))
         # Failures are logged by the loop (`commit.failed`); nobody else must report them.
         item.done.add_done_callback(mark_retrieved)
-        self._queue.put_nowait(item)
+        self._put(item)
         return item.done
 
     async def submit_plan(self, run: Run, p: Plan) -> bool:
         """Queue an explicit plan (e.g. a lease release at shutdown)."""
         item = _Item(run, _with_effects(p, run.side_effects))
-        await self._queue.put(item)
+        self._put(item)
         return await asyncio.shield(item.done)
+
+    def _put(self, item: _Item) -> None:
+        self._waiting.append(item)
+        self._queued.set()
 
     async def run(self, stop: asyncio.Event) -> None:
         """Commit batches until `stop` is set and the queue is empty."""
-        while not (stop.is_set() and self._queue.empty()):
-            try:
-                first = await asyncio.wait_for(self._queue.get(), timeout=0.2)
-            except TimeoutError:
+        while not (stop.is_set() and not self._waiting):
+            if not self._waiting:
+                self._queued.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._queued.wait(), timeout=0.2)
                 continue
-            batch = [first]
-            while len(batch) < MAX_BATCH and not self._queue.empty():
-                batch.append(self._queue.get_nowait())
+            batch, self._waiting = self._waiting[:MAX_BATCH], self._waiting[MAX_BATCH:]
             try:
                 await self._commit(batch, stop)
             except Exception as exc:  # the loop must outlive any one batch
