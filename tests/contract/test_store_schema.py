@@ -66,14 +66,18 @@ async def test_upgrade_is_idempotent_and_reports_head(
     assert await current_revision(db_url) == HEAD
 
 
-async def test_concurrent_upgrades_of_an_empty_database_all_succeed(db_url: str) -> None:
-    def to_base(connection: Connection) -> None:
-        command.downgrade(alembic_config(connection), "base")
+async def _downgrade(store: SqlStore, revision: str) -> None:
+    def run(connection: Connection) -> None:
+        command.downgrade(alembic_config(connection), revision)
 
+    async with store.engine.begin() as conn:
+        await conn.run_sync(run)
+
+
+async def test_concurrent_upgrades_of_an_empty_database_all_succeed(db_url: str) -> None:
     store = await SqlStore.connect(db_url)
     try:
-        async with store.engine.begin() as conn:
-            await conn.run_sync(to_base)
+        await _downgrade(store, "base")
         assert await current_revision(db_url) is None
 
         await asyncio.gather(*(upgrade(db_url) for _ in range(3)))
@@ -197,13 +201,9 @@ async def test_in_flight_is_one_exactly_until_the_instance_settles(
 async def test_upgrade_to_0004_computes_in_flight_for_existing_rows(
     db_url: str, make_new: MakeNew
 ) -> None:
-    def to_0003(connection: Connection) -> None:
-        command.downgrade(alembic_config(connection), "0003")
-
     store = await SqlStore.connect(db_url)
     try:
-        async with store.engine.begin() as conn:
-            await conn.run_sync(to_0003)
+        await _downgrade(store, "0003")
         await store.create_instance(make_new("open"))
         await store.create_instance(make_new("done"))
         async with store.engine.begin() as conn:

@@ -195,15 +195,21 @@ async def test_undecodable_entries_are_dead_lettered_and_work_keeps_flowing(
     assert (await redis.xpending(stream, GROUP))["pending"] == 0
 
 
-async def test_unknown_agent_is_poison(store: SqlStore, redis: streams.Redis, keys: Keys) -> None:
+async def _emit_unknown_agent(store: SqlStore, redis: streams.Redis, keys: Keys) -> str:
+    """Emit an instance whose agent (`nope`) no executor knows; returns its id."""
     await apply(store)
     await streams.ensure_groups(redis, keys)
     spec = parse_task_file_text(TASKS, "t.yaml").tasks[1]
     new = new_instance(spec, T0)
     new = type(new)(**{**_fields(new), "agent": "nope"})
     await Outbox(store, redis, keys).emit(new, now_ms=T0)
+    return new.id
+
+
+async def test_unknown_agent_is_poison(store: SqlStore, redis: streams.Redis, keys: Keys) -> None:
+    instance_id = await _emit_unknown_agent(store, redis, keys)
     await drain(store, redis, keys)
-    row = await store.get_instance(new.id)
+    row = await store.get_instance(instance_id)
     assert row is not None and row.status is Status.FAILED
     assert row.fail_class is FailClass.POISON
     [(_, fields)] = await _dead(redis, keys)
@@ -215,21 +221,16 @@ async def test_a_duplicate_entry_of_an_unknown_agent_is_acked_not_dead_lettered_
 ) -> None:
     """The first entry fails the instance as poison and is dead-lettered; a second entry of
     the same attempt (the sweeper's or the reconciler's republish) finds it settled."""
-    await apply(store)
-    await streams.ensure_groups(redis, keys)
-    spec = parse_task_file_text(TASKS, "t.yaml").tasks[1]
-    new = new_instance(spec, T0)
-    new = type(new)(**{**_fields(new), "agent": "nope"})
-    await Outbox(store, redis, keys).emit(new, now_ms=T0)
+    instance_id = await _emit_unknown_agent(store, redis, keys)
     await drain(store, redis, keys)
-    await streams.publish(redis, keys, Priority.DEFAULT, _entry(new.id, agent="nope"))
+    await streams.publish(redis, keys, Priority.DEFAULT, _entry(instance_id, agent="nope"))
     await drain(store, redis, keys)
 
     assert [f[b"reason"] for _, f in await _dead(redis, keys)] == [b"unknown_agent"]
     stream = keys.stream(Priority.DEFAULT)
     assert (await redis.xpending(stream, GROUP))["pending"] == 0
     assert await redis.xlen(stream) == 0
-    history = await store.history(new.id)
+    history = await store.history(instance_id)
     assert [h.to_status for h in history].count(Status.FAILED) == 1
 
 
