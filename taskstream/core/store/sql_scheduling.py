@@ -15,11 +15,10 @@ from taskstream.core.store import sql_codec as codec
 from taskstream.core.store.dbclock import db_now_ms
 from taskstream.core.store.port import InstanceRow
 from taskstream.core.store.sql_engine import ConstraintViolation
+from taskstream.core.store.tables import IN_FLIGHT
 from taskstream.core.store.tables import readiness_markers as markers
 from taskstream.core.store.tables import task_instances as inst
 from taskstream.core.store.tables import upstreams as ups
-
-ACTIVE = (Status.PENDING, Status.DISPATCHED, Status.RUNNING, Status.RETRYING, Status.TIMEOUT)
 
 
 class SchedulingMethods:
@@ -98,7 +97,7 @@ class SchedulingMethods:
             .where(
                 inst.c.task_id == task_id,
                 inst.c.in_flight == 1,
-                inst.c.status.in_([s.value for s in ACTIVE]),
+                inst.c.status.in_([s.value for s in IN_FLIGHT]),
             )
             .order_by(inst.c.scheduled_for_ms, inst.c.id)
             .limit(limit)
