@@ -30,12 +30,13 @@ from bench.raw import DEADLINE_S, Job, RawResult, consume
 from bench.stage import staged
 from taskstream.core.protocol import GROUP
 from taskstream.core.states import Status
-from taskstream.core.store.tables import task_instances
+from taskstream.core.store.tables import INSTANCE_COLUMNS
 
 BATCH = 200
 CONSUMERS = 2
-_COLUMNS = ", ".join(c.name for c in task_instances.columns)
-"""Every column, as the store's locked read selects them."""
+_COLUMNS = ", ".join(c.name for c in INSTANCE_COLUMNS)
+"""Every stored column (not the generated `in_flight`), as the store's locked read selects
+them."""
 _DB_NOW = "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)"
 LEASE_MS = 150_000
 READ_COMMITTED = "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED"
