@@ -180,10 +180,10 @@ async def prepublish(stage: Stage, n: int, mode: Mode, label: str) -> float:
 
 
 async def _in_flight(store: SqlStore) -> int:
-    """Instances not settled yet: a count over the `in_flight` index, which shrinks as the
-    drain goes on (`count_by_status` would read the whole table at every poll)."""
+    """Instances not settled yet: a count over the `settled` index's NULL entries, which
+    shrink as the drain goes on."""
     async with store.engine.connect() as conn:
-        stmt = select(func.count()).select_from(inst).where(inst.c.in_flight == 1)
+        stmt = select(func.count()).select_from(inst).where(inst.c.settled.is_(None))
         return int((await conn.execute(stmt)).scalar_one())
 
 

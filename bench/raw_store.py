@@ -35,7 +35,7 @@ from taskstream.core.store.tables import INSTANCE_COLUMNS
 BATCH = 200
 CONSUMERS = 2
 _COLUMNS = ", ".join(c.name for c in INSTANCE_COLUMNS)
-"""Every stored column (not the generated `in_flight`), as the store's locked read selects
+"""Every stored column (not the generated `settled`), as the store's locked read selects
 them."""
 _DB_NOW = "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)"
 LEASE_MS = 150_000

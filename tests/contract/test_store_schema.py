@@ -1,4 +1,4 @@
-"""Migrations build exactly the schema `tables.py` declares (the generated `in_flight` column
+"""Migrations build exactly the schema `tables.py` declares (the generated `settled` column
 included), the database clock is sane, and an unreachable database is a `StoreUnavailable`
 that does not leak the password."""
 
@@ -24,7 +24,7 @@ from taskstream.core.errors import StoreError, StoreUnavailable
 from taskstream.core.states import SETTLED, Status
 from taskstream.core.store.migrate import alembic_config, current_revision, upgrade
 from taskstream.core.store.sql import SqlStore
-from taskstream.core.store.tables import IN_FLIGHT, IN_FLIGHT_SQL, metadata
+from taskstream.core.store.tables import IN_FLIGHT, SETTLED_SQL, metadata
 from taskstream.core.store.tables import task_instances as inst
 from tests.contract.conftest import Advance, MakeNew
 from tests.support.databases import admin_url, available_kinds
@@ -177,28 +177,28 @@ async def test_sessions_are_set_up_per_dialect(store: SqlStore) -> None:
             assert (await conn.exec_driver_sql("SELECT @@session.time_zone")).scalar() == "+00:00"
 
 
-async def _in_flight(store: SqlStore) -> dict[str, object]:
+async def _settled(store: SqlStore) -> dict[str, object]:
     async with store.engine.connect() as conn:
-        found = await conn.execute(select(inst.c.id, inst.c.in_flight).order_by(inst.c.id))
-        return {str(i): flag for i, flag in found.all()}
+        found = await conn.execute(select(inst.c.id, inst.c.settled).order_by(inst.c.id))
+        return {str(i): settled for i, settled in found.all()}
 
 
-async def test_in_flight_is_one_exactly_until_the_instance_settles(
+async def test_settled_is_null_until_the_instance_settles_then_its_status(
     store: SqlStore, make_new: MakeNew, advance: Advance
 ) -> None:
     for status in Status:
         await store.create_instance(make_new(status.value))
         await advance(f"inst-{status.value}", status)
 
-    flags = await _in_flight(store)
+    settled = await _settled(store)
 
-    assert flags == {f"inst-{s.value}": (None if s in SETTLED else 1) for s in Status}, (
+    assert settled == {f"inst-{s.value}": (s.value if s in SETTLED else None) for s in Status}, (
         "generated from the status on every write, never written itself"
     )
     assert set(IN_FLIGHT) == set(Status) - SETTLED
 
 
-async def test_upgrade_to_0004_computes_in_flight_for_existing_rows(
+async def test_upgrade_to_0004_computes_settled_for_existing_rows(
     db_url: str, make_new: MakeNew
 ) -> None:
     store = await SqlStore.connect(db_url)
@@ -213,7 +213,7 @@ async def test_upgrade_to_0004_computes_in_flight_for_existing_rows(
 
         await upgrade(db_url)
 
-        assert await _in_flight(store) == {"inst-done": None, "inst-open": 1}
+        assert await _settled(store) == {"inst-done": "SUCCESS", "inst-open": None}
         stale = await store.stale([Status.PENDING], updated_before_ms=2**62, limit=10)
         assert [r.id for r in stale] == ["inst-open"]
     finally:
@@ -222,10 +222,10 @@ async def test_upgrade_to_0004_computes_in_flight_for_existing_rows(
 
 def test_the_migration_keeps_the_generation_expression_of_tables() -> None:
     path = Path(__file__).parents[2] / "taskstream/core/store/migrations/versions"
-    module = ast.parse((path / "0004_in_flight.py").read_text())
+    module = ast.parse((path / "0004_settled.py").read_text())
     written = next(
         ast.literal_eval(node.value)
         for node in module.body
-        if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "IN_FLIGHT_SQL"
+        if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "SETTLED_SQL"
     )
-    assert written == IN_FLIGHT_SQL
+    assert written == SETTLED_SQL

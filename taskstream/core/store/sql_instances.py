@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import String, func, insert, literal, select, update
+from sqlalchemy import String, func, insert, literal, select, union_all, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from taskstream.core.states import FailClass, Status
@@ -241,8 +241,11 @@ async def list_rows(
 
 
 async def count_by_status(conn: AsyncConnection) -> dict[Status, int]:
-    """Every status with its row count (0 when none)."""
-    stmt = select(inst.c.status, func.count()).group_by(inst.c.status)
+    """Every status with its row count (0 when none). Settled rows are counted from the
+    `settled` index alone; in-flight rows (its NULL entries) by their status."""
+    done = select(inst.c.settled, func.count()).where(inst.c.settled.is_not(None))
+    open_ = select(inst.c.status, func.count()).where(inst.c.settled.is_(None))
+    stmt = union_all(done.group_by(inst.c.settled), open_.group_by(inst.c.status))
     counts = dict.fromkeys(Status, 0)
     for status, count in (await conn.execute(stmt)).all():
         counts[Status(status)] = int(count)

@@ -187,11 +187,11 @@ async def instances(conn: AsyncConnection, ids: Sequence[str]) -> list[InstanceR
 
 async def due_retries(conn: AsyncConnection, now_ms: int, limit: int) -> list[InstanceRow]:
     """RETRYING rows with `next_attempt_at_ms <= now_ms`, earliest due first (then id), at most
-    `limit`. Served by the (in_flight, next_attempt_at_ms) index."""
+    `limit`. Served by the (settled, next_attempt_at_ms) index."""
     stmt = (
         select(inst)
         .where(
-            inst.c.in_flight == 1,
+            inst.c.settled.is_(None),
             inst.c.next_attempt_at_ms <= now_ms,
             inst.c.status == Status.RETRYING.value,
         )
@@ -211,12 +211,12 @@ async def stale(
     """Rows in `statuses` whose `updated_at_ms < updated_before_ms`, least recently updated
     first (then id), at most `limit`; only those past `after` ((updated_at_ms, id)) when
     given, so a caller can page through all of them. In-flight statuses are found through the
-    `in_flight` index; settled ones need a scan."""
+    `settled` index (`settled IS NULL`)."""
     if not statuses:
         return []
     wanted: ColumnElement[bool] = inst.c.status.in_([s.value for s in statuses])
     if set(statuses) <= set(IN_FLIGHT):
-        wanted = and_(inst.c.in_flight == 1, wanted)
+        wanted = and_(inst.c.settled.is_(None), wanted)
     stmt = (
         select(inst)
         .where(wanted, inst.c.updated_at_ms < updated_before_ms)

@@ -82,7 +82,7 @@ class SchedulingMethods:
     async def next_retry_at(self) -> int | None:
         """The earliest `next_attempt_at_ms` of any RETRYING row (ms), None when none waits."""
         stmt = select(func.min(inst.c.next_attempt_at_ms)).where(
-            inst.c.in_flight == 1,
+            inst.c.settled.is_(None),
             inst.c.next_attempt_at_ms.is_not(None),
             inst.c.status == Status.RETRYING.value,
         )
@@ -96,7 +96,7 @@ class SchedulingMethods:
             select(inst)
             .where(
                 inst.c.task_id == task_id,
-                inst.c.in_flight == 1,
+                inst.c.settled.is_(None),
                 inst.c.status.in_([s.value for s in IN_FLIGHT]),
             )
             .order_by(inst.c.scheduled_for_ms, inst.c.id)

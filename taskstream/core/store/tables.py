@@ -8,13 +8,14 @@ Dialect-neutral by construction:
   payload of up to 16 MiB fits.
 - MySQL tables are InnoDB, utf8mb4 with a binary collation, so keys compare byte for byte as they
   do on SQLite and PostgreSQL (`Daily` and `daily` are two dedupe keys everywhere).
-- `task_instances.in_flight` is generated from `status`: 1 while the instance is not settled
-  (`IN_FLIGHT`), NULL once it is. Its index `(in_flight, next_attempt_at_ms)` finds the rows
-  the reconciler and the due-retry scan need without indexing `status` itself, so the hot
-  moves (PENDING -> DISPATCHED -> RUNNING) leave every secondary index alone and a run's
-  whole life changes it once, when it settles. Nothing writes it; every dialect computes it
-  (STORED on MySQL/MariaDB and PostgreSQL; VIRTUAL on SQLite, whose ALTER TABLE cannot add a
-  stored column).
+- `task_instances.settled` is generated from `status`: NULL while the instance is in flight
+  (`IN_FLIGHT`), the status it settled in (SUCCESS, FAILED, SKIPPED) once it has. Its index
+  `(settled, next_attempt_at_ms)` finds the in-flight rows the reconciler and the due-retry
+  scan need (`settled IS NULL`) and counts settled rows by status, without indexing `status`
+  itself: the hot moves (PENDING -> DISPATCHED -> RUNNING) leave every secondary index alone
+  and a run's whole life changes it once, when it settles. Nothing writes it; every dialect
+  computes it (STORED on MySQL/MariaDB and PostgreSQL; VIRTUAL on SQLite, whose ALTER TABLE
+  cannot add a stored column).
 
 `migrations/versions` must produce exactly this schema; a contract test compares them.
 """
@@ -32,7 +33,6 @@ from sqlalchemy import (
     Index,
     Integer,
     MetaData,
-    SmallInteger,
     String,
     Table,
     Text,
@@ -59,11 +59,11 @@ REASON_LEN = 500
 
 
 IN_FLIGHT: tuple[Status, ...] = tuple(sorted(set(Status) - SETTLED, key=lambda s: s.value))
-"""Statuses with work left to do automatically: `in_flight` is 1 for them, NULL otherwise."""
-IN_FLIGHT_SQL = "CASE WHEN status IN ({}) THEN 1 END".format(
-    ", ".join(f"'{s.value}'" for s in IN_FLIGHT)
+"""Statuses with work left to do automatically: `settled` is NULL for them."""
+SETTLED_SQL = "CASE WHEN status IN ({}) THEN status END".format(
+    ", ".join(f"'{s.value}'" for s in sorted(SETTLED, key=lambda s: s.value))
 )
-"""The generation expression of `task_instances.in_flight` (constants only)."""
+"""The generation expression of `task_instances.settled` (constants only)."""
 
 
 def _json_text() -> TypeEngine[str]:
@@ -119,15 +119,15 @@ task_instances = Table(
     Column("trace_id", String(ID_LEN), nullable=False),
     _ms("created_at_ms"),
     _ms("updated_at_ms"),
-    Column("in_flight", SmallInteger(), Computed(IN_FLIGHT_SQL, persisted=True), nullable=True),
+    Column("settled", String(STATUS_LEN), Computed(SETTLED_SQL, persisted=True), nullable=True),
     Index("uq_task_instances_dedupe_key", "dedupe_key", unique=True),
     Index("ix_task_instances_task_id_scheduled", "task_id", "scheduled_for_ms"),
-    Index("ix_task_instances_in_flight_next_attempt", "in_flight", "next_attempt_at_ms"),
+    Index("ix_task_instances_settled_next_attempt", "settled", "next_attempt_at_ms"),
     **MYSQL_OPTIONS,
 )
 
 INSTANCE_COLUMNS = tuple(c for c in task_instances.c if c.computed is None)
-"""The columns a `task_instances` row is stored with (all but the generated `in_flight`)."""
+"""The columns a `task_instances` row is stored with (all but the generated `settled`)."""
 
 instance_history = Table(
     "instance_history",

@@ -1,5 +1,5 @@
-"""Index in-flight instances instead of every status: `task_instances.in_flight`, generated
-from `status` (1 while not settled, NULL once settled), and the index `(in_flight,
+"""Index settling instead of every status: `task_instances.settled`, generated from `status`
+(NULL while in flight, the status once settled), and the index `(settled,
 next_attempt_at_ms)` in place of `(status, next_attempt_at_ms)`.
 
 Claims and the outbox's dispatch then change no secondary index, and a run changes one when
@@ -24,21 +24,19 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 # Written out, not imported: a migration keeps the schema of its revision.
-IN_FLIGHT_SQL = (
-    "CASE WHEN status IN ('DISPATCHED', 'PENDING', 'RETRYING', 'RUNNING', 'TIMEOUT') THEN 1 END"
-)
+SETTLED_SQL = "CASE WHEN status IN ('FAILED', 'SKIPPED', 'SUCCESS') THEN status END"
 
 
 def upgrade() -> None:
     stored = op.get_bind().dialect.name != "sqlite"
     op.add_column(
         "task_instances",
-        sa.Column("in_flight", sa.SmallInteger(), sa.Computed(IN_FLIGHT_SQL, persisted=stored)),
+        sa.Column("settled", sa.String(16), sa.Computed(SETTLED_SQL, persisted=stored)),
     )
     op.create_index(
-        "ix_task_instances_in_flight_next_attempt",
+        "ix_task_instances_settled_next_attempt",
         "task_instances",
-        ["in_flight", "next_attempt_at_ms"],
+        ["settled", "next_attempt_at_ms"],
     )
     op.drop_index("ix_task_instances_status_next_attempt", table_name="task_instances")
 
@@ -47,5 +45,5 @@ def downgrade() -> None:
     op.create_index(
         "ix_task_instances_status_next_attempt", "task_instances", ["status", "next_attempt_at_ms"]
     )
-    op.drop_index("ix_task_instances_in_flight_next_attempt", table_name="task_instances")
-    op.drop_column("task_instances", "in_flight")
+    op.drop_index("ix_task_instances_settled_next_attempt", table_name="task_instances")
+    op.drop_column("task_instances", "settled")
