@@ -53,6 +53,9 @@ TERMINAL: frozenset[Status] = frozenset(s for s, nxt in TRANSITIONS.items() if n
 SETTLED: frozenset[Status] = TERMINAL | {Status.FAILED}
 """States in which no automatic work remains; a redelivered entry for them is only acked."""
 
+IN_FLIGHT: tuple[Status, ...] = tuple(sorted(set(Status) - SETTLED, key=lambda s: s.value))
+"""States with automatic work left (the rest of `SETTLED`), in name order."""
+
 
 def can_transition(src: Status, dst: Status) -> bool:
     """True when the state table allows `src -> dst`."""

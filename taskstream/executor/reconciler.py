@@ -21,7 +21,9 @@ from taskstream.executor.recovery import Recovery
 
 GRACE_MS = 15_000
 """How long a row must have been left untouched before it counts as lost (ms)."""
-IN_FLIGHT = [Status.PENDING, Status.DISPATCHED, Status.RUNNING, Status.TIMEOUT]
+SCANNED = [Status.PENDING, Status.DISPATCHED, Status.RUNNING, Status.TIMEOUT]
+"""The in-flight statuses the reconciler checks (RETRYING rows are emitted by the scheduler
+when due)."""
 
 
 class Reconciler:
@@ -53,7 +55,7 @@ class Reconciler:
         live = await admin.instance_ids(self._redis, self._keys)
         now = self._clock.now_ms()
         rows = await self._store.stale(
-            IN_FLIGHT, updated_before_ms=now - self._grace_ms, limit=self._limit, after=self._after
+            SCANNED, updated_before_ms=now - self._grace_ms, limit=self._limit, after=self._after
         )
         # Page on from the last row seen, and start over once past the end: rows that need
         # nothing (a live entry, a held lease) cannot hide the others behind them for good.

@@ -21,10 +21,10 @@ from sqlalchemy import Column, Integer, MetaData, Table, select, text
 from sqlalchemy.engine import Connection, make_url
 
 from taskstream.core.errors import StoreError, StoreUnavailable
-from taskstream.core.states import SETTLED, Status
+from taskstream.core.states import IN_FLIGHT, SETTLED, Status
 from taskstream.core.store.migrate import alembic_config, current_revision, upgrade
 from taskstream.core.store.sql import SqlStore
-from taskstream.core.store.tables import IN_FLIGHT, SETTLED_SQL, metadata
+from taskstream.core.store.tables import SETTLED_SQL, metadata
 from taskstream.core.store.tables import task_instances as inst
 from tests.contract.conftest import Advance, MakeNew
 from tests.support.databases import admin_url, available_kinds

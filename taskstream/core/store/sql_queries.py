@@ -18,14 +18,14 @@ from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.types import TypeEngine
 
 from taskstream.core.errors import StoreError
-from taskstream.core.states import Status
+from taskstream.core.states import IN_FLIGHT, Status
 from taskstream.core.store import sql_codec as codec
 from taskstream.core.store import sql_templates as templates
 from taskstream.core.store.dbclock import db_now_ms
 from taskstream.core.store.port import InstanceRow
 from taskstream.core.store.sql_prepared import Runner
-from taskstream.core.store.tables import IN_FLIGHT, review_queue, side_effects
 from taskstream.core.store.tables import instance_history as hist
+from taskstream.core.store.tables import review_queue, side_effects
 from taskstream.core.store.tables import task_instances as inst
 
 CHUNK = 200

@@ -10,12 +10,11 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from taskstream.core.states import Status
+from taskstream.core.states import IN_FLIGHT, Status
 from taskstream.core.store import sql_codec as codec
 from taskstream.core.store.dbclock import db_now_ms
 from taskstream.core.store.port import InstanceRow
 from taskstream.core.store.sql_engine import ConstraintViolation
-from taskstream.core.store.tables import IN_FLIGHT
 from taskstream.core.store.tables import readiness_markers as markers
 from taskstream.core.store.tables import task_instances as inst
 from taskstream.core.store.tables import upstreams as ups

@@ -9,7 +9,7 @@ Dialect-neutral by construction:
 - MySQL tables are InnoDB, utf8mb4 with a binary collation, so keys compare byte for byte as they
   do on SQLite and PostgreSQL (`Daily` and `daily` are two dedupe keys everywhere).
 - `task_instances.settled` is generated from `status`: NULL while the instance is in flight
-  (`IN_FLIGHT`), the status it settled in (SUCCESS, FAILED, SKIPPED) once it has. Its index
+  (`states.IN_FLIGHT`), the status it settled in (SUCCESS, FAILED, SKIPPED) once it has. Its index
   `(settled, next_attempt_at_ms)` finds the in-flight rows the reconciler and the due-retry
   scan need (`settled IS NULL`) and counts settled rows by status, without indexing `status`
   itself: the hot moves (PENDING -> DISPATCHED -> RUNNING) leave every secondary index alone
@@ -40,7 +40,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import mysql
 from sqlalchemy.types import TypeEngine
 
-from taskstream.core.states import SETTLED, Status
+from taskstream.core.states import SETTLED
 
 metadata = MetaData()
 
@@ -58,8 +58,6 @@ OWNER_LEN = 255
 REASON_LEN = 500
 
 
-IN_FLIGHT: tuple[Status, ...] = tuple(sorted(set(Status) - SETTLED, key=lambda s: s.value))
-"""Statuses with work left to do automatically: `settled` is NULL for them."""
 SETTLED_SQL = "CASE WHEN status IN ({}) THEN status END".format(
     ", ".join(f"'{s.value}'" for s in sorted(SETTLED, key=lambda s: s.value))
 )
