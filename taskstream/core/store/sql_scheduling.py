@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from taskstream.core.states import IN_FLIGHT, Status
+from taskstream.core.states import Status
 from taskstream.core.store import sql_codec as codec
 from taskstream.core.store.dbclock import db_now_ms
 from taskstream.core.store.port import InstanceRow
@@ -93,11 +93,7 @@ class SchedulingMethods:
         """Instances of `task_id` not yet settled, oldest fire time first."""
         stmt = (
             select(inst)
-            .where(
-                inst.c.task_id == task_id,
-                inst.c.settled.is_(None),
-                inst.c.status.in_([s.value for s in IN_FLIGHT]),
-            )
+            .where(inst.c.task_id == task_id, inst.c.settled.is_(None))
             .order_by(inst.c.scheduled_for_ms, inst.c.id)
             .limit(limit)
         )
