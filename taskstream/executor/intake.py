@@ -162,10 +162,7 @@ class Intake:
             error=f"unknown agent {entry.agent!r}",
         )
         if not moved.ok and moved.found in SETTLED:
-            await streams.ack(self._redis, delivery.stream, delivery.entry_id)
-            self._log.info(
-                "instance.duplicate_acked", instance_id=entry.instance_id, status=moved.found
-            )
+            await self._ack_duplicate(delivery, entry.instance_id, moved.found)
             return
         await self.dead(delivery, "unknown_agent", entry.agent)
 
@@ -213,8 +210,7 @@ class Intake:
                     )
                 again.append(c)
             elif _done_with(row, c.entry):
-                await streams.ack(self._redis, c.delivery.stream, c.delivery.entry_id)
-                self._log.info("instance.duplicate_acked", instance_id=row.id, status=row.status)
+                await self._ack_duplicate(c.delivery, row.id, row.status)
             else:
                 self._log.info(
                     "instance.claim_lost",
@@ -235,6 +231,13 @@ class Intake:
         if row.lease_owner != self._consumer or self._held(row.id):
             return None
         return Claimed(token=row.attempt, lease_expires_at_ms=expires, row=row)
+
+    async def _ack_duplicate(
+        self, delivery: streams.Delivery, instance_id: str, status: Status | None
+    ) -> None:
+        """Ack an entry nothing is left to do for (its instance moved on without it)."""
+        await streams.ack(self._redis, delivery.stream, delivery.entry_id)
+        self._log.info("instance.duplicate_acked", instance_id=instance_id, status=status)
 
     async def dead(self, delivery: streams.Delivery, reason: str, detail: str) -> None:
         """Move an entry to the dead-letter stream with its reason."""
