@@ -10,7 +10,6 @@ A task that uses local-time rules (`not_before`, `off_peak`, a restricting `cale
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import re
 import string
@@ -43,6 +42,7 @@ from taskstream.core.spec_parts import (
     TimeOfDay,
     UpstreamLimit,
 )
+from taskstream.core.store.records import stored_json
 
 ID_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$"
 DEFAULT_DEDUPE_KEY: Final = "{task_id}:{scheduled_for}"
@@ -273,8 +273,10 @@ def render_dedupe_key(spec: TaskSpec, scheduled_for_ms: int, payload: Mapping[st
 
 
 def canonical_json(value: object) -> str:
-    """Deterministic JSON: sorted keys, no whitespace, UTF-8 kept as is."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    """Deterministic JSON: sorted keys, no whitespace, UTF-8 kept as is; the text a store
+    keeps for the value (`stored_json`). Specs and payloads hold finite numbers only, so it
+    never meets the NaN that `stored_json` refuses."""
+    return stored_json(value)
 
 
 def spec_hash(spec: TaskSpec) -> str:
