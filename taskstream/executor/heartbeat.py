@@ -2,10 +2,16 @@
 
 Every beat: refresh the liveness key (the sweeper reclaims the work of a consumer whose key has
 expired, without waiting for leases); when a third of the shortest lease has passed, extend
-every held lease in one store write (`WHERE attempt = token`) and XCLAIM our pending entries to
-ourselves (JUSTID) so their idle time resets without raising their delivery count. A run whose
-lease is no longer held has been fenced: it is cancelled and will not commit or ack. Runs stay
-tracked until their end is committed, so that a commit the store makes wait keeps its lease.
+every held lease by its own run's lease length (one store write per distinct length, `WHERE
+attempt = token`) and XCLAIM our pending entries to ourselves (JUSTID) so their idle time
+resets without raising their delivery count. A run whose lease is no longer held has been
+fenced: it is cancelled and will not commit or ack. Runs stay tracked until their end is
+committed, so that a commit the store makes wait keeps its lease.
+
+Runs are tracked by claim, (instance id, token): a fenced run still winding down and a newer
+attempt of the same instance claimed by this process are two runs. The beat loop survives any
+error (logged); only cancellation ends it early, because without it every lease would lapse
+while the process kept claiming.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ class Heartbeat:
         self._store, self._redis, self._keys = store, redis, keys
         self._consumer, self._clock = consumer, clock
         self._ttl_ms = round(liveness_ttl_s * 1000)
-        self._runs: dict[str, tuple[Run, asyncio.Task[None]]] = {}
+        self._runs: dict[tuple[str, int], tuple[Run, asyncio.Task[None]]] = {}
         self._last_extend_ms = 0
         self._log = get_logger(role="executor", consumer=consumer)
 
@@ -49,14 +55,15 @@ class Heartbeat:
         return max(0.2, self._ttl_ms / 3000)
 
     def track(self, run: Run, task: asyncio.Task[None]) -> None:
-        self._runs[run.row.id] = (run, task)
+        self._runs[(run.row.id, run.token)] = (run, task)
 
     def untrack(self, run: Run) -> None:
-        self._runs.pop(run.row.id, None)
+        self._runs.pop((run.row.id, run.token), None)
 
-    def holds(self, instance_id: str) -> bool:
-        """A tracked run holds the instance: claimed here, its end not yet committed."""
-        return instance_id in self._runs
+    def holds(self, instance_id: str, token: int) -> bool:
+        """A tracked run holds this claim of the instance: claimed here at `token`, its end
+        not yet committed."""
+        return (instance_id, token) in self._runs
 
     def entries(self) -> set[tuple[str, str]]:
         """(stream, entry id) of every delivery a tracked run holds, its duplicates included."""
@@ -70,15 +77,23 @@ class Heartbeat:
         """Beat until `stop` is set. The liveness key is removed on the way out."""
         while not stop.is_set():
             try:
-                await self.beat()
-            except (StoreUnavailable, *streams.DRIVER_ERRORS) as exc:
-                self._log.warning("heartbeat.dependency_down", error=str(exc)[:300])
-            except ResponseError as exc:
-                if "NOGROUP" not in str(exc):
-                    raise
-                await streams.ensure_groups(self._redis, self._keys)
+                await self._beat_once()
+            except Exception as exc:  # the loop must outlive any one beat
+                self._log.error(
+                    "heartbeat.failed", error_type=type(exc).__name__, error=str(exc)[:300]
+                )
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=self.interval_s)
+
+    async def _beat_once(self) -> None:
+        try:
+            await self.beat()
+        except (StoreUnavailable, *streams.DRIVER_ERRORS) as exc:
+            self._log.warning("heartbeat.dependency_down", error=str(exc)[:300])
+        except ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            await streams.ensure_groups(self._redis, self._keys)
 
     async def beat(self) -> None:
         """Refresh the liveness key, and the leases when a third of the shortest has passed.
@@ -99,28 +114,35 @@ class Heartbeat:
         shortest = min(_lease_s(run) for run, _ in self._runs.values())
         if now - self._last_extend_ms < shortest * 1000 / 3:
             return
-        await self.extend(shortest)
+        await self.extend()
         # Only once written: after a failed extension (store away) the next beat tries again,
         # instead of a third of a lease later when the sweeper may already see them expired.
         self._last_extend_ms = now
 
-    async def extend(self, lease_s: float) -> None:
-        """Extend every tracked run's lease (store), cancel the runs that no longer hold one,
-        then reset their entries' idle time (Redis)."""
+    async def extend(self) -> None:
+        """Extend every tracked run's lease by its own lease length (store), cancel the runs
+        that no longer hold one, then reset their entries' idle time (Redis)."""
         runs = dict(self._runs)
-        held = await self._store.extend_leases(
-            [(run.row.id, run.token) for run, _ in runs.values()], lease_s=lease_s
-        )
+        by_length: dict[float, list[tuple[str, int]]] = {}
+        for claim, (run, _) in runs.items():
+            by_length.setdefault(_lease_s(run), []).append(claim)
+        held: set[tuple[str, int]] = set()
+        for lease_s, claims in sorted(by_length.items()):
+            held |= await self._store.extend_leases(claims, lease_s=lease_s)
         self._fence(runs, held)
         await streams.touch(self._redis, self._consumer, [run.delivery for run, _ in runs.values()])
 
-    def _fence(self, runs: dict[str, tuple[Run, asyncio.Task[None]]], held: set[str]) -> None:
-        for instance_id, (run, task) in runs.items():
+    def _fence(
+        self,
+        runs: dict[tuple[str, int], tuple[Run, asyncio.Task[None]]],
+        held: set[tuple[str, int]],
+    ) -> None:
+        for claim, (run, task) in runs.items():
             # A run whose agent returned is committing (or just committed): its commit decides,
             # and logs, whether it was fenced.
-            if instance_id not in held and not task.done():
+            if claim not in held and not task.done():
                 self._log.warning(
-                    "instance.fenced", instance_id=instance_id, attempt=run.token, at="heartbeat"
+                    "instance.fenced", instance_id=run.row.id, attempt=run.token, at="heartbeat"
                 )
                 run.fenced = True
                 task.cancel()

@@ -88,10 +88,10 @@ class Intake:
         defs: DefinitionCache,
         consumer: str,
         *,
-        held: Callable[[str], bool],
+        held: Callable[[str, int], bool],
     ) -> None:
-        """`held(instance_id)`: a run of this process holds the instance (running, or its end
-        waiting to commit), so a claim of ours found on it is not to be adopted."""
+        """`held(instance_id, token)`: a run of this process holds that claim of the instance
+        (running, or its end waiting to commit), so it is not to be adopted."""
         self._store, self._redis, self._keys = store, redis, keys
         self._registry, self._defs, self._consumer = registry, defs, consumer
         self._held = held
@@ -228,7 +228,7 @@ class Intake:
         expires = row.lease_expires_at_ms
         if row.status is not Status.RUNNING or row.attempt != entry.attempt + 1 or expires is None:
             return None
-        if row.lease_owner != self._consumer or self._held(row.id):
+        if row.lease_owner != self._consumer or self._held(row.id, row.attempt):
             return None
         return Claimed(token=row.attempt, lease_expires_at_ms=expires, row=row)
 

@@ -213,10 +213,11 @@ async def test_extend_leases_extends_and_returns_only_held_rows(
     assert await store.extend_leases([], lease_s=600) == set()
     now = await store.db_now_ms()
     still = await store.extend_leases(
-        [(held, token), (stale, stale_token + 1), (waiting, 0), ("inst-missing", 1)], lease_s=600
+        [(held, token), (held, token - 1), (stale, stale_token + 1), (waiting, 0), ("gone", 1)],
+        lease_s=600,
     )
 
-    assert still == {held}
+    assert still == {(held, token)}
     row, old = await store.get_instance(held), before[held]
     assert row is not None
     assert old is not None

@@ -61,11 +61,16 @@ async def harness(store: SqlStore, redis: streams.Redis, keys: Keys) -> Harness:
     return harness
 
 
-async def intake(h: Harness, consumer: str, held: frozenset[str] = frozenset()) -> Intake:
+async def intake(
+    h: Harness, consumer: str, held: frozenset[tuple[str, int]] = frozenset()
+) -> Intake:
+    """An intake for `consumer` whose process holds the claims `held` ((instance id, token))."""
     defs = DefinitionCache(h.store)
     await defs.refresh()
     registry = default_registry(h.registry_modules)
-    return Intake(h.store, h.redis, h.keys, registry, defs, consumer, held=held.__contains__)
+    return Intake(
+        h.store, h.redis, h.keys, registry, defs, consumer, held=lambda i, t: (i, t) in held
+    )
 
 
 async def claimed_unrun(h: Harness, owner: str) -> tuple[str, streams.Delivery]:

@@ -48,6 +48,17 @@ async def test_an_own_claim_that_no_run_holds_is_adopted(outage: Harness) -> Non
     [run] = await (await intake(h, "c1")).admit([delivery])
     assert (run.row.id, run.token, run.row.status) == (instance_id, 1, Status.RUNNING)
     assert run.delivery == delivery
+
+
+async def test_a_run_of_an_earlier_attempt_does_not_stop_the_adoption_of_a_newer_claim(
+    outage: Harness,
+) -> None:
+    """Runs are tracked by claim: a run this process holds at another token of the instance
+    does not hold the unrun claim at token 1, so that claim is adopted."""
+    h = outage
+    instance_id, delivery = await claimed_unrun(h, "c1")
+    [run] = await (await intake(h, "c1", held=frozenset({(instance_id, 2)}))).admit([delivery])
+    assert (run.row.id, run.token) == (instance_id, 1)
     history = await h.store.history(instance_id)
     assert [x.to_status for x in history].count(Status.RUNNING) == 1  # no second claim
 
@@ -55,7 +66,7 @@ async def test_an_own_claim_that_no_run_holds_is_adopted(outage: Harness) -> Non
 async def test_a_claim_held_here_or_made_elsewhere_is_not_adopted(outage: Harness) -> None:
     h = outage
     instance_id, delivery = await claimed_unrun(h, "c1")
-    assert await (await intake(h, "c1", held=frozenset({instance_id}))).admit([delivery]) == []
+    assert await (await intake(h, "c1", held=frozenset({(instance_id, 1)}))).admit([delivery]) == []
     assert await (await intake(h, "c2")).admit([delivery]) == []
     row = await h.store.get_instance(instance_id)
     assert row is not None and (row.status, row.attempt, row.lease_owner) == (

@@ -82,7 +82,7 @@ async def test_the_heartbeat_fences_a_running_run_but_not_one_whose_end_is_commi
     heartbeat = Heartbeat(h.store, h.redis, h.keys, "c1", h.clock, liveness_ttl_s=6)
     heartbeat.track(running, busy)
     heartbeat.track(committing, returned)
-    await heartbeat.extend(30)
+    await heartbeat.extend()
     assert (running.fenced, committing.fenced) == (True, False)
     with pytest.raises(asyncio.CancelledError):
         await busy

@@ -170,8 +170,11 @@ class Store(Protocol):
         that carries them."""
         ...
 
-    async def extend_leases(self, held: list[tuple[str, int]], *, lease_s: float) -> set[str]:
-        """`extend_lease` for many (instance_id, token) pairs; returns the ids still held."""
+    async def extend_leases(
+        self, held: list[tuple[str, int]], *, lease_s: float
+    ) -> set[tuple[str, int]]:
+        """`extend_lease` for many (instance_id, token) pairs; returns the pairs still held
+        (a row is RUNNING at one attempt, so of two tokens of one instance at most one is)."""
         ...
 
     # work finding

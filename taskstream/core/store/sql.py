@@ -260,8 +260,11 @@ class SqlStore(DefinitionMethods, OutboxMethods, SchedulingMethods):
             # run on its own so that only the run carrying that key is fenced.
             return {p.request.instance_id: await self._finish_one(p) for p in prepared}
 
-    async def extend_leases(self, held: list[tuple[str, int]], *, lease_s: float) -> set[str]:
-        """`extend_lease` for many (instance_id, token) pairs; returns the ids still held."""
+    async def extend_leases(
+        self, held: list[tuple[str, int]], *, lease_s: float
+    ) -> set[tuple[str, int]]:
+        """`extend_lease` for many (instance_id, token) pairs; returns the pairs still held
+        (a row is RUNNING at one attempt, so of two tokens of one instance at most one is)."""
         lease_length_ms = rows.lease_ms(lease_s)
         if not held:
             return set()

@@ -145,11 +145,11 @@ async def claim_many(
 
 async def extend_leases(
     conn: AsyncConnection, held: Sequence[tuple[str, int]], lease_length_ms: int
-) -> set[str]:
+) -> set[tuple[str, int]]:
     """Set the lease end to db-now + `lease_length_ms` for each (id, token) still RUNNING at
-    that attempt; returns those ids. Like `sql_instances.extend_lease`, not a status change:
+    that attempt; returns those pairs. Like `sql_instances.extend_lease`, not a status change:
     `updated_at_ms` and history are left alone."""
-    still: set[str] = set()
+    still: set[tuple[str, int]] = set()
     for pairs in q.chunks(sorted(set(held))):
         locked = (
             select(inst.c.id, inst.c.attempt)
@@ -166,5 +166,5 @@ async def extend_leases(
             .values(lease_expires_at_ms=db_now_ms() + lease_length_ms)
         )
         await q.update_exactly(conn, stmt, len(found), "lease batch")
-        still.update(i for i, _ in found)
+        still.update(found)
     return still
