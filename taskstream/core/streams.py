@@ -13,7 +13,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
+from redis.exceptions import MasterDownError, OutOfMemoryError, ReadOnlyError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from taskstream.core.protocol import (
@@ -29,7 +29,17 @@ from taskstream.core.protocol import (
 
 Redis = aioredis.Redis
 
-DRIVER_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
+DRIVER_ERRORS = (
+    RedisConnectionError,
+    RedisTimeoutError,
+    OSError,
+    ReadOnlyError,
+    MasterDownError,
+    OutOfMemoryError,
+)
+"""Redis cannot serve us now: no connection, a timeout, or a server that refuses our writes
+for the time being (READONLY from a replica after a failover, MASTERDOWN from a replica cut
+off from its master, OOM at its memory limit). Callers pause and try again."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -159,19 +159,20 @@ class Executor:
             self._unadmitted = await self._batch(free)
             runs = await self._intake.admit(self._unadmitted)
             self._unadmitted = []
+        except (StoreUnavailable, *streams.DRIVER_ERRORS) as exc:
+            # Before ResponseError: a refusal such as READONLY is one, and is an outage here.
+            self._log.warning(
+                "executor.dependency_down", error=str(exc)[:300], unadmitted=len(self._unadmitted)
+            )
+            self._recheck = self._recheck or isinstance(exc, streams.DRIVER_ERRORS)
+            await asyncio.sleep(ERROR_PAUSE_S)
+            return
         except ResponseError as exc:
             if "NOGROUP" not in str(exc):
                 raise
             self._log.warning("executor.group_missing")
             self._unadmitted = []  # a group made anew has no pending entries to ack
             await streams.ensure_groups(self._deps.redis, self._deps.keys)
-            return
-        except (StoreUnavailable, *streams.DRIVER_ERRORS) as exc:
-            self._log.warning(
-                "executor.dependency_down", error=str(exc)[:300], unadmitted=len(self._unadmitted)
-            )
-            self._recheck = self._recheck or isinstance(exc, streams.DRIVER_ERRORS)
-            await asyncio.sleep(ERROR_PAUSE_S)
             return
         for run in runs:
             task = asyncio.create_task(self._execute(run))
