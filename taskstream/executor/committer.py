@@ -67,6 +67,9 @@ class Committer:
         """Ends queued for the next batch, oldest first."""
         self._queued = asyncio.Event()
         """Set when `_waiting` may be non-empty."""
+        self._final = asyncio.Event()
+        """Set by `last_tries`: the process is stopping, so an unavailable store is not
+        waited for."""
         self._log = get_logger(role="executor")
 
     def enqueue(self, run: Run, end: RunEnd) -> asyncio.Future[bool]:
@@ -90,6 +93,12 @@ class Committer:
         item = _Item(run, _with_effects(p, run.side_effects))
         self._put(item)
         return await asyncio.shield(item.done)
+
+    def last_tries(self) -> None:
+        """From now on a commit the store cannot take (it is unavailable) is tried once more,
+        then given up: the runs stay RUNNING for the sweeper to recover. Commits keep being
+        written until `run`'s stop, so a release queued after this still gets its try."""
+        self._final.set()
 
     def _put(self, item: _Item) -> None:
         self._waiting.append(item)
@@ -148,12 +157,12 @@ class Committer:
         self, batch: list[_Item], stop: asyncio.Event
     ) -> tuple[dict[str, CasResult], bool]:
         """The batch's final CAS, written again while the store is unavailable, and whether it
-        was. After `stop` one more try is made, then the error is raised (the sweeper
-        recovers those runs)."""
+        was. After `stop` or `last_tries` one more try is made, then the error is raised (the
+        sweeper recovers those runs)."""
         requests = [i.plan.finish for i in batch]
         retried = False
         while True:
-            stopping = stop.is_set()
+            stopping = stop.is_set() or self._final.is_set()
             try:
                 return await self._store.finish_many(requests), retried
             except StoreUnavailable as exc:
@@ -162,7 +171,7 @@ class Committer:
                 self._log.warning("commit.retrying", error=str(exc)[:300], runs=len(batch))
             retried = True
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=RETRY_PAUSE_S)
+                await asyncio.wait_for(self._final.wait(), timeout=RETRY_PAUSE_S)
 
     async def _landed(self, item: _Item, result: CasResult) -> bool:
         """After a retried commit, whether a lost CAS lost to this very run: an earlier try

@@ -7,7 +7,9 @@ read, so a store outage delays them by the outage, not by the sweeper's unclaime
 
 On stop: reading stops, in-flight runs get `grace_s` to finish, the rest are cancelled and
 released (RETRYING, due now, so another executor picks them up at once), pending commits are
-written, the liveness key is removed.
+written, the liveness key is removed. After the grace, a commit or release the store cannot
+take (it is unavailable) gets one more try, then is given up: the sweeper recovers those runs
+and the process exits.
 """
 
 from __future__ import annotations
@@ -142,6 +144,7 @@ class Executor:
                 await self._step()
         finally:
             await self._drain()
+            self._committer.last_tries()
             background.set()
             await asyncio.gather(*helpers, return_exceptions=True)
             await http.aclose()
@@ -263,4 +266,7 @@ class Executor:
         _, pending = await asyncio.wait(set(self._running), timeout=self._config.grace_s)
         for task in pending:
             task.cancel()
+        # The grace is over: the releases of the cancelled runs, and any commit still waiting
+        # for an unavailable store, get one more try each instead of holding the exit up.
+        self._committer.last_tries()
         await asyncio.gather(*pending, return_exceptions=True)

@@ -34,9 +34,11 @@ from tests.integration.outages import (
     Gate,
     claimed_unrun,
     finishing_under_lock,
+    gated_executor,
     intake,
     kill_blocked,
     kill_waiter,
+    lease_end,
     lock,
     settled,
 )
@@ -191,6 +193,36 @@ async def test_at_stop_a_commit_the_store_keeps_refusing_gets_one_more_try_then_
         await kill_waiter(conn, FINISH_UPDATE, release=False, spare=first)
         await asyncio.wait_for(ex.task, timeout=20)
         await conn.rollback()
+    row = await h.store.get_instance(instance_id)
+    assert row is not None and (row.status, row.attempt) == (Status.RUNNING, 1)
+
+
+async def test_a_release_at_stop_that_the_store_keeps_refusing_does_not_hold_the_exit_up(
+    outage_server: Harness,
+) -> None:
+    """Stop is asked while a run is past the grace: it is cancelled and its release (RETRYING,
+    due now) is queued after the grace, but the store fails that write. The release is not
+    retried until the store answers: the executor exits, and the run stays RUNNING for the
+    sweeper to recover."""
+    h = outage_server
+    gate = Gate()
+    instance_id, ex = await gated_executor(h, gate, grace_s=0.1, liveness_ttl_s=0.6)
+    try:
+        await asyncio.wait_for(gate.started.wait(), timeout=20)
+        claimed = await lease_end(h, instance_id)
+
+        async def extended() -> bool:  # once: the test's clock stands still after it
+            return await lease_end(h, instance_id) > claimed
+
+        await until(extended)
+        async with h.store.engine.connect() as conn:
+            await lock(conn, instance_id)
+            ex.stop.set()
+            await kill_waiter(conn, FINISH_UPDATE, release=False)
+            await asyncio.wait_for(asyncio.shield(ex.task), timeout=20)
+            await conn.rollback()
+    finally:
+        await ex.close()
     row = await h.store.get_instance(instance_id)
     assert row is not None and (row.status, row.attempt) == (Status.RUNNING, 1)
 
