@@ -90,10 +90,12 @@ class DefinitionCache:
     """Checks closer together than this are skipped (hot loops check at most this often)."""
     _checked_at: float = float("-inf")
 
-    async def refresh(self) -> bool:
-        """Reload if the store's version moved. Returns True when something was reloaded."""
+    async def refresh(self, *, force: bool = False) -> bool:
+        """Reload if the store's version moved. Returns True when something was reloaded.
+        `force` checks even within `min_interval_s` of the last check (a task id was seen
+        that the cache does not know: it may have been applied since)."""
         now = time.monotonic()
-        if now - self._checked_at < self.min_interval_s:
+        if not force and now - self._checked_at < self.min_interval_s:
             return False
         self._checked_at = now
         version = await self.store.definitions_version()

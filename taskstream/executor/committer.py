@@ -26,7 +26,6 @@ from taskstream.core.errors import StoreError, StoreUnavailable
 from taskstream.core.futures import mark_retrieved
 from taskstream.core.logging import get_logger
 from taskstream.core.protocol import Keys
-from taskstream.core.spec_parts import RetryPolicy
 from taskstream.core.states import FailClass, Status
 from taskstream.core.store.port import CasResult, Store
 from taskstream.executor.intake import Run
@@ -36,7 +35,6 @@ MAX_BATCH = 200
 RETRY_PAUSE_S = 1.0
 """Pause before writing again a batch the store could not write (seconds)."""
 DeadLetter = Callable[[streams.Delivery, str, str], Awaitable[None]]
-DEFAULT_POLICY = RetryPolicy(max_attempts=1)
 
 
 @dataclass(slots=True)
@@ -76,10 +74,9 @@ class Committer:
         """Queue a run's end for commit without waiting: the future resolves True when it is
         committed and acked, False when fenced. The caller may free the run's slot at once;
         the commit stays conditioned on the token and the ack still follows it."""
-        policy = run.spec.retry if run.spec else DEFAULT_POLICY
         row = run.row
         attempt = Attempt(
-            row.id, run.token, run.attempts_used, policy, row.deadline_ms, row.lease_owner
+            row.id, run.token, run.attempts_used, run.policy, row.deadline_ms, row.lease_owner
         )
         p = plan(attempt, end, now_ms=self._clock.now_ms(), rng=self._rng)
         item = _Item(run, _with_effects(p, run.side_effects))

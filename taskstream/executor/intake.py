@@ -23,6 +23,7 @@ from taskstream.core.logging import get_logger
 from taskstream.core.protocol import Keys, WorkEntry, decode
 from taskstream.core.reasons import SEEN_ON_STREAM
 from taskstream.core.spec import TaskSpec
+from taskstream.core.spec_parts import RetryPolicy
 from taskstream.core.states import SETTLED, FailClass, Status
 from taskstream.core.store.port import Claimed, ClaimRequest, InstanceRow, Store
 from taskstream.executor.retry import attempts_used
@@ -56,8 +57,16 @@ class Run:
         return self.token - self.given_back
 
     @property
+    def policy(self) -> RetryPolicy:
+        """The task's retry policy; when no stored definition names the task, the default
+        policy with the attempt limit stored with the instance."""
+        if self.spec is not None:
+            return self.spec.retry
+        return RetryPolicy(max_attempts=self.row.max_attempts)
+
+    @property
     def max_attempts(self) -> int:
-        return self.spec.retry.max_attempts if self.spec else 1
+        return self.policy.max_attempts
 
     @property
     def upstreams(self) -> tuple[str, ...]:
@@ -100,6 +109,10 @@ class Intake:
     async def admit(self, deliveries: list[streams.Delivery]) -> list[Run]:
         """Claim what can be claimed; settle or leave the rest."""
         found = [c for d in deliveries if (c := await self._candidate(d)) is not None]
+        if any(self._defs.get(c.entry.task_id) is None for c in found):
+            # A task applied since the last check: without its spec the run would get the
+            # defaults (one attempt, the default timeout and lease, no upstream admission).
+            await self._defs.refresh(force=True)
         candidates, dupes = _split_duplicates(found)
         if not candidates:
             return []
