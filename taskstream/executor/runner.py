@@ -109,15 +109,10 @@ async def _admitted_call(
     access: RunUpstreams | None = None
     gate, upstreams = env.gate, run.upstreams
     if gate is not None:
-        try:
-            wait_ms = await gate.admit(upstreams) if upstreams else None
-        except UNAVAILABLE as exc:
-            # Admission cannot be decided: wait, as for a refusal, without spending an attempt.
-            log.warning("upstream.admission_unavailable", error=str(exc)[:300])
-            return deferred(ADMISSION_RETRY_MS)
-        if wait_ms is not None:
-            return deferred(wait_ms)
-        access = gate.bind(upstreams)
+        admitted = await _admission(gate, upstreams, log)
+        if isinstance(admitted, RunEnd):
+            return admitted
+        access = admitted
     http = UpstreamClient(access, http=env.http, log=log, clock=env.clock)
     ctx = _context(run, env, log, http)
     try:
@@ -128,15 +123,33 @@ async def _admitted_call(
         return end
     try:
         wait_ms = await access.settle(upstreams, _breaker_outcome(end))
-    except UNAVAILABLE as exc:
+    except Exception as exc:
         # The agent has run: its end stands; only the breakers miss this outcome.
-        log.warning("upstream.settle_unavailable", error=str(exc)[:300])
+        log.warning("upstream.settle_failed", error_type=type(exc).__name__, error=str(exc)[:300])
         return end
     if wait_ms is None:
         return end
     # This run's failure opened (or kept open) an upstream's breaker: the outage is known,
     # so the run waits it out without spending an attempt, as a failed call through ctx.http.
     return replace(deferred(wait_ms), error=end.error)
+
+
+async def _admission(
+    gate: UpstreamGate, upstreams: tuple[str, ...], log: FilteringBoundLogger
+) -> RunUpstreams | RunEnd:
+    """The gate bound for the run when it may call its upstreams now; else how it ends."""
+    try:
+        wait_ms = await gate.admit(upstreams) if upstreams else None
+    except UNAVAILABLE as exc:
+        # Admission cannot be decided: wait, as for a refusal, without spending an attempt.
+        log.warning("upstream.admission_unavailable", error=str(exc)[:300])
+        return deferred(ADMISSION_RETRY_MS)
+    except Exception as exc:  # an unexpected error: a retriable failure, attempts bound it
+        log.error("upstream.admission_failed", error_type=type(exc).__name__)
+        return failed(exc)
+    if wait_ms is not None:
+        return deferred(wait_ms)
+    return gate.bind(upstreams)
 
 
 async def _call(run: Run, ctx: AgentContext, params: BaseModel, timeout_s: float) -> RunEnd:

@@ -39,7 +39,7 @@ from taskstream.executor.admission import UpstreamGate
 from taskstream.executor.committer import Committer
 from taskstream.executor.heartbeat import Heartbeat
 from taskstream.executor.intake import Intake, Run
-from taskstream.executor.outcome import Plan
+from taskstream.executor.outcome import Plan, failed
 from taskstream.executor.runner import RunEnv, execute
 
 ERROR_PAUSE_S = 1.0
@@ -226,7 +226,16 @@ class Executor:
     async def _execute(self, run: Run) -> None:
         queued = False
         try:
-            end = await execute(run, self._env)
+            try:
+                end = await execute(run, self._env)
+            except Exception as exc:  # a defect around the agent: retriable, never a lost run
+                self._log.error(
+                    "instance.run_crashed",
+                    instance_id=run.row.id,
+                    attempt=run.token,
+                    error_type=type(exc).__name__,
+                )
+                end = failed(exc)
             # The slot frees as soon as the end is queued, so the next read and claim overlap
             # this run's commit. The run stays tracked, its lease kept, until the commit is
             # done: a commit the store makes wait must not lose the run to a lease timeout.

@@ -9,7 +9,7 @@ import pytest
 
 from taskstream.agents.registry import default_registry
 from taskstream.core import streams
-from taskstream.core.protocol import Keys
+from taskstream.core.protocol import GROUP, Keys, Priority
 from taskstream.core.states import Status
 from taskstream.core.store.sql import SqlStore
 from taskstream.executor.admission import UpstreamGate
@@ -144,3 +144,60 @@ async def test_an_open_breaker_defers_instead_of_calling(h: Harness) -> None:
     row = await h.store.get_instance(later.id)
     assert row is not None and row.result is None
     assert [x.reason for x in await h.store.history(later.id)][-1] == "deferred"
+
+
+class _BrokenLimiter(RedisLimiter):
+    """The real limiter with a defect: every acquire raises an error nobody expects."""
+
+    async def acquire(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("limiter defect")
+
+
+class _BrokenBreakers(RedisBreakers):
+    """The real breakers, except that recording an outcome raises an error nobody expects."""
+
+    async def record(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("breaker defect")
+
+
+async def test_an_unexpected_admission_error_is_a_retriable_failure_not_a_lost_run(
+    h: Harness,
+) -> None:
+    """The run ends (FAILED here: one attempt allowed) and its entry is acked, instead of the
+    run's task dying and leaving the row RUNNING until its lease runs out."""
+    gate = UpstreamGate(h.store, _BrokenLimiter(h.redis, h.keys), RedisBreakers(h.redis, h.keys))
+    deps = ExecutorDeps(
+        h.store, h.redis, h.keys, default_registry(("tests.agents",)), h.clock, gate=gate
+    )
+    row = await h.trigger(TASKS, "ask")
+    ex = Running(Executor(deps, ExecutorConfig(consumer="g1", block_ms=20)))
+    try:
+        await until(lambda: _is(h, row.id, Status.FAILED))
+    finally:
+        await ex.close()
+    found = await h.store.get_instance(row.id)
+    assert found is not None
+    assert (found.attempt, found.last_error) == (1, "RuntimeError: limiter defect")
+    assert (await h.redis.xpending(h.keys.stream(Priority.DEFAULT), GROUP))["pending"] == 0
+
+
+async def test_an_unexpected_error_recording_the_outcome_leaves_the_runs_end_standing(
+    h: Harness,
+) -> None:
+    """The agent ran and succeeded; only its breaker bookkeeping failed: SUCCESS, once."""
+    gate = UpstreamGate(h.store, RedisLimiter(h.redis, h.keys), _BrokenBreakers(h.redis, h.keys))
+    deps = ExecutorDeps(
+        h.store, h.redis, h.keys, default_registry(("tests.agents",)), h.clock, gate=gate
+    )
+    row = await h.trigger(TASKS, "ask")
+    ex = Running(Executor(deps, ExecutorConfig(consumer="g1", block_ms=20)))
+    try:
+        await until(lambda: _is(h, row.id, Status.SUCCESS))
+    finally:
+        await ex.close()
+    history = await h.store.history(row.id)
+    assert [x.to_status for x in history].count(Status.RUNNING) == 1
+
+
+async def _is(h: Harness, instance_id: str, wanted: Status) -> bool:
+    return await status(h, instance_id) is wanted

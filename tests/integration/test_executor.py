@@ -15,6 +15,7 @@ from taskstream.core.protocol import GROUP, Keys, Priority, decode
 from taskstream.core.states import FailClass, Status
 from taskstream.core.store.sql import SqlStore
 from taskstream.core.store.tables import review_queue
+from taskstream.executor import service
 from taskstream.executor.reconciler import Reconciler
 from taskstream.executor.recovery import Recovery
 from tests.integration.harness import T0, Harness, Running, until
@@ -385,3 +386,29 @@ async def test_liveness_key_is_set_while_running_and_removed_after(h: Harness) -
     await until(alive)
     await ex.close()
     assert not await alive()
+
+
+async def test_a_defect_around_the_agent_fails_the_attempt_instead_of_losing_the_run(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever escapes `runner.execute` (it should return an end for everything but
+    cancellation) becomes a retriable failure of that attempt: the run is committed and its
+    entry acked, not left RUNNING until its lease runs out."""
+
+    async def defective(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("defect")
+
+    monkeypatch.setattr(service, "execute", defective)
+    row = await h.trigger(TASKS, "slow-once")
+    running = Running(h.executor())
+    try:
+
+        async def failed() -> bool:
+            return await status_of(h, row.id) is Status.FAILED
+
+        await until(failed)
+    finally:
+        await running.close()
+    found = await h.store.get_instance(row.id)
+    assert found is not None and found.last_error == "RuntimeError: defect"
+    assert (await h.redis.xpending(h.keys.stream(Priority.DEFAULT), GROUP))["pending"] == 0
