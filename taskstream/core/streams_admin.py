@@ -24,13 +24,20 @@ class Pending:
 
 
 async def pending(
-    redis: Redis, stream: str, *, count: int, consumer: str | None = None
+    redis: Redis,
+    stream: str,
+    *,
+    count: int,
+    consumer: str | None = None,
+    after: str | None = None,
 ) -> list[Pending]:
-    """The oldest `count` pending entries of the group on `stream`, or of one `consumer` in
-    it (none if it is missing). Reading them changes no delivery count or idle time."""
+    """The oldest `count` pending entries of the group on `stream` (those after the entry id
+    `after`, when given), or of one `consumer` in it (none if it is missing). Reading them
+    changes no delivery count or idle time."""
+    start = "-" if after is None else f"({after}"
     try:
         rows: list[dict[str, Any]] = await redis.xpending_range(
-            stream, GROUP, "-", "+", count, consumername=consumer
+            stream, GROUP, start, "+", count, consumername=consumer
         )
     except ResponseError:
         return []

@@ -104,7 +104,22 @@ class Sweeper:
         return counts
 
     async def _sweep_stream(self, stream: str) -> list[str]:
-        entries = await admin.pending(self._redis, stream, count=self._config.batch)
+        """Every pending entry of `stream`, a page of `batch` at a time (oldest first): an
+        entry behind a page of healthy long runs is looked at in the same pass."""
+        actions: list[str] = []
+        after: str | None = None
+        while True:
+            entries = await admin.pending(
+                self._redis, stream, count=self._config.batch, after=after
+            )
+            actions += await self._sweep_page(stream, entries)
+            if len(entries) < self._config.batch:
+                return actions
+            after = entries[-1].entry_id
+
+    async def _sweep_page(self, stream: str, entries: list[admin.Pending]) -> list[str]:
+        if not entries:
+            return []
         owners = await admin.alive(self._redis, self._keys, {p.consumer for p in entries})
         now_ms, ttl_ms = self._clock.now_ms(), self._config.liveness_ttl_ms
         if not liveness_trusted(self._redis_failed_ms, now_ms=now_ms, ttl_ms=ttl_ms):

@@ -13,6 +13,7 @@ from taskstream.core import streams
 from taskstream.core.definitions import DefinitionCache
 from taskstream.core.protocol import GROUP, Keys, Priority, decode
 from taskstream.core.states import FailClass, Status
+from taskstream.core.store.port import ClaimRequest
 from taskstream.core.store.sql import SqlStore
 from taskstream.core.store.tables import review_queue
 from taskstream.executor import service
@@ -412,3 +413,21 @@ async def test_a_defect_around_the_agent_fails_the_attempt_instead_of_losing_the
     found = await h.store.get_instance(row.id)
     assert found is not None and found.last_error == "RuntimeError: defect"
     assert (await h.redis.xpending(h.keys.stream(Priority.DEFAULT), GROUP))["pending"] == 0
+
+
+async def test_the_sweeper_looks_past_a_full_page_of_healthy_pending_entries(
+    h: Harness,
+) -> None:
+    """Pages of 2: `live` (alive, leases held) has the two oldest pending entries, `gone` (no
+    liveness key) the third. One pass reaches the third and times its run out."""
+    rows = [await h.trigger(TASKS, "slow", fire_ms=h.clock.now_ms() + i) for i in range(3)]
+    assert len(await streams.read(h.redis, h.keys, "live", count=2, block_ms=10)) == 2
+    assert len(await streams.read(h.redis, h.keys, "gone", count=1, block_ms=10)) == 1
+    await h.store.claim_many([ClaimRequest(r.id, 0, 600) for r in rows[:2]], owner="live")
+    await h.store.claim_many([ClaimRequest(rows[2].id, 0, 600)], owner="gone")
+    await streams.mark_alive(h.redis, h.keys, "live", 60_000)
+    counts = await h.sweeper(batch=2, min_idle_ms=0).sweep_once()
+    assert counts.get("timeout") == 1
+    statuses = [await status_of(h, r.id) for r in rows]
+    assert statuses[:2] == [Status.RUNNING, Status.RUNNING]
+    assert statuses[2] is not Status.RUNNING
