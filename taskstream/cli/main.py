@@ -1,7 +1,7 @@
 """The `taskstream` command line. Human output by default, `--json` for scripts.
 
 Exit codes: 0 ok; 1 an operational error (store or Redis down, no cluster found); 2 invalid
-input (task file, arguments).
+input (task file, arguments, `TASKSTREAM_*` settings).
 """
 
 from __future__ import annotations
@@ -9,6 +9,8 @@ from __future__ import annotations
 import sys
 
 import typer
+from pydantic import ValidationError
+from redis.exceptions import RedisError
 
 from taskstream.cli import explain_cmd, ops_cmds, query_cmds, roles, sched_cmds, up
 from taskstream.cli.tasks_cmds import tasks_app
@@ -46,9 +48,13 @@ def run() -> None:
     """Console-script entry: configure logging, run the app, turn typed errors into exit codes."""
     from taskstream.core.settings import Settings  # noqa: PLC0415 - after env is final
 
-    configure(Settings().log_level)
     try:
+        configure(Settings().log_level)
         app()
+    except ValidationError as exc:
+        for line in settings_problems(exc):
+            sys.stderr.write(f"{line}\n")
+        sys.exit(2)
     except ConfigError as exc:
         for line in exc.problems:
             sys.stderr.write(f"{line}\n")
@@ -56,3 +62,16 @@ def run() -> None:
     except TaskstreamError as exc:
         sys.stderr.write(f"error: {exc}\n")
         sys.exit(1)
+    except RedisError as exc:
+        sys.stderr.write(f"error: redis unavailable: {type(exc).__name__}: {exc}\n")
+        sys.exit(1)
+
+
+def settings_problems(exc: ValidationError) -> list[str]:
+    """One line per invalid `TASKSTREAM_*` setting, naming the variable (never its value:
+    a URL may carry a password)."""
+    lines = []
+    for error in exc.errors(include_url=False, include_input=False):
+        field = "_".join(str(part) for part in error["loc"]).upper()
+        lines.append(f"TASKSTREAM_{field}: {error['msg']}")
+    return lines

@@ -6,6 +6,7 @@ Settings are frozen and passed down; no module reads the environment on its own.
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -44,9 +45,42 @@ class Settings(BaseSettings):
     liveness_ttl_s: float = Field(default=6.0, ge=1.0, le=300.0)
     sweep_interval_s: float = Field(default=2.0, gt=0.0, le=300.0)
 
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, value: str | None) -> str | None:
+        if value is not None:
+            _check_url(value, REDIS_SCHEMES)
+        return value
+
+    @field_validator("database_url")
+    @classmethod
+    def _database_url(cls, value: str | None) -> str | None:
+        if value is not None:
+            _check_url(value, ())
+        return value
+
     @field_validator("agent_modules", "precondition_modules", mode="before")
     @classmethod
     def _split(cls, value: object) -> object:
         if isinstance(value, str):
             return tuple(part.strip() for part in value.split(",") if part.strip())
         return value
+
+
+REDIS_SCHEMES = ("redis", "rediss", "unix")
+
+
+def _check_url(url: str, schemes: tuple[str, ...]) -> None:
+    """`ValueError` naming what is wrong with `url`: no scheme, a scheme not in `schemes`
+    (any when empty), or a port that is not a number from 1 to 65535."""
+    parts = urlsplit(url)
+    if not parts.scheme:
+        raise ValueError("not a URL (scheme://...)")
+    if schemes and parts.scheme not in schemes:
+        raise ValueError(f"scheme {parts.scheme!r} is not one of {', '.join(schemes)}")
+    try:
+        port = parts.port
+    except ValueError as exc:
+        raise ValueError(f"bad port: {exc}") from None
+    if port == 0:
+        raise ValueError("bad port: 0")

@@ -1,0 +1,49 @@
+"""Bad settings and an unreachable Redis end a command with one line naming what is wrong (exit
+2 for settings, 1 for an outage), never a traceback; a URL's password is never printed."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.cli_rig import run_cli
+
+DOWN = "redis://127.0.0.1:1/0"  # nothing listens on port 1
+
+
+def _env(tmp_path: Path, **settings: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TASKSTREAM_")}
+    env["TASKSTREAM_DATABASE_URL"] = f"sqlite:///{tmp_path / 'store.db'}"
+    return env | {f"TASKSTREAM_{k.upper()}": v for k, v in settings.items()}
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "named"),
+    [
+        ("namespace", "bad/ns", "TASKSTREAM_NAMESPACE"),
+        ("executor_concurrency", "abc", "TASKSTREAM_EXECUTOR_CONCURRENCY"),
+        ("redis_url", "http://:hunter2@127.0.0.1:6379", "TASKSTREAM_REDIS_URL"),
+        ("redis_url", "bogus", "TASKSTREAM_REDIS_URL"),
+        ("database_url", "mysql://root:hunter2@127.0.0.1:notaport/x", "TASKSTREAM_DATABASE_URL"),
+    ],
+)
+def test_an_invalid_setting_is_named_in_one_line(
+    tmp_path: Path, setting: str, value: str, named: str
+) -> None:
+    out = run_cli("status", env=_env(tmp_path, **{setting: value}))
+    assert out.returncode == 2
+    assert out.stderr.startswith(named + ": ")
+    assert len(out.stderr.strip().splitlines()) == 1
+    assert "hunter2" not in out.stderr
+
+
+@pytest.mark.parametrize("command", [("status",), ("dead", "list"), ("sweeper",)])
+def test_redis_down_is_one_line_and_exit_1(tmp_path: Path, command: tuple[str, ...]) -> None:
+    env = _env(tmp_path, redis_url=DOWN)
+    assert run_cli("migrate", env=env).returncode == 0
+    out = run_cli(*command, env=env)
+    assert out.returncode == 1
+    assert out.stderr.startswith("error: redis unavailable: ConnectionError")
+    assert "Traceback" not in out.stderr
