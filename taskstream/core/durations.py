@@ -8,7 +8,8 @@ Accepted forms:
   `h` (3 600 s), `m` (60 s), `s`, `ms` (0.001 s). A bare number string (`"30"`) is seconds.
 
 Booleans, negative values, NaN and infinity are rejected. `Duration` is the pydantic field type
-that applies `parse_duration`; `PositiveDuration` additionally requires a value > 0.
+that applies `parse_duration` and caps it at `MAX_SECONDS`; `PositiveDuration` additionally
+requires at least one millisecond (durations are kept as whole milliseconds downstream).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import math
 import re
 from typing import Annotated, Final
 
-from pydantic import BeforeValidator, Field
+from pydantic import AfterValidator, BeforeValidator, Field
 
 UNIT_SECONDS: Final[dict[str, float]] = {
     "d": 86_400.0,
@@ -82,8 +83,32 @@ def _parse_text(text: str) -> float:
     return total
 
 
-Duration = Annotated[float, BeforeValidator(parse_duration)]
-"""Field type: float seconds >= 0, accepting every form `parse_duration` accepts."""
+MAX_SECONDS: Final = 3650 * 86_400.0
+"""The longest duration a task file may give (3650d, about ten years): every duration ends up
+added to an epoch-millisecond time in a BIGINT column, and none is useful beyond this."""
 
-PositiveDuration = Annotated[float, BeforeValidator(parse_duration), Field(gt=0)]
-"""Field type: float seconds > 0."""
+
+def _capped(seconds: float) -> float:
+    if seconds > MAX_SECONDS:
+        raise ValueError(f"duration of {seconds:g} s is too long: at most 3650d")
+    return seconds
+
+
+def _positive(seconds: float) -> float:
+    if seconds < 0.001:
+        raise ValueError(f"duration of {seconds:g} s is too short: at least 1ms")
+    return seconds
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration), AfterValidator(_capped)]
+"""Field type: float seconds from 0 to `MAX_SECONDS`, accepting every form `parse_duration`
+accepts."""
+
+PositiveDuration = Annotated[
+    float,
+    BeforeValidator(parse_duration),
+    Field(gt=0),
+    AfterValidator(_capped),
+    AfterValidator(_positive),
+]
+"""Field type: float seconds from 1 ms to `MAX_SECONDS`."""

@@ -32,6 +32,8 @@ from pydantic import (
 from taskstream.core.durations import Duration, PositiveDuration
 
 NAME_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}$"
+MAX_ATTEMPTS: Final = 10_000
+"""The most attempts a task may allow (the store keeps attempts in a 32-bit column)."""
 """Readiness markers, preconditions and upstreams: e.g. `raw_data.ready`, `openai`."""
 
 _CRON_PROBE_START: Final = datetime(2000, 1, 1, tzinfo=UTC)
@@ -242,7 +244,7 @@ class Backoff(SpecModel):
     """Delay before attempt n+1: `min(max, base * factor**(n-1))` seconds, before jitter."""
 
     base: PositiveDuration = 1.0
-    factor: float = Field(default=2.0, ge=1.0, allow_inf_nan=False)
+    factor: float = Field(default=2.0, ge=1.0, le=1000.0, allow_inf_nan=False)
     max: PositiveDuration = 300.0
 
     @field_validator("max")
@@ -260,7 +262,7 @@ class RetryPolicy(SpecModel):
     `jitter` is the fraction (0..1) of each delay that is randomised.
     """
 
-    max_attempts: int = Field(default=3, ge=1)
+    max_attempts: int = Field(default=3, ge=1, le=MAX_ATTEMPTS)
     backoff: Backoff = Field(default_factory=Backoff)
     jitter: float = Field(default=0.1, ge=0.0, le=1.0)
     retry_on: Annotated[

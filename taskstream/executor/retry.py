@@ -39,7 +39,10 @@ def backoff_ms(backoff: Backoff, jitter: float, attempts_used: int, rng: Random)
     """Delay before the next attempt, in ms: `min(max, base * factor**(n-1))` seconds, of
     which the fraction `jitter` is randomised downwards (so the delay never exceeds `max`)."""
     n = max(1, attempts_used)
-    raw_s = min(backoff.max, backoff.base * backoff.factor ** (n - 1))
+    try:
+        raw_s = min(backoff.max, backoff.base * backoff.factor ** (n - 1))
+    except OverflowError:  # factor ** (n - 1) beyond a float: far past `max`
+        raw_s = backoff.max
     delay_s = raw_s * (1.0 - jitter) + raw_s * jitter * rng.random()
     return max(0, round(delay_s * 1000))
 

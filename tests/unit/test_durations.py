@@ -87,6 +87,10 @@ def test_field_types_parse(fields: dict[str, object], expected: tuple[float, flo
         ({"positive": 0}, ("positive",)),
         ({"any_length": "-1s"}, ("any_length",)),
         ({"any_length": "soon"}, ("any_length",)),
+        ({"positive": "0.4ms"}, ("positive",)),
+        ({"positive": 0.0004}, ("positive",)),
+        ({"any_length": "3651d"}, ("any_length",)),
+        ({"positive": 1.0e300}, ("positive",)),
     ],
 )
 def test_field_types_reject(fields: dict[str, object], location: tuple[str, ...]) -> None:

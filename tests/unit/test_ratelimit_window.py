@@ -62,7 +62,7 @@ def test_out_of_range_limits_name_every_problem(
     [
         ({"limit": 5, "window": "1m"}, Limits(5, 60_000, 0)),
         ({"limit": 2, "window": 0.25, "burst": 3}, Limits(2, 250, 3)),
-        ({"limit": 1, "window": "0.0001s"}, Limits(1, 1, 0)),
+        ({"limit": 1, "window": "0.001s"}, Limits(1, 1, 0)),
     ],
 )
 def test_limits_from_a_task_spec(spec: dict[str, object], want: Limits) -> None:

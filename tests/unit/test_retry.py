@@ -90,3 +90,9 @@ def test_attempts_used(token: int, history: list[tuple[str, int]], used: int) ->
     from taskstream.executor.retry import attempts_used
 
     assert attempts_used(token, history) == used
+
+
+def test_a_backoff_past_any_float_is_its_max() -> None:
+    """factor ** (attempts - 1) overflows a float long before `max_attempts`' limit."""
+    backoff = Backoff(base=1.0, factor=1000.0, max=600.0)
+    assert backoff_ms(backoff, 0.0, 10_000, Random(1)) == 600_000
