@@ -31,6 +31,9 @@ from taskstream.scheduler import manual
 
 T = TypeVar("T")
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST: Final = datetime(3000, 1, 1, tzinfo=UTC)
+"""Instants given on the command line lie in [1970-01-01, 3000-01-01) UTC: fire times are
+epoch milliseconds >= 0, and the calendar arithmetic of a plan stays far from year 9999."""
 _DATE: Final = re.compile(r"\d{4}-\d{2}-\d{2}")
 JSON_OPT = typer.Option(False, "--json", help="Machine-readable output.")
 TASK_ARG = typer.Argument(..., help="Task id.")
@@ -57,6 +60,10 @@ def parse_instant(text: str, *, name: str, now_ms: int) -> int:
         why = "is not ISO 8601, a date or now" if moment is None else "has no UTC offset"
         hint = "add an offset (+01:00) or Z; the host timezone is never used"
         raise typer.BadParameter(f"{text!r} {why}: {hint}", param_hint=name)
+    if not _EPOCH <= moment < LATEST:
+        raise typer.BadParameter(
+            f"{text!r} is outside 1970-01-01T00:00Z .. 2999-12-31T23:59:59Z", param_hint=name
+        )
     return (moment - _EPOCH) // timedelta(milliseconds=1)
 
 

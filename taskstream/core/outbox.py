@@ -132,8 +132,8 @@ class Outbox:
         stored whatever Redis answered (down, out of memory), so they stay PENDING for the
         reconciler rather than failing their callers."""
         fresh = [item for item, c in zip(batch, created, strict=True) if c.created]
-        entries = [(Priority(i.new.priority), _new_entry(i.new, i.now_ms)) for i in fresh]
         try:
+            entries = [(Priority(i.new.priority), _new_entry(i.new, i.now_ms)) for i in fresh]
             await streams.publish_many(self.redis, self.keys, entries)
         except Exception as exc:
             self._log.warning(

@@ -16,7 +16,7 @@ from taskstream.core.outbox import Outbox
 from taskstream.core.protocol import Keys
 from taskstream.core.reasons import LEASE_EXPIRED
 from taskstream.core.states import Status
-from taskstream.core.store.port import Store
+from taskstream.core.store.port import InstanceRow, Store
 from taskstream.executor.recovery import Recovery
 
 GRACE_MS = 15_000
@@ -65,7 +65,8 @@ class Reconciler:
             if row.id in live:
                 continue
             if row.status in (Status.PENDING, Status.DISPATCHED):
-                await self._outbox.publish(row, now_ms=now)
+                if not await self._publish(row, now):
+                    continue
             elif row.status is Status.TIMEOUT:
                 await self._recovery.leave_timeout(row, reason=LEASE_EXPIRED, now_ms=now)
             elif row.lease_expires_at_ms is not None and row.lease_expires_at_ms <= now:
@@ -75,3 +76,18 @@ class Reconciler:
             fixed += 1
             self._log.info("instance.reconciled", instance_id=row.id, status=row.status)
         return fixed
+
+    async def _publish(self, row: InstanceRow, now_ms: int) -> bool:
+        """Publish a lost row's entry again. A row no entry can be made of (a value the stream
+        protocol refuses) is logged and left where it is: it must not stop the whole pass."""
+        try:
+            await self._outbox.publish(row, now_ms=now_ms)
+        except ValueError as exc:
+            self._log.error(
+                "instance.unpublishable",
+                instance_id=row.id,
+                status=row.status,
+                error=str(exc).splitlines()[0][:300],
+            )
+            return False
+        return True

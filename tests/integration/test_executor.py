@@ -10,6 +10,7 @@ from sqlalchemy import select
 
 from taskstream.agents.base import effect_key
 from taskstream.core import streams
+from taskstream.core import streams_admin as admin
 from taskstream.core.definitions import DefinitionCache
 from taskstream.core.protocol import GROUP, Keys, Priority, decode
 from taskstream.core.states import FailClass, Status
@@ -19,6 +20,7 @@ from taskstream.core.store.tables import review_queue
 from taskstream.executor import service
 from taskstream.executor.reconciler import Reconciler
 from taskstream.executor.recovery import Recovery
+from taskstream.scheduler.instances import new_instance
 from tests.integration.harness import T0, Harness, Running, until
 
 TASKS = """
@@ -431,3 +433,20 @@ async def test_the_sweeper_looks_past_a_full_page_of_healthy_pending_entries(
     statuses = [await status_of(h, r.id) for r in rows]
     assert statuses[:2] == [Status.RUNNING, Status.RUNNING]
     assert statuses[2] is not Status.RUNNING
+
+
+async def test_a_row_no_entry_can_be_made_of_does_not_stop_the_reconciler(h: Harness) -> None:
+    """A PENDING row whose fire time is before 1970 (the stream protocol refuses it) sits
+    beside a lost row that can be published: the pass publishes the second and goes on."""
+    spec = next(s for s in await h.definitions() if s.id == "slow")
+    bad = await h.outbox.emit(new_instance(spec, -60_000), now_ms=h.clock.now_ms())
+    good = await h.trigger(TASKS, "slow")
+    stream = h.keys.stream(Priority.DEFAULT)
+    entries: Any = await h.redis.xrange(stream)
+    await h.redis.xdel(stream, *[i for i, f in entries if decode(f).instance_id == good.id])
+    h.clock.advance(60_000)
+    defs = DefinitionCache(h.store)
+    reconciler = Reconciler(h.store, h.redis, h.keys, h.clock, Recovery(h.store, defs, Random(7)))
+    assert await reconciler.reconcile() == 1
+    assert await status_of(h, bad.instance_id) is Status.PENDING
+    assert good.id in await admin.instance_ids(h.redis, h.keys)
