@@ -154,6 +154,15 @@ class TaskSpec(SpecModel):
             )
         return value
 
+    @model_validator(mode="after")
+    def _scheduled_key_renders(self) -> TaskSpec:
+        """A scheduled task's instances carry its own payload: its dedupe key must render
+        (every `{payload.<field>}` found, at most 255 characters), else no fire time could
+        ever make an instance."""
+        if self.schedule is not None and self.schedule.kind != "on_demand":
+            render_dedupe_key(self, SAMPLE_FIRE_MS, self.payload)
+        return self
+
     @field_validator("calendar", "not_before", "off_peak")
     @classmethod
     def _local_rules_need_timezone(cls, value: object, info: ValidationInfo) -> object:
@@ -246,6 +255,10 @@ def _payload_value(payload: Mapping[str, object], path: str) -> str:
     if isinstance(value, str):
         return value
     return canonical_json(value)
+
+
+SAMPLE_FIRE_MS: Final = 1_800_000_000_000
+"""A fire time to render a key with at validation (every fire time renders as long)."""
 
 
 def render_dedupe_key(spec: TaskSpec, scheduled_for_ms: int, payload: Mapping[str, object]) -> str:

@@ -154,7 +154,7 @@ class Scheduler:
             (spec, trigger)
             for task_id, spec in self._defs.current.specs.items()
             if task_id not in self._defs.current.paused
-            and (trigger := trigger_of(spec)) is not None
+            and (trigger := self._trigger(spec)) is not None
         ]
         gate = asyncio.Semaphore(TASKS_AT_ONCE)
 
@@ -166,11 +166,34 @@ class Scheduler:
         # deciding in the background would race the next pass over the same ticks.
         results = await asyncio.gather(*(one(s, t) for s, t in active), return_exceptions=True)
         failed = [r for r in results if isinstance(r, BaseException)]
-        if failed:
-            # Being fenced matters most: it makes this scheduler step down.
-            raise next((f for f in failed if isinstance(f, Fenced)), failed[0])
+        # Being fenced matters most: it makes this scheduler step down; an outage pauses it.
+        for kind in (Fenced, (StoreUnavailable, *streams.DRIVER_ERRORS)):
+            if (first := next((f for f in failed if isinstance(f, kind)), None)) is not None:
+                raise first
+        for (spec, _), result in zip(active, results, strict=True):
+            if isinstance(result, BaseException):
+                self._task_failed(spec, result)
         nexts = [r for r in results if not isinstance(r, BaseException)]
         return min(nexts) if nexts else None
+
+    def _trigger(self, spec: TaskSpec) -> Trigger | None:
+        try:
+            return trigger_of(spec)
+        except Exception as exc:  # one task's defect must not stop the others
+            self._task_failed(spec, exc)
+            return None
+
+    def _task_failed(self, spec: TaskSpec, exc: BaseException) -> None:
+        """One task could not be advanced (its definition cannot make an instance, say): it is
+        logged and left where it was, tried again next pass; every other task goes on."""
+        if not isinstance(exc, Exception):
+            raise exc
+        self._log.error(
+            "task.advance_failed",
+            task_id=spec.id,
+            error_type=type(exc).__name__,
+            error=str(exc)[:300],
+        )
 
     async def _emit_due_retries(self, now_ms: int) -> None:
         """Publish RETRYING rows whose next attempt is due (RETRYING -> DISPATCHED)."""

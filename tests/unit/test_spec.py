@@ -165,6 +165,20 @@ def test_schedule_rejections(schedule: dict[str, Any], location: str, fragment: 
         ({"concurrency": "queue"}, "concurrency", "'forbid', 'allow' or 'replace'"),
         ({"priority": "urgent"}, "priority", "'high', 'default' or 'low'"),
         ({"review": 2}, "review", "less than or equal to 1"),
+        (
+            {
+                "schedule": {"every": "1h"},
+                "dedupe_key": "{task_id}:{scheduled_for}:{payload.region}",
+                "payload": {"other": 1},
+            },
+            "",
+            "Value error, dedupe_key needs {payload.region} but the payload has no such field",
+        ),
+        (
+            {"schedule": {"every": "1h"}, "dedupe_key": "{scheduled_for}" + "x" * 240},
+            "",
+            "Value error, dedupe key is 264 characters, limit 255",
+        ),
         ({"timeout": 0}, "timeout", "greater than 0"),
         ({"timeout": 0.0009}, "timeout", "too short: at least 1ms"),
         ({"timeout": 1.0e300}, "timeout", "too long: at most 3650d"),
