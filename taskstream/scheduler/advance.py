@@ -23,6 +23,7 @@ from taskstream.core.store.port import DecisionRow, Store
 from taskstream.scheduler.catchup import bound_missed, catchup_horizon_ms, plan_catchup
 from taskstream.scheduler.decide import (
     MISSED,
+    SKIP_WINDOW,
     ActiveInstance,
     Decision,
     TickFacts,
@@ -40,7 +41,7 @@ from taskstream.scheduler.hold import (
 from taskstream.scheduler.instances import business_date_of
 from taskstream.scheduler.recall import RECALL_LIMIT, recall
 from taskstream.scheduler.replace import cancel_previous
-from taskstream.scheduler.ticks import Trigger, fire_times, next_fire
+from taskstream.scheduler.ticks import Trigger, fire_times, is_fire_time, next_fire
 
 MAX_TICKS_PER_PASS = 1000
 """Bound on fire times one pass decides per task; older ones wait for the next pass."""
@@ -89,6 +90,7 @@ class Advancer:
         """Decide every due tick of `spec`; returns its next fire time (ms)."""
         state = self._states.setdefault(spec.id, TaskState())
         cursor = await self._cursor(spec, state, now_ms, token)
+        await self._close_orphans(spec, trigger, now_ms, state)
         cursor = await self._beyond_horizon(spec, trigger, cursor, now_ms, state)
         due = [
             f
@@ -120,6 +122,16 @@ class Advancer:
         # Past every tick decided so far, even those the cursor has not passed yet (a waiting
         # tick holds it back, or its write failed): a wake-up in the past would spin.
         return min([next_fire(trigger, max([last, cursor, *state.decided])), *wake])
+
+    async def _close_orphans(
+        self, spec: TaskSpec, trigger: Trigger, now_ms: int, state: TaskState
+    ) -> None:
+        """Waiting ticks the schedule no longer fires at (it was edited while they waited) are
+        closed as `skip_window`: nothing else would decide them again, and their wake-up
+        would stay in the past."""
+        for fire in sorted(f for f in state.waiting if not is_fire_time(trigger, f)):
+            reason = "the schedule no longer fires at this time (edited while the tick waited)"
+            await self._apply(spec, fire, Decision(SKIP_WINDOW, reason), now_ms, state)
 
     async def _catch_up(
         self,

@@ -215,6 +215,11 @@ def next_fire(trigger: Trigger, after_ms: int) -> int:
     return next(_fires(trigger, after_ms))
 
 
+def is_fire_time(trigger: Trigger, at_ms: int) -> bool:
+    """True when `trigger` fires at `at_ms` (UTC epoch ms)."""
+    return fire_times(trigger, at_ms - 1, at_ms, limit=1) == [at_ms]
+
+
 def fire_times(trigger: Trigger, after_ms: int, until_ms: int, *, limit: int) -> list[int]:
     """Fire times (UTC epoch ms) in (after_ms, until_ms], oldest first, at most `limit`.
 

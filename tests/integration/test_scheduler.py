@@ -322,3 +322,25 @@ async def test_a_task_whose_advance_fails_does_not_stop_the_others(
     h.clock.advance(60_000)
     assert await s.run_pass() == M0 + 120_000
     assert [r.task_id for r in await store.list_instances()] == ["fine"]
+
+
+async def test_a_tick_left_waiting_by_a_schedule_edit_is_closed_and_nothing_spins(
+    store: SqlStore, redis: streams.Redis, keys: Keys
+) -> None:
+    """Tick F (every 1m) waits for its marker; the schedule is then changed to a cron that
+    does not fire at F. F is closed as skip_window (nothing else would decide it again), and
+    the pass's next wake-up is in the future, not F's past re-check time (a busy loop)."""
+    h = Harness(store, redis, keys, FixedClock(M0 + 1))
+    await h.apply(DEPS)
+    s = make(h)
+    await s.run_pass()
+    h.clock.advance(60_000)
+    await s.run_pass()
+    [waiting] = await store.decisions("report")
+    assert waiting.decision == "wait_dep"
+    await h.apply(DEPS.replace("every: 1m", "cron: '30 * * * *', timezone: UTC"))
+    h.clock.advance(3 * 3_600_000)
+    nexts = [await s.run_pass() for _ in range(2)]
+    assert all(n is not None and n > h.clock.now_ms() for n in nexts)
+    at_f = [d for d in await store.decisions("report") if d.fire_time_ms == waiting.fire_time_ms]
+    assert [d.decision for d in at_f] == ["wait_dep", "skip_window"]
