@@ -92,10 +92,11 @@ class Advancer:
         cursor = await self._cursor(spec, state, now_ms, token)
         await self._close_orphans(spec, trigger, now_ms, state)
         cursor = await self._beyond_horizon(spec, trigger, cursor, now_ms, state)
+        # Ticks decided past the cursor (it waits behind a waiting tick) do not count against
+        # the bound, or a tick waiting for long would stop every later tick from being decided.
+        limit = MAX_TICKS_PER_PASS + len(state.decided)
         due = [
-            f
-            for f in fire_times(trigger, cursor, now_ms, limit=MAX_TICKS_PER_PASS)
-            if f not in state.decided
+            f for f in fire_times(trigger, cursor, now_ms, limit=limit) if f not in state.decided
         ]
         held = await self._held_by(spec, now_ms) if due else {}
         window_ms = round(spec.window * 1000)

@@ -15,7 +15,7 @@ from taskstream.core.protocol import Keys
 from taskstream.core.states import FailClass, Status
 from taskstream.core.store.port import ClaimRequest, FinishRequest
 from taskstream.core.store.sql import SqlStore
-from taskstream.scheduler import manual
+from taskstream.scheduler import advance, manual
 from taskstream.scheduler.leader import LeaderLease
 from taskstream.scheduler.service import Scheduler, SchedulerConfig
 from tests.integration.harness import T0, Harness, Running, until
@@ -82,6 +82,13 @@ async def test_the_standby_fires_the_next_tick_when_the_leader_dies(
     await standby._step()
     assert len(await store.list_instances()) == 3
 
+
+DAY0 = 1_780_012_800_000
+"""2026-05-29T00:00:00Z."""
+EVERY_SECOND_DEPS = """
+tasks:
+  - {id: w, agent: echo, schedule: {every: 1s}, window: 1h, depends_on: [raw.ready]}
+"""
 
 DEPS = """
 tasks:
@@ -344,3 +351,23 @@ async def test_a_tick_left_waiting_by_a_schedule_edit_is_closed_and_nothing_spin
     assert all(n is not None and n > h.clock.now_ms() for n in nexts)
     at_f = [d for d in await store.decisions("report") if d.fire_time_ms == waiting.fire_time_ms]
     assert [d.decision for d in at_f] == ["wait_dep", "skip_window"]
+
+
+async def test_a_tick_waiting_for_long_does_not_hold_back_the_ticks_after_it(
+    store: SqlStore, redis: streams.Redis, keys: Keys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Yesterday's last ticks (every 1s, window 1h) wait for yesterday's marker, which never
+    comes, so the cursor stays before them; today's marker is set. With at most 20 ticks per
+    pass, today's ticks keep running pass after pass: decided ticks beyond the cursor do not
+    use up the bound."""
+    monkeypatch.setattr(advance, "MAX_TICKS_PER_PASS", 20)
+    h = Harness(store, redis, keys, FixedClock(DAY0 - 3_000))
+    await h.apply(EVERY_SECOND_DEPS)
+    await store.mark_ready("raw.ready", "2026-05-29")
+    s = make(h)
+    await s.run_pass()
+    for _ in range(10):
+        h.clock.advance(10_000)
+        await s.run_pass()
+    newest = max(r.scheduled_for_ms for r in await store.list_instances(limit=1000))
+    assert newest == h.clock.now_ms() - h.clock.now_ms() % 1000
