@@ -95,9 +95,8 @@ class Advancer:
         # Ticks decided past the cursor (it waits behind a waiting tick) do not count against
         # the bound, or a tick waiting for long would stop every later tick from being decided.
         limit = MAX_TICKS_PER_PASS + len(state.decided)
-        due = [
-            f for f in fire_times(trigger, cursor, now_ms, limit=limit) if f not in state.decided
-        ]
+        fires = fire_times(trigger, cursor, now_ms, limit=limit)
+        due = [f for f in fires if f not in state.decided]
         held = await self._held_by(spec, now_ms) if due else {}
         window_ms = round(spec.window * 1000)
         closed = [
@@ -106,8 +105,10 @@ class Advancer:
             if f + window_ms < now_ms and (f not in state.waiting or is_held(state.waiting[f]))
         ]
         if closed:
-            on_time = len(closed) < len(due)
-            await self._catch_up(spec, closed, now_ms, state, held, newer_on_time=on_time)
+            # A newer tick decides on its own (on time, or in a later chunk of this backlog):
+            # an older tick still waiting for its marker is not one.
+            newer = len(fires) == limit or any(f > closed[-1] for f in set(due) - set(closed))
+            await self._catch_up(spec, closed, now_ms, state, held, newer_on_time=newer)
         for fire in sorted(set(due) - set(closed)):
             previous = state.waiting.get(fire)
             # A tick catch-up admitted and then deferred keeps its catch-up window.

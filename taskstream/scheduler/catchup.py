@@ -92,8 +92,9 @@ def plan_catchup(
 ) -> CatchupPlan:
     """Decide every fire time in `missed_ms` (strictly ascending, each with its trigger window
     closed at `now_ms`) per `spec.catchup`; see the module docstring for the order. With
-    `mode: latest` and `newer_on_time` (a newer tick of the task is still inside its window),
-    none of them runs: they are all coalesced into that newer tick.
+    `mode: latest` and `newer_on_time` (a newer tick of the task decides on its own: it is
+    still inside its window, or a later chunk of the same backlog holds it), none of them
+    runs: they are all coalesced into that newer tick.
 
     ValueError when `max_burst < 1`, the times are not ascending, or one is still on time.
     """

@@ -371,3 +371,43 @@ async def test_a_tick_waiting_for_long_does_not_hold_back_the_ticks_after_it(
         await s.run_pass()
     newest = max(r.scheduled_for_ms for r in await store.list_instances(limit=1000))
     assert newest == h.clock.now_ms() - h.clock.now_ms() % 1000
+
+
+async def test_latest_catch_up_runs_once_however_many_chunks_the_backlog_takes(
+    store: SqlStore, redis: streams.Redis, keys: Keys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Down for 50 s with `every: 1s`, at most 20 ticks per pass: the backlog takes three
+    chunks, and `mode: latest` still runs one tick (the newest, on time), not one per chunk."""
+    monkeypatch.setattr(advance, "MAX_TICKS_PER_PASS", 20)
+    h = Harness(store, redis, keys, FixedClock(DAY0 - 500))
+    await h.apply(
+        "tasks:\n  - {id: sec, agent: echo, schedule: {every: 1s}, window: 1s,"
+        " catchup: {enabled: true, max_delay: 1h, mode: latest}}\n"
+    )
+    s = make(h)
+    await s.run_pass()
+    h.clock.set(DAY0 + 50_500)
+    for _ in range(5):
+        await s.run_pass()
+    ran = sorted(r.scheduled_for_ms - DAY0 for r in await store.list_instances(limit=100))
+    assert ran == [50_000]
+
+
+async def test_an_older_tick_still_waiting_is_not_a_newer_tick_on_time(
+    store: SqlStore, redis: streams.Redis, keys: Keys
+) -> None:
+    """Tick H waits for its marker; the scheduler is then down until H + 1h45m. Tick H + 1h
+    (window 30m) is 45 min late, inside `max_delay`: with `mode: latest` and no newer tick
+    on time, catch-up runs it. The older waiting tick H does not count as on time."""
+    h = Harness(store, redis, keys, FixedClock(DAY0 - 1_000))
+    await h.apply(
+        "tasks:\n  - {id: hourly, agent: echo, schedule: {every: 1h}, window: 30m,"
+        " depends_on: [raw.ready], catchup: {mode: latest, max_delay: 1h}}\n"
+    )
+    s = make(h)
+    await s.run_pass()
+    h.clock.set(DAY0 + 1_000)
+    await s.run_pass()
+    h.clock.set(DAY0 + 105 * 60_000)
+    await s.run_pass()
+    assert [r.scheduled_for_ms for r in await store.list_instances()] == [DAY0 + 3_600_000]
