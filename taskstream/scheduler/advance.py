@@ -17,19 +17,18 @@ from dataclasses import dataclass, field
 from taskstream.core.errors import QueueUnavailable, TaskstreamError
 from taskstream.core.logging import get_logger
 from taskstream.core.outbox import Outbox
-from taskstream.core.preconditions import Check, CheckResult, evaluate
+from taskstream.core.preconditions import Check
 from taskstream.core.spec import TaskSpec
 from taskstream.core.store.port import DecisionRow, Store
 from taskstream.scheduler.catchup import bound_missed, catchup_horizon_ms, plan_catchup
 from taskstream.scheduler.decide import (
     MISSED,
     SKIP_WINDOW,
-    ActiveInstance,
     Decision,
-    TickFacts,
     decide_tick,
 )
-from taskstream.scheduler.emit import emit_tick, record_missed
+from taskstream.scheduler.emit import emit_tick, record_decision, record_missed
+from taskstream.scheduler.facts import tick_facts
 from taskstream.scheduler.hold import (
     UpstreamHolds,
     held_upstreams,
@@ -38,7 +37,6 @@ from taskstream.scheduler.hold import (
     is_held,
     released,
 )
-from taskstream.scheduler.instances import business_date_of
 from taskstream.scheduler.recall import RECALL_LIMIT, recall
 from taskstream.scheduler.replace import cancel_previous
 from taskstream.scheduler.ticks import Trigger, fire_times, is_fire_time, next_fire
@@ -219,26 +217,14 @@ class Advancer:
         ready: bool = True,
         previous: Decision | None = None,
     ) -> Decision:
-        active = None
-        if spec.concurrency != "allow":
-            rows = await self._store.active_instances(spec.id, limit=3)
-            other = next((r for r in rows if r.scheduled_for_ms != fire_ms), None)
-            active = ActiveInstance(other.id, other.status.value) if other else None
-        missing: tuple[str, ...] = ()
-        checks: dict[str, CheckResult] = dict.fromkeys(spec.preconditions, "pass")
-        if ready and not (catchup and not spec.catchup.only_if_ready):
-            day = business_date_of(spec, fire_ms)
-            found = await self._store.ready_markers(list(spec.depends_on), day)
-            missing = tuple(m for m in spec.depends_on if m not in found)
-            checks = await evaluate(self._checks, list(spec.preconditions), spec.id, day)
-        facts = TickFacts(
+        facts = await tick_facts(
+            self._store,
+            self._checks,
+            spec,
             fire_ms,
-            active,
-            missing,
-            checks,
-            catchup,
-            previous.decision if previous else None,
-            previous.until_ms if previous else None,
+            catchup=catchup,
+            ready=ready,
+            previous=previous,
         )
         return hold_back(decide_tick(facts, spec, now_ms), held)
 
@@ -310,14 +296,7 @@ class Advancer:
             instance_id,
             now_ms,
         )
-        await self._store.record_decision(row)
-        self._log.info(
-            "trigger.decided",
-            task_id=spec.id,
-            fire_time_ms=fire_ms,
-            decision=decision.decision,
-            instance_id=instance_id,
-        )
+        await record_decision(self._store, row, self._log)
 
 
 def _why(decision: Decision) -> tuple[str, tuple[str, ...]]:

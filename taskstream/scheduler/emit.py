@@ -11,10 +11,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
+from structlog.typing import FilteringBoundLogger
+
 from taskstream.core.outbox import Outbox
 from taskstream.core.spec import MAX_DEDUPE_KEY_LEN, TaskSpec, instance_id_for
 from taskstream.core.states import Status
-from taskstream.core.store.port import NewInstance, Store
+from taskstream.core.store.port import DecisionRow, NewInstance, Store
 from taskstream.scheduler.decide import MISSED, SKIP_DUPLICATED, Decision
 from taskstream.scheduler.instances import SCHEDULED, new_instance
 
@@ -74,3 +76,15 @@ def missed_instance(spec: TaskSpec, fire_ms: int) -> NewInstance:
     base = new_instance(spec, fire_ms, reason=MISSED)
     key = f"missed:{base.dedupe_key}"[:MAX_DEDUPE_KEY_LEN]
     return replace(base, id=instance_id_for(key), dedupe_key=key)
+
+
+async def record_decision(store: Store, row: DecisionRow, log: FilteringBoundLogger) -> None:
+    """Record a tick's decision (the values it saw included) and log `trigger.decided`."""
+    await store.record_decision(row)
+    log.info(
+        "trigger.decided",
+        task_id=row.task_id,
+        fire_time_ms=row.fire_time_ms,
+        decision=row.decision,
+        instance_id=row.instance_id,
+    )

@@ -1,0 +1,47 @@
+"""Gathering what `decide_tick` needs to know about one tick: the task's other active
+instance (unless `concurrency: allow`), its missing ready markers and its precondition
+results, read from the store and the precondition checks."""
+
+from __future__ import annotations
+
+from taskstream.core.preconditions import Check, CheckResult, evaluate
+from taskstream.core.spec import TaskSpec
+from taskstream.core.store.port import Store
+from taskstream.scheduler.decide import ActiveInstance, Decision, TickFacts
+from taskstream.scheduler.instances import business_date_of
+
+
+async def tick_facts(
+    store: Store,
+    checks: dict[str, Check],
+    spec: TaskSpec,
+    fire_ms: int,
+    *,
+    catchup: bool,
+    ready: bool,
+    previous: Decision | None,
+) -> TickFacts:
+    """Facts for the tick at `fire_ms` (epoch ms). Readiness (markers and preconditions) is
+    read only when `ready` and, for a catch-up tick, when its policy asks for it; otherwise
+    every precondition counts as passed and no marker as missing."""
+    active = None
+    if spec.concurrency != "allow":
+        rows = await store.active_instances(spec.id, limit=3)
+        other = next((r for r in rows if r.scheduled_for_ms != fire_ms), None)
+        active = ActiveInstance(other.id, other.status.value) if other else None
+    missing: tuple[str, ...] = ()
+    results: dict[str, CheckResult] = dict.fromkeys(spec.preconditions, "pass")
+    if ready and not (catchup and not spec.catchup.only_if_ready):
+        day = business_date_of(spec, fire_ms)
+        found = await store.ready_markers(list(spec.depends_on), day)
+        missing = tuple(m for m in spec.depends_on if m not in found)
+        results = await evaluate(checks, list(spec.preconditions), spec.id, day)
+    return TickFacts(
+        fire_ms,
+        active,
+        missing,
+        results,
+        catchup,
+        previous.decision if previous else None,
+        previous.until_ms if previous else None,
+    )
