@@ -9,10 +9,10 @@ from random import Random
 
 from taskstream.core.definitions import DefinitionCache
 from taskstream.core.logging import get_logger
-from taskstream.core.reasons import OWNER_LOST
+from taskstream.core.reasons import DEFERRED, OWNER_LOST, RELEASED, REQUEUED
 from taskstream.core.spec_parts import RetryPolicy
 from taskstream.core.states import FailClass, Status
-from taskstream.core.store.port import InstanceRow, Store
+from taskstream.core.store.port import HistoryRow, InstanceRow, Store
 from taskstream.executor.retry import Failure, RetryDecision, attempts_used, decide
 
 
@@ -50,7 +50,8 @@ class Recovery:
         lost its owner)."""
         spec = self._defs.get(row.task_id)
         policy = spec.retry if spec else RetryPolicy(max_attempts=1)
-        history = [(h.reason, h.attempt) for h in await self._store.history(row.id)]
+        rows = await self._store.history(row.id)
+        history = [(h.reason, h.attempt) for h in rows]
         decision = decide(
             Failure.TIMEOUT,
             attempts_used=attempts_used(row.attempt, history),
@@ -58,7 +59,7 @@ class Recovery:
             now_ms=now_ms,
             rng=self._rng,
         )
-        if decision.status is Status.FAILED and reason == OWNER_LOST:
+        if decision.status is Status.FAILED and reason == OWNER_LOST and every_run_lost(rows):
             decision = RetryDecision(Status.FAILED, fail_class=FailClass.POISON)
         cas = await self._store.transition(
             row.id,
@@ -78,3 +79,14 @@ class Recovery:
             ok=cas.ok,
         )
         return Recovered(ok=cas.ok, decision=decision)
+
+
+def every_run_lost(history: list[HistoryRow]) -> bool:
+    """Every run since the last manual requeue ended by losing its owner: the work itself
+    kills its executor (poison). Runs released or deferred unrun are not counted; one run
+    that failed or timed out on its own makes the instance merely exhausted."""
+    ends = [h.reason for h in history if h.from_status is Status.RUNNING or h.reason == REQUEUED]
+    if REQUEUED in ends:
+        ends = ends[len(ends) - ends[::-1].index(REQUEUED) :]
+    runs = [r for r in ends if r not in (RELEASED, DEFERRED)]
+    return bool(runs) and all(r == OWNER_LOST for r in runs)

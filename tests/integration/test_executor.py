@@ -13,6 +13,7 @@ from taskstream.core import streams
 from taskstream.core import streams_admin as admin
 from taskstream.core.definitions import DefinitionCache
 from taskstream.core.protocol import GROUP, Keys, Priority, decode
+from taskstream.core.reasons import OWNER_LOST
 from taskstream.core.states import FailClass, Status
 from taskstream.core.store.port import ClaimRequest
 from taskstream.core.store.sql import SqlStore
@@ -32,6 +33,10 @@ tasks:
   - id: hopeless
     agent: flaky
     retry: {max_attempts: 3, backoff: {base: 1s}, jitter: 0}
+    payload: {fail_until: 99}
+  - id: twice
+    agent: flaky
+    retry: {max_attempts: 2, backoff: {base: 1s}, jitter: 0}
     payload: {fail_until: 99}
   - id: fatal
     agent: flaky
@@ -450,3 +455,34 @@ async def test_a_row_no_entry_can_be_made_of_does_not_stop_the_reconciler(h: Har
     assert await reconciler.reconcile() == 1
     assert await status_of(h, bad.instance_id) is Status.PENDING
     assert good.id in await admin.instance_ids(h.redis, h.keys)
+
+
+async def test_a_last_run_that_lost_its_owner_after_ordinary_failures_is_exhausted(
+    h: Harness,
+) -> None:
+    """Attempt 1 fails on its own; attempt 2's executor dies. The work did not kill every
+    executor it ran on, so the instance is `exhausted`, not `poison` (no dead letter)."""
+    row = await h.trigger(TASKS, "twice")
+    ex = Running(h.executor())
+    try:
+        await reach(h, row.id, Status.RETRYING)
+    finally:
+        await ex.close()
+    h.clock.advance(60_000)
+    await h.scheduler().run_pass()
+    await reach(h, row.id, Status.DISPATCHED)
+    assert row.id in await h.store.claim_many([ClaimRequest(row.id, 1, 30)], owner="gone")
+    running = await h.store.get_instance(row.id)
+    assert running is not None
+    defs = DefinitionCache(h.store)
+    await defs.refresh(force=True)
+    done = await Recovery(h.store, defs, Random(7)).time_out(
+        running, reason=OWNER_LOST, now_ms=h.clock.now_ms()
+    )
+    assert done.ok and done.decision is not None
+    assert done.decision.fail_class is FailClass.EXHAUSTED
+    final = await h.store.get_instance(row.id)
+    assert final is not None and (final.status, final.fail_class) == (
+        Status.FAILED,
+        FailClass.EXHAUSTED,
+    )

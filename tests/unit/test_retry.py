@@ -8,8 +8,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from taskstream.core.reasons import DEFERRED, LEASE_EXPIRED, OWNER_LOST, RELEASED, REQUEUED
 from taskstream.core.spec_parts import Backoff, RetryPolicy
 from taskstream.core.states import FailClass, Status
+from taskstream.core.store.port import HistoryRow
+from taskstream.executor.recovery import every_run_lost
 from taskstream.executor.retry import Failure, backoff_ms, decide
 
 NO_JITTER = RetryPolicy(max_attempts=6, backoff=Backoff(base=1.0, factor=2.0, max=10.0), jitter=0)
@@ -96,3 +99,37 @@ def test_a_backoff_past_any_float_is_its_max() -> None:
     """factor ** (attempts - 1) overflows a float long before `max_attempts`' limit."""
     backoff = Backoff(base=1.0, factor=1000.0, max=600.0)
     assert backoff_ms(backoff, 0.0, 10_000, Random(1)) == 600_000
+
+
+def _h(src: Status | None, dst: Status, attempt: int, reason: str) -> HistoryRow:
+    return HistoryRow("i", src, dst, attempt, None, reason, 0)
+
+
+RUN, RETRY, TIMEOUT = Status.RUNNING, Status.RETRYING, Status.TIMEOUT
+
+
+@pytest.mark.parametrize(
+    ("ends", "poison"),
+    [
+        ([(RUN, TIMEOUT, 1, OWNER_LOST), (RUN, TIMEOUT, 2, OWNER_LOST)], True),
+        ([(RUN, RETRY, 1, "failed"), (RUN, TIMEOUT, 2, OWNER_LOST)], False),
+        ([(RUN, TIMEOUT, 1, LEASE_EXPIRED), (RUN, TIMEOUT, 2, OWNER_LOST)], False),
+        ([(RUN, RETRY, 1, RELEASED), (RUN, TIMEOUT, 2, OWNER_LOST)], True),
+        ([(RUN, RETRY, 1, DEFERRED), (RUN, TIMEOUT, 2, OWNER_LOST)], True),
+        (
+            [
+                (RUN, RETRY, 1, "failed"),
+                (Status.FAILED, Status.PENDING, 2, REQUEUED),
+                (RUN, TIMEOUT, 3, OWNER_LOST),
+            ],
+            True,
+        ),
+        ([(RUN, RETRY, 1, RELEASED)], False),
+        ([], False),
+    ],
+)
+def test_poison_only_when_every_run_since_the_last_requeue_lost_its_owner(
+    ends: list[tuple[Status, Status, int, str]], poison: bool
+) -> None:
+    history = [_h(None, Status.PENDING, 0, "created"), *(_h(*e) for e in ends)]
+    assert every_run_lost(history) is poison
