@@ -31,6 +31,11 @@ class StoreUnavailable(StoreError):
     """The database cannot be reached. Nothing was written."""
 
 
+class SchemaMissing(StoreUnavailable):
+    """The database has no taskstream tables (not migrated yet). An outage to the services,
+    which wait for `taskstream migrate` as for a database that is down."""
+
+
 class QueueUnavailable(TaskstreamError):
     """Redis cannot be reached. Nothing was published or acknowledged."""
 

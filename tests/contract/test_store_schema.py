@@ -20,14 +20,15 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Column, Integer, MetaData, Table, select, text
 from sqlalchemy.engine import Connection, make_url
 
-from taskstream.core.errors import StoreError, StoreUnavailable
+from taskstream.core.errors import SchemaMissing, StoreError, StoreUnavailable
 from taskstream.core.states import IN_FLIGHT, SETTLED, Status
 from taskstream.core.store.migrate import alembic_config, current_revision, upgrade
+from taskstream.core.store.port import ClaimRequest
 from taskstream.core.store.sql import SqlStore
 from taskstream.core.store.tables import SETTLED_SQL, metadata
 from taskstream.core.store.tables import task_instances as inst
 from tests.contract.conftest import Advance, MakeNew
-from tests.support.databases import admin_url, available_kinds
+from tests.support.databases import admin_url, available_kinds, empty_database
 
 HEAD = ScriptDirectory.from_config(alembic_config()).get_current_head()
 
@@ -229,3 +230,19 @@ def test_the_migration_keeps_the_generation_expression_of_tables() -> None:
         if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "SETTLED_SQL"
     )
     assert written == SETTLED_SQL
+
+
+@pytest.mark.parametrize("kind", available_kinds())
+async def test_a_database_never_migrated_says_to_run_migrate(kind: str) -> None:
+    """Reads and the batched write path alike: `SchemaMissing` (an outage to the services,
+    which wait for the migration) whose message names the fix."""
+    async with empty_database(kind) as url:
+        store = await SqlStore.connect(url)
+        try:
+            with pytest.raises(SchemaMissing, match="run `taskstream migrate`"):
+                await store.get_instance("i-1")
+            with pytest.raises(SchemaMissing, match="no taskstream tables"):
+                await store.claim_many([ClaimRequest("i-1", 0, 30)], owner="o")
+        finally:
+            await store.close()
+    assert issubclass(SchemaMissing, StoreUnavailable)

@@ -127,10 +127,17 @@ async def temp_database(kind: str) -> AsyncIterator[str]:
 
     Close every store opened on the URL before leaving the block.
     """
+    async with empty_database(kind) as url:
+        await upgrade(url)
+        yield url
+
+
+@asynccontextmanager
+async def empty_database(kind: str) -> AsyncIterator[str]:
+    """A fresh database of `kind` with no tables (never migrated); dropped afterwards."""
     if kind not in KINDS:
         raise ValueError(f"unknown database kind {kind!r}; expected one of {KINDS}")
     name = f"ts_t_{uuid.uuid4().hex}"
     holder = _sqlite_database(name) if kind == "sqlite" else _server_database(kind, name)
     async with holder as url:
-        await upgrade(url)
         yield url

@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.util import greenlet_spawn
 
 from taskstream.core.errors import StoreError, StoreUnavailable
-from taskstream.core.store.sql_engine import ConstraintViolation, translate_errors
+from taskstream.core.store.sql_engine import ConstraintViolation, schema_missing, translate_errors
 from taskstream.core.store.sql_prepared import DriverRunner
 
 _DETAIL_MAX = 300
@@ -42,6 +42,9 @@ def translate_driver(exc: BaseException, dbapi: Any, display_url: str) -> StoreE
     """The store error for a driver error, or None when `exc` is not one."""
     if isinstance(exc, dbapi.IntegrityError):
         return ConstraintViolation(f"store {display_url}: constraint violated: {_detail(exc)}")
+    missing = schema_missing(_detail(exc), display_url) if isinstance(exc, dbapi.Error) else None
+    if missing is not None:
+        return missing
     if isinstance(exc, dbapi.OperationalError | dbapi.InterfaceError | OSError | TimeoutError):
         return StoreUnavailable(f"store {display_url} unavailable: {_detail(exc)}")
     if isinstance(exc, dbapi.Error):

@@ -18,6 +18,7 @@ Driver errors never leave this package: `translate_errors` turns them into `Stor
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -29,7 +30,7 @@ from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import ConnectionPoolEntry
 
-from taskstream.core.errors import ConfigError, StoreError, StoreUnavailable
+from taskstream.core.errors import ConfigError, SchemaMissing, StoreError, StoreUnavailable
 
 READ_ONLY = "taskstream_read_only"
 """Execution option: the transaction only reads (SQLite then uses a deferred BEGIN)."""
@@ -145,11 +146,29 @@ def _is_unavailable(exc: Exception) -> bool:
     )
 
 
+_NO_TABLE = re.compile(
+    r"no such table|\(1146,|Table '[^']*' doesn't exist|relation \"[^\"]*\" does not exist"
+)
+"""How SQLite, MySQL / MariaDB (error 1146) and PostgreSQL say a table does not exist."""
+
+
+def schema_missing(detail: str, display_url: str) -> SchemaMissing | None:
+    """`SchemaMissing` when a driver error's text says a table does not exist."""
+    if _NO_TABLE.search(detail) is None:
+        return None
+    return SchemaMissing(
+        f"store {display_url} has no taskstream tables ({detail}): run `taskstream migrate`"
+    )
+
+
 def translate(exc: Exception, display_url: str) -> StoreError:
     """The domain error for a driver error raised while using the store at `display_url`
     (a redacted URL: only that form may appear in the message)."""
     if isinstance(exc, sa_exc.IntegrityError):
         return ConstraintViolation(f"store {display_url}: constraint violated: {_detail(exc)}")
+    missing = schema_missing(_detail(exc), display_url)
+    if missing is not None:
+        return missing
     unavailable = _is_unavailable(exc)
     if unavailable:
         return StoreUnavailable(f"store {display_url} unavailable: {_detail(exc)}")
