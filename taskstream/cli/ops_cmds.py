@@ -8,7 +8,15 @@ import sys
 import typer
 from rich.table import Table
 
-from taskstream.cli.common import Cluster, console, open_cluster, print_json, run_async, settings
+from taskstream.cli.common import (
+    Cluster,
+    console,
+    err_console,
+    open_cluster,
+    print_json,
+    run_async,
+    settings,
+)
 from taskstream.core import operations
 from taskstream.core.clock import SystemClock
 from taskstream.core.errors import TaskstreamError
@@ -27,9 +35,9 @@ def retry_cmd(
 ) -> None:
     """Requeue a FAILED instance (FAILED -> PENDING), recorded with who and why."""
 
-    async def go() -> None:
+    async def go() -> str | None:
         async with open_cluster(settings()) as cluster:
-            await operations.requeue(
+            return await operations.requeue(
                 _outbox(cluster),
                 instance_id,
                 who=getpass.getuser(),
@@ -37,8 +45,10 @@ def retry_cmd(
                 now_ms=SystemClock().now_ms(),
             )
 
-    run_async(go())
+    late = run_async(go())
     sys.stdout.write(f"{instance_id}: requeued\n")
+    if late is not None:
+        err_console.print(f"warning: {instance_id} {late}")
 
 
 @dead_app.command("list")
@@ -85,16 +95,18 @@ def dead_replay_cmd(
     all_: bool = typer.Option(False, "--all", help="Replay every dead letter."),
 ) -> None:
     """Send dead-lettered instances through again (FAILED ones are requeued)."""
-    if not all_ and dead_id is None:
-        raise typer.BadParameter("give a dead letter id or --all")
+    if all_ == (dead_id is not None):
+        raise typer.BadParameter("give one dead letter id, or --all (not both)")
 
     async def go() -> list[str]:
         out: list[str] = []
         async with open_cluster(settings()) as cluster:
             letters = await operations.dead_letters(cluster.queue, cluster.keys.dead, limit=100_000)
-            for letter in letters:
-                if all_ or letter.dead_id == dead_id:
-                    out.append(f"{letter.dead_id}: {await _replay(cluster, letter)}")
+            chosen = [x for x in letters if all_ or x.dead_id == dead_id]
+            if dead_id is not None and not chosen:
+                raise TaskstreamError(f"no dead letter with id {dead_id!r} (see `dead list`)")
+            for letter in chosen:
+                out.append(f"{letter.dead_id}: {await _replay(cluster, letter)}")
         return out
 
     for line in run_async(go()):

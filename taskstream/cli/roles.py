@@ -110,13 +110,15 @@ def scheduler_cmd() -> None:
 
 
 def executor_cmd(
-    concurrency: int = typer.Option(None, help="Runs at once (default from settings)."),
+    concurrency: int = typer.Option(
+        None, min=1, max=1024, help="Runs at once (default from settings)."
+    ),
 ) -> None:
     """Run one executor until SIGINT/SIGTERM; in-flight runs finish within the grace."""
     s = settings()
     config = ExecutorConfig(
         consumer=consumer_name(SystemClock().now_ms()),
-        concurrency=concurrency or s.executor_concurrency,
+        concurrency=s.executor_concurrency if concurrency is None else concurrency,
         block_ms=s.read_block_ms,
         grace_s=s.shutdown_grace_s,
         max_payload_bytes=s.max_payload_bytes,

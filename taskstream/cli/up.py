@@ -20,20 +20,28 @@ from taskstream.runtime import endpoint
 from taskstream.runtime.embedded import EmbeddedValkey
 from taskstream.runtime.supervisor import Child, Supervisor, install_stop_signals, role_argv
 
+DEFAULT_TASKS = Path("tasks.yaml")
+
 
 def up_cmd(
-    tasks: Path = typer.Option(Path("tasks.yaml"), "--tasks", help="Task file to apply first."),
+    tasks: Path = typer.Option(
+        None, "--tasks", help=f"Task file to apply first [default: {DEFAULT_TASKS}, if present]."
+    ),
     executors: int = typer.Option(2, min=0, max=64, help="Executor processes."),
-    concurrency: int = typer.Option(None, help="Runs at once per executor."),
+    concurrency: int = typer.Option(None, min=1, max=1024, help="Runs at once per executor."),
 ) -> None:
     """Run the whole cluster on this host; embedded Valkey + SQLite when no URLs are set."""
+    if tasks is not None and not tasks.is_file():
+        raise typer.BadParameter(f"no task file at {tasks}", param_hint="--tasks")
+    path = tasks or DEFAULT_TASKS
     taskfile = None
-    if tasks.exists():
+    if path.exists():
         taskfile = load_task_file(
-            tasks, known_agents=default_registry(settings().agent_modules).names()
+            path, known_agents=default_registry(settings().agent_modules).names()
         )
     else:
-        get_logger(role="supervisor").warning("tasks.file_missing", path=str(tasks))
+        # Without a task file the cluster runs the definitions stored before.
+        get_logger(role="supervisor").warning("tasks.file_missing", path=str(path))
     run_async(_up(settings(), taskfile, executors, concurrency))
 
 

@@ -27,9 +27,14 @@ class DeadLetter:
     fields: dict[str, str]
 
 
-async def requeue(outbox: Outbox, instance_id: str, *, who: str, why: str, now_ms: int) -> None:
+async def requeue(
+    outbox: Outbox, instance_id: str, *, who: str, why: str, now_ms: int
+) -> str | None:
     """FAILED -> PENDING (recorded with who and why), then publish it. The attempt budget
-    starts again from this point; the attempt counter (fencing token) keeps growing."""
+    starts again from this point; the attempt counter (fencing token) keeps growing.
+
+    Returns None when published, else why it was not (Redis down): the requeue stands, and
+    the reconciler publishes the PENDING row once Redis is back."""
     row = await outbox.store.get_instance(instance_id)
     if row is None:
         raise TaskstreamError(f"no instance with id {instance_id!r}")
@@ -47,8 +52,13 @@ async def requeue(outbox: Outbox, instance_id: str, *, who: str, why: str, now_m
     if not cas.ok:
         raise TaskstreamError(f"instance {instance_id} changed meanwhile (now {cas.found})")
     fresh = await outbox.store.get_instance(instance_id)
-    if fresh is not None:
-        await outbox.publish(fresh, now_ms=now_ms)
+    try:
+        if fresh is not None:
+            await outbox.publish(fresh, now_ms=now_ms)
+    except streams.DRIVER_ERRORS as exc:
+        down = type(exc).__name__
+        return f"not published yet (redis unavailable: {down}); the reconciler publishes it"
+    return None
 
 
 async def dead_letters(redis: streams.Redis, dead_key: str, *, limit: int) -> list[DeadLetter]:
@@ -80,8 +90,9 @@ async def replay(outbox: Outbox, letter: DeadLetter, *, who: str, now_ms: int) -
     if row is None:
         raise TaskstreamError(f"dead letter {letter.dead_id} names no instance; kept")
     if row.status is Status.FAILED:
-        await requeue(outbox, row.id, who=who, why=f"replay of {letter.dead_id}", now_ms=now_ms)
-        done = "requeued"
+        why = f"replay of {letter.dead_id}"
+        late = await requeue(outbox, row.id, who=who, why=why, now_ms=now_ms)
+        done = "requeued" if late is None else f"requeued, {late}"
     elif row.status in (Status.SUCCESS, Status.SKIPPED):
         done = f"already {row.status}"
     else:

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+from random import Random
+
 import pytest
 
 from taskstream.core import operations, streams
 from taskstream.core import streams_admin as admin
+from taskstream.core.definitions import DefinitionCache
 from taskstream.core.errors import TaskstreamError
+from taskstream.core.outbox import Outbox
 from taskstream.core.protocol import GROUP, Keys, Priority
 from taskstream.core.states import FailClass, Status
 from taskstream.core.store.sql import SqlStore
+from taskstream.executor.reconciler import Reconciler
+from taskstream.executor.recovery import Recovery
 from tests.integration.harness import Harness, Running, until
 
 TASKS = """
@@ -97,3 +103,31 @@ async def test_sweeper_prunes_dead_consumers_and_trims(h: Harness) -> None:
     assert await admin.prune_consumers(h.redis, h.keys, stream, idle_ms=-1) == ["gone-consumer"]
     assert await h.redis.xinfo_consumers(stream, GROUP) == []
     assert await admin.trim(h.redis, stream) == 0
+
+
+async def test_a_requeue_with_redis_down_stands_and_the_reconciler_publishes_it(
+    h: Harness,
+) -> None:
+    """The store is the truth: FAILED -> PENDING commits, the publish fails and says so
+    (no error), and the reconciler publishes the PENDING row once Redis answers."""
+    row = await h.trigger(TASKS, "once-fails")
+    ex = Running(h.executor())
+    try:
+        await finished(h, row.id, Status.FAILED)
+    finally:
+        await ex.close()
+    down = streams.connect("redis://127.0.0.1:1/0")  # nothing listens on port 1
+    try:
+        late = await operations.requeue(
+            Outbox(h.store, down, h.keys), row.id, who="ops", why="fixed", now_ms=0
+        )
+    finally:
+        await down.aclose()
+    assert late is not None and "reconciler publishes it" in late
+    pending = await h.store.get_instance(row.id)
+    assert pending is not None and pending.status is Status.PENDING
+    h.clock.advance(60_000)
+    defs = DefinitionCache(h.store)
+    reconciler = Reconciler(h.store, h.redis, h.keys, h.clock, Recovery(h.store, defs, Random(7)))
+    assert await reconciler.reconcile() == 1
+    assert row.id in await admin.instance_ids(h.redis, h.keys)

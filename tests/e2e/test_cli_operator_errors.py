@@ -1,0 +1,54 @@
+"""Operator commands refuse what they cannot do with one line naming it and a non-zero exit:
+a dead letter id that does not exist, an id together with `--all`, a run count below one, a
+task file given to `up` that is not there, a database never migrated."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.cli_rig import applied, run_cli
+
+
+def test_replaying_a_dead_letter_that_does_not_exist_fails(tmp_path: Path, redis_url: str) -> None:
+    with applied(tmp_path, redis_url, {}) as cli:
+        out = run_cli("dead", "replay", "1-1", env=cli.env, cwd=cli.cwd)
+    assert out.returncode == 1
+    assert out.stderr == "error: no dead letter with id '1-1' (see `dead list`)\n"
+
+
+def test_a_dead_letter_id_and_all_together_are_refused(tmp_path: Path, redis_url: str) -> None:
+    with applied(tmp_path, redis_url, {}) as cli:
+        out = run_cli("dead", "replay", "1-1", "--all", env=cli.env, cwd=cli.cwd)
+    assert out.returncode == 2
+    assert "give one dead letter id, or --all (not both)" in out.stderr
+
+
+@pytest.mark.parametrize(("command", "value"), [("executor", "0"), ("executor", "-1"), ("up", "0")])
+def test_fewer_than_one_run_at_once_is_refused(
+    tmp_path: Path, redis_url: str, command: str, value: str
+) -> None:
+    with applied(tmp_path, redis_url, {}) as cli:
+        out = run_cli(command, "--concurrency", value, env=cli.env, cwd=cli.cwd)
+    assert out.returncode == 2
+    assert "--concurrency" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_up_with_a_task_file_that_is_not_there_starts_nothing(
+    tmp_path: Path, redis_url: str
+) -> None:
+    with applied(tmp_path, redis_url, {}) as cli:
+        out = run_cli("up", "--tasks", "missing.yaml", env=cli.env, cwd=cli.cwd)
+    assert out.returncode == 2
+    assert "no task file at missing.yaml" in out.stderr
+    assert not (tmp_path / ".taskstream").exists()
+
+
+def test_a_database_never_migrated_says_to_migrate(tmp_path: Path, redis_url: str) -> None:
+    with applied(tmp_path, redis_url, {}) as cli:
+        env = cli.env | {"TASKSTREAM_DATABASE_URL": f"sqlite:///{tmp_path / 'fresh.db'}"}
+        out = run_cli("status", env=env, cwd=cli.cwd)
+    assert out.returncode == 1
+    assert out.stderr.startswith("error: store sqlite:///")
+    assert out.stderr.rstrip().endswith("run `taskstream migrate`")
