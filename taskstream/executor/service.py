@@ -129,7 +129,10 @@ class Executor:
     async def run(self, stop: asyncio.Event) -> None:
         """Read and run until `stop` is set, then drain (see the module docstring)."""
         await streams.ensure_groups(self._deps.redis, self._deps.keys)
-        await self._defs.refresh()
+        # A store down (or not migrated yet) at start is waited for like one that fails
+        # later: `_step` refreshes again and logs the outage.
+        with contextlib.suppress(StoreUnavailable):
+            await self._defs.refresh()
         background = asyncio.Event()
         helpers = [
             asyncio.create_task(self._heartbeat.run(background)),

@@ -4,6 +4,12 @@ task file given to `up` that is not there, a database never migrated."""
 
 from __future__ import annotations
 
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -52,3 +58,49 @@ def test_a_database_never_migrated_says_to_migrate(tmp_path: Path, redis_url: st
     assert out.returncode == 1
     assert out.stderr.startswith("error: store sqlite:///")
     assert out.stderr.rstrip().endswith("run `taskstream migrate`")
+
+
+@pytest.mark.parametrize("role", ["executor", "sweeper", "scheduler"])
+def test_a_role_started_before_the_migration_waits_for_it(
+    tmp_path: Path, redis_url: str, role: str
+) -> None:
+    """Started on a database with no tables, the role logs the outage and keeps running;
+    after `migrate` it works (the executor runs a triggered instance) and SIGTERM exits 0."""
+    with applied(tmp_path, redis_url, {}) as cli:
+        env = cli.env | {"TASKSTREAM_DATABASE_URL": f"sqlite:///{tmp_path / 'late.db'}"}
+        log = tmp_path / f"{role}.log"
+        with log.open("w") as sink:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "taskstream", role], env=env, stdout=sink, stderr=sink
+            )
+        try:
+            assert wait_for(lambda: "run `taskstream migrate`" in log.read_text(), 30)
+            assert proc.poll() is None
+            run_cli("migrate", env=env, check=True)
+            if role == "executor":
+                (tmp_path / "t.yaml").write_text(TASK)
+                run_cli("tasks", "apply", str(tmp_path / "t.yaml"), env=env, check=True)
+                run_cli("trigger", "hello", env=env, check=True)
+                assert wait_for(lambda: _succeeded(env), 30), log.read_text()[-2000:]
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            code = proc.wait(timeout=30)
+    assert code == 0, log.read_text()[-2000:]
+
+
+TASK = "tasks:\n  - {id: hello, agent: echo, payload: {hi: 1}}\n"
+
+
+def _succeeded(env: dict[str, str]) -> bool:
+    out = run_cli("instances", "--status", "SUCCESS", "--json", env=env)
+    return out.returncode == 0 and len(json.loads(out.stdout)) == 1
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float) -> bool:
+    """Poll `predicate` until true or the deadline; the deadline only bounds the test."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.25)
+    return False
