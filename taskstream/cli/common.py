@@ -86,3 +86,13 @@ async def open_cluster(s: Settings, *, need_redis: bool = True) -> AsyncIterator
         await store.close()
         if redis is not None:
             await redis.aclose()
+
+
+@asynccontextmanager
+async def open_queue(s: Settings) -> AsyncIterator[tuple[streams.Redis, Keys]]:
+    """Redis alone, for commands that read only streams (they work while the store is down)."""
+    redis = streams.connect(resolve(s, need_redis=True).redis_url)
+    try:
+        yield redis, keys_of(s)
+    finally:
+        await redis.aclose()

@@ -13,6 +13,7 @@ from taskstream.cli.common import (
     console,
     err_console,
     open_cluster,
+    open_queue,
     print_json,
     run_async,
     settings,
@@ -59,8 +60,8 @@ def dead_list_cmd(
     """The oldest dead letters with their reason and instance."""
 
     async def go() -> list[operations.DeadLetter]:
-        async with open_cluster(settings()) as cluster:
-            return await operations.dead_letters(cluster.queue, cluster.keys.dead, limit=limit)
+        async with open_queue(settings()) as (redis, keys):
+            return await operations.dead_letters(redis, keys.dead, limit=limit)
 
     letters = run_async(go())
     if as_json:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import redis
 
 from tests.e2e.cli_rig import applied, run_cli
 
@@ -104,3 +105,17 @@ def wait_for(predicate: Callable[[], bool], timeout_s: float) -> bool:
             return True
         time.sleep(0.25)
     return False
+
+
+def test_dead_letters_are_listed_while_the_store_is_down(tmp_path: Path, redis_url: str) -> None:
+    """`dead list` reads only the dead-letter stream: a store that is down does not hide it."""
+    with applied(tmp_path, redis_url, {}) as cli:
+        client = redis.Redis.from_url(redis_url)
+        try:
+            client.xadd(cli.keys.dead, {"reason": "poison", "detail": "boom"})
+        finally:
+            client.close()
+        env = cli.env | {"TASKSTREAM_DATABASE_URL": "mysql+asyncmy://root@127.0.0.1:1/x"}
+        out = run_cli("dead", "list", "--json", env=env)
+    assert out.returncode == 0, out.stderr
+    assert [x["reason"] for x in json.loads(out.stdout)] == ["poison"]
