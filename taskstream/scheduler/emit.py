@@ -8,6 +8,7 @@ its lease, before recording its decision: no decision names it, so this one does
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -21,6 +22,8 @@ from taskstream.scheduler.decide import MISSED, SKIP_DUPLICATED, Decision
 from taskstream.scheduler.instances import SCHEDULED, new_instance
 
 EXISTS = "an instance with this dedupe key exists"
+_DIGEST_LEN = 24
+"""Hex digits of sha256 ending a shortened `missed:` key (96 bits)."""
 RECENT_DECISIONS = 50
 """Decisions read from the tick's fire time on to find one naming its instance."""
 
@@ -74,8 +77,19 @@ def missed_instance(spec: TaskSpec, fire_ms: int) -> NewInstance:
     """The record of a missed fire time (created SKIPPED). Its dedupe key is prefixed
     `missed:` so an explicit backfill can still run the tick."""
     base = new_instance(spec, fire_ms, reason=MISSED)
-    key = f"missed:{base.dedupe_key}"[:MAX_DEDUPE_KEY_LEN]
+    key = missed_key(base.dedupe_key)
     return replace(base, id=instance_id_for(key), dedupe_key=key)
+
+
+def missed_key(dedupe_key: str) -> str:
+    """`missed:` + the tick's dedupe key. One too long for the column keeps its head and ends
+    in a digest of the whole key: cutting the tail alone would give ticks whose keys differ
+    only there (the fire time usually comes last) one record between them."""
+    key = f"missed:{dedupe_key}"
+    if len(key) <= MAX_DEDUPE_KEY_LEN:
+        return key
+    digest = hashlib.sha256(dedupe_key.encode()).hexdigest()[:_DIGEST_LEN]
+    return f"{key[: MAX_DEDUPE_KEY_LEN - _DIGEST_LEN - 1]}~{digest}"
 
 
 async def record_decision(store: Store, row: DecisionRow, log: FilteringBoundLogger) -> None:
