@@ -20,7 +20,13 @@ from taskstream.core.outbox import Outbox
 from taskstream.core.preconditions import Check
 from taskstream.core.spec import TaskSpec
 from taskstream.core.store.port import DecisionRow, Store
-from taskstream.scheduler.catchup import bound_missed, catchup_horizon_ms, plan_catchup
+from taskstream.scheduler.catchup import (
+    Backlog,
+    backlog_after,
+    bound_missed,
+    catchup_horizon_ms,
+    plan_catchup,
+)
 from taskstream.scheduler.decide import (
     MISSED,
     SKIP_WINDOW,
@@ -103,10 +109,11 @@ class Advancer:
             if f + window_ms < now_ms and (f not in state.waiting or is_held(state.waiting[f]))
         ]
         if closed:
-            # A newer tick decides on its own (on time, or in a later chunk of this backlog):
-            # an older tick still waiting for its marker is not one.
-            newer = len(fires) == limit or any(f > closed[-1] for f in set(due) - set(closed))
-            await self._catch_up(spec, closed, now_ms, state, held, newer_on_time=newer)
+            more = len(fires) == limit
+            later = backlog_after(trigger, fires[-1], now_ms, window_ms) if more else Backlog()
+            # An older tick still waiting for its marker is not a newer tick on time.
+            newer = later.on_time or any(f > closed[-1] for f in set(due) - set(closed))
+            await self._catch_up(spec, closed, now_ms, state, held, newer, later.missed_ms)
         for fire in sorted(set(due) - set(closed)):
             previous = state.waiting.get(fire)
             # A tick catch-up admitted and then deferred keeps its catch-up window.
@@ -140,12 +147,12 @@ class Advancer:
         now_ms: int,
         state: TaskState,
         held: Mapping[str, int],
-        *,
         newer_on_time: bool,
+        later_ms: list[int],
     ) -> None:
         """Ticks whose window closed before anyone decided them, or while an open breaker held
-        them back, follow the catch-up policy."""
-        plan = plan_catchup(closed, now_ms, spec, newer_on_time=newer_on_time)
+        them back, follow the catch-up policy (`plan_catchup` says what the arguments mean)."""
+        plan = plan_catchup(closed, now_ms, spec, newer_on_time=newer_on_time, later_ms=later_ms)
         for fire, planned in plan.entries:
             decision = planned
             if planned.runs:

@@ -27,15 +27,16 @@ range instead. All instants are UTC epoch milliseconds.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from taskstream.core.spec import TaskSpec
 from taskstream.scheduler.calendar import calendar_block
 from taskstream.scheduler.decide import COALESCED, MISSED, SHOULD_RUN, SKIP_CALENDAR, Decision
+from taskstream.scheduler.ticks import Trigger, fire_times
 
 DEFAULT_MAX_BURST: Final = 100
-"""Most catch-up runs one plan may start (per task, per pass)."""
+"""Most catch-up runs of one backlog (per task), however many passes decide it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +72,28 @@ def catchup_horizon_ms(spec: TaskSpec, now_ms: int) -> int:
     return now_ms - reach_ms
 
 
+@dataclass(frozen=True, slots=True)
+class Backlog:
+    """What lies past one chunk of a backlog: its next `LATER_SCAN` missed fire times (ms,
+    ascending) and whether a tick after the chunk is still on time."""
+
+    missed_ms: list[int] = field(default_factory=list)
+    on_time: bool = False
+
+
+LATER_SCAN: Final = 1000
+"""Missed fire times looked at past a chunk, to count the burst of the whole backlog."""
+
+
+def backlog_after(trigger: Trigger, last_ms: int, now_ms: int, window_ms: int) -> Backlog:
+    """The rest of a backlog after the chunk ending at fire time `last_ms`: ticks whose window
+    (`window_ms`) closed by `now_ms` are missed, newer ones on time."""
+    closes_by = now_ms - window_ms - 1
+    missed = fire_times(trigger, last_ms, closes_by, limit=LATER_SCAN)
+    on_time = bool(fire_times(trigger, max(last_ms, closes_by), now_ms, limit=1))
+    return Backlog(missed, on_time)
+
+
 def bound_missed(first_ms: int, last_ms: int, count: int | None) -> Decision:
     """One `missed` decision standing for the fire times in `[first_ms, last_ms]` (ms), all
     before the catch-up horizon, that the caller chose not to enumerate; `count` of them, or
@@ -89,33 +112,56 @@ def plan_catchup(
     *,
     max_burst: int = DEFAULT_MAX_BURST,
     newer_on_time: bool = False,
+    later_ms: Sequence[int] = (),
 ) -> CatchupPlan:
     """Decide every fire time in `missed_ms` (strictly ascending, each with its trigger window
     closed at `now_ms`) per `spec.catchup`; see the module docstring for the order. With
-    `mode: latest` and `newer_on_time` (a newer tick of the task decides on its own: it is
-    still inside its window, or a later chunk of the same backlog holds it), none of them
-    runs: they are all coalesced into that newer tick.
+    `mode: latest` and `newer_on_time` (a newer tick of the task is still inside its window),
+    none of them runs: they are all coalesced into that newer tick.
+
+    `later_ms`: the missed fire times newer than these that later chunks of the same backlog
+    decide (ascending; at least `max_burst` of them, when there are that many). The burst
+    counts them: `latest` runs only the newest of the whole backlog, `all` its newest
+    `max_burst`, however many chunks it takes.
 
     ValueError when `max_burst < 1`, the times are not ascending, or one is still on time.
     """
     _check_missed(missed_ms, now_ms, _ms(spec.window), max_burst)
     gates = [_gate(fire_ms, now_ms, spec) for fire_ms in missed_ms]
     eligible = [i for i, gate in enumerate(gates) if gate is None]
+    later = [f for f in later_ms if _gate(f, now_ms, spec) is None][-max_burst:]
     latest = spec.catchup.mode == "latest"
-    keep = (0 if newer_on_time else 1) if latest else max_burst
+    keep = (0 if newer_on_time or later else 1) if latest else max_burst - len(later)
     running = eligible[-keep:] if keep else []
     first_run = running[0] if running else len(missed_ms)
-    newest_ms = missed_ms[running[-1]] if running else 0
+    into = _into(latest, [missed_ms[i] for i in running], later, newer_on_time=newer_on_time)
     entries: list[tuple[int, Decision]] = []
     for i, fire_ms in enumerate(missed_ms):
         decision = gates[i]
         if decision is None and i >= first_run:
             decision = _run(fire_ms, now_ms, spec)
         elif decision is None:
-            oldest_run_ms = missed_ms[first_run] if running else 0
-            decision = _coalesced(fire_ms, now_ms, spec, newest_ms, oldest_run_ms, max_burst)
+            seen = _seen(fire_ms, now_ms, spec)
+            decision = Decision(COALESCED, into[0], seen | into[1])
         entries.append((fire_ms, decision))
     return CatchupPlan(tuple(entries), spec.catchup.only_if_ready)
+
+
+def _into(
+    latest: bool, running: list[int], later: list[int], *, newer_on_time: bool
+) -> tuple[str, dict[str, Any]]:
+    """Why the ticks not run are coalesced, and into what (reason, details)."""
+    if latest and running:
+        into = running[-1]
+        return f"coalesced into the newest missed tick {into}", {"coalesced_into_ms": into}
+    if latest and newer_on_time:
+        return "coalesced into a newer tick that is on time", {}
+    if latest:
+        return "coalesced into a newer missed tick, decided later in this backlog", {}
+    burst = len(running) + len(later)
+    oldest = (running or later or [0])[0]
+    details = {"max_burst": burst, "oldest_run_ms": oldest}
+    return f"over the catch-up burst: only the newest {burst} run", details
 
 
 def _check_missed(missed_ms: Sequence[int], now_ms: int, window_ms: int, max_burst: int) -> None:
@@ -157,19 +203,6 @@ def _gate(fire_ms: int, now_ms: int, spec: TaskSpec) -> Decision | None:
         seen["calendar"] = {**block.details, "rule": block.rule, "checked": "fire"}
         return Decision(SKIP_CALENDAR, f"calendar: {block.reason}", seen)
     return None
-
-
-def _coalesced(
-    fire_ms: int, now_ms: int, spec: TaskSpec, newest_ms: int, oldest_run_ms: int, burst: int
-) -> Decision:
-    seen = _seen(fire_ms, now_ms, spec)
-    if spec.catchup.mode == "latest" and newest_ms == 0:
-        return Decision(COALESCED, "coalesced into a newer tick that is on time", seen)
-    if spec.catchup.mode == "latest":
-        seen["coalesced_into_ms"] = newest_ms
-        return Decision(COALESCED, f"coalesced into the newest missed tick {newest_ms}", seen)
-    seen |= {"max_burst": burst, "oldest_run_ms": oldest_run_ms}
-    return Decision(COALESCED, f"over the catch-up burst: only the newest {burst} run", seen)
 
 
 def _run(fire_ms: int, now_ms: int, spec: TaskSpec) -> Decision:

@@ -411,3 +411,27 @@ async def test_an_older_tick_still_waiting_is_not_a_newer_tick_on_time(
     h.clock.set(DAY0 + 105 * 60_000)
     await s.run_pass()
     assert [r.scheduled_for_ms for r in await store.list_instances()] == [DAY0 + 3_600_000]
+
+
+async def test_all_catch_up_runs_the_newest_burst_of_the_whole_backlog_across_chunks(
+    store: SqlStore, redis: streams.Redis, keys: Keys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Down for 150 s with `every: 1s`, at most 20 ticks per pass: `mode: all` runs the
+    newest 100 missed ticks of the whole backlog (and the tick on time), not 100 per chunk."""
+    monkeypatch.setattr(advance, "MAX_TICKS_PER_PASS", 20)
+    h = Harness(store, redis, keys, FixedClock(DAY0 - 500))
+    await h.apply(
+        "tasks:\n  - {id: sec, agent: echo, schedule: {every: 1s}, window: 1s,"
+        " concurrency: allow, catchup: {enabled: true, max_delay: 1h, mode: all}}\n"
+    )
+    s = make(h)
+    await s.run_pass()
+    h.clock.set(DAY0 + 150_500)
+    for _ in range(10):
+        await s.run_pass()
+    ran = sorted(r.scheduled_for_ms - DAY0 for r in await store.list_instances(limit=1000))
+    assert ran == [1000 * i for i in range(50, 151)]
+    coalesced = await store.decisions("sec", since_ms=DAY0, limit=60)
+    first = next(d for d in coalesced if d.fire_time_ms == DAY0)
+    assert (first.decision, first.details["max_burst"]) == ("coalesced", 100)
+    assert first.details["oldest_run_ms"] == DAY0 + 50_000
