@@ -12,7 +12,6 @@ a rejected write means another scheduler leads now and raises `Fenced`.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 
 from taskstream.core.errors import QueueUnavailable, TaskstreamError
 from taskstream.core.logging import get_logger
@@ -27,13 +26,14 @@ from taskstream.scheduler.catchup import (
     catchup_horizon_ms,
     plan_catchup,
 )
-from taskstream.scheduler.decide import (
-    MISSED,
-    SKIP_WINDOW,
-    Decision,
-    decide_tick,
+from taskstream.scheduler.decide import MISSED, SKIP_WINDOW, Decision, decide_tick
+from taskstream.scheduler.emit import (
+    created_earlier,
+    emit_tick,
+    own_unrecorded,
+    record_decision,
+    record_missed,
 )
-from taskstream.scheduler.emit import emit_tick, record_decision, record_missed
 from taskstream.scheduler.facts import tick_facts
 from taskstream.scheduler.hold import (
     UpstreamHolds,
@@ -43,7 +43,7 @@ from taskstream.scheduler.hold import (
     is_held,
     released,
 )
-from taskstream.scheduler.recall import RECALL_LIMIT, recall
+from taskstream.scheduler.recall import RECALL_LIMIT, TaskState, recall
 from taskstream.scheduler.replace import cancel_previous
 from taskstream.scheduler.ticks import Trigger, fire_times, is_fire_time, next_fire
 
@@ -55,18 +55,6 @@ MISSED_ROWS = 100
 
 class Fenced(TaskstreamError):
     """Another scheduler holds the lease now: this one must stop deciding."""
-
-
-@dataclass(slots=True)
-class TaskState:
-    """What one scheduler remembers about a task between passes."""
-
-    cursor: int | None = None
-    waiting: dict[int, Decision] = field(default_factory=dict)
-    decided: set[int] = field(default_factory=set)
-    """Ticks decided and recorded (kept until the cursor passes them)."""
-    emitted: dict[int, tuple[Decision, str]] = field(default_factory=dict)
-    """Ticks whose instance was emitted but whose decision is not recorded yet."""
 
 
 class Advancer:
@@ -153,8 +141,13 @@ class Advancer:
         """Ticks whose window closed before anyone decided them, or while an open breaker held
         them back, follow the catch-up policy (`plan_catchup` says what the arguments mean)."""
         plan = plan_catchup(closed, now_ms, spec, newer_on_time=newer_on_time, later_ms=later_ms)
+        idle = [f for f, planned in plan.entries if not planned.runs and f not in state.emitted]
+        own = await own_unrecorded(self._store, spec, idle)
         for fire, planned in plan.entries:
             decision = planned
+            if fire in own:
+                await self._done(spec, fire, created_earlier(fire), own[fire], now_ms, state)
+                continue
             if planned.runs:
                 decision = await self._decide(
                     spec, fire, now_ms, held, catchup=True, ready=plan.require_ready

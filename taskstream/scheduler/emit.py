@@ -18,7 +18,7 @@ from taskstream.core.outbox import Outbox
 from taskstream.core.spec import MAX_DEDUPE_KEY_LEN, TaskSpec, instance_id_for
 from taskstream.core.states import Status
 from taskstream.core.store.port import DecisionRow, NewInstance, Store
-from taskstream.scheduler.decide import MISSED, SKIP_DUPLICATED, Decision
+from taskstream.scheduler.decide import MISSED, SHOULD_RUN, SKIP_DUPLICATED, Decision
 from taskstream.scheduler.instances import SCHEDULED, new_instance
 
 EXISTS = "an instance with this dedupe key exists"
@@ -45,6 +45,28 @@ async def emit_tick(
         # Created but not on a stream (Redis failed): the reconciler publishes it.
         decision = replace(decision, details={**decision.details, "outcome": "unpublished"})
     return decision, emitted.instance_id
+
+
+CREATED_EARLIER = "its instance exists: a scheduler pass created it and stopped before recording"
+
+
+async def own_unrecorded(store: Store, spec: TaskSpec, fires_ms: Sequence[int]) -> dict[int, str]:
+    """Those of `fires_ms` whose own instance exists though no decision names it (a pass
+    created it, then lost its lease or its process before recording), each with its id.
+    Deciding such a tick again (say `coalesced` or `missed` by catch-up) would misreport it."""
+    ids = {new_instance(spec, fire_ms).id: fire_ms for fire_ms in fires_ms}
+    found = await store.existing_instances(list(ids)) if ids else set()
+    return {
+        ids[instance_id]: instance_id
+        for instance_id in sorted(found)
+        if await _unrecorded(store, spec.id, ids[instance_id], instance_id)
+    }
+
+
+def created_earlier(fire_ms: int) -> Decision:
+    """The decision recorded for a tick `own_unrecorded` found: it runs (it did already)."""
+    details = {"fire_time_ms": fire_ms, "recorded_after_creation": True}
+    return Decision(SHOULD_RUN, CREATED_EARLIER, details)
 
 
 async def _unrecorded(store: Store, task_id: str, fire_ms: int, instance_id: str) -> bool:

@@ -10,6 +10,7 @@ without its dependency; a decided one would be decided, and recorded, a second t
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from taskstream.core.store.port import DecisionRow
@@ -18,6 +19,18 @@ from taskstream.scheduler.hold import HELD_BY
 
 RECALL_LIMIT = 5000
 """Most decision rows read back per task; ticks beyond them are decided again."""
+
+
+@dataclass(slots=True)
+class TaskState:
+    """What one scheduler remembers about a task between passes."""
+
+    cursor: int | None = None
+    waiting: dict[int, Decision] = field(default_factory=dict)
+    decided: set[int] = field(default_factory=set)
+    """Ticks decided and recorded (kept until the cursor passes them)."""
+    emitted: dict[int, tuple[Decision, str]] = field(default_factory=dict)
+    """Ticks whose instance was emitted but whose decision is not recorded yet."""
 
 
 def recall(rows: Sequence[DecisionRow]) -> tuple[set[int], dict[int, Decision]]:

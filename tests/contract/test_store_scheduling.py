@@ -38,3 +38,15 @@ async def test_upstream_limits_are_stored_by_name(store: SqlStore) -> None:
         "web": "created",
     }
     assert await store.list_upstreams() == {"llm": {**llm, "limit": 60}, "web": llm}
+
+
+async def test_existing_instances_are_found_among_many_ids(
+    store: SqlStore, make_new: MakeNew
+) -> None:
+    """Settled or not; more ids than one `IN` list holds."""
+    for name in ("a", "b"):
+        await store.create_instance(make_new(name))
+    await store.transition("inst-b", Status.PENDING, Status.SKIPPED, reason="t")
+    asked = [f"inst-x{i}" for i in range(1200)] + ["inst-b", "inst-a"]
+    assert await store.existing_instances(asked) == {"inst-a", "inst-b"}
+    assert await store.existing_instances([]) == set()

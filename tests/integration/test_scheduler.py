@@ -16,6 +16,7 @@ from taskstream.core.states import FailClass, Status
 from taskstream.core.store.port import ClaimRequest, FinishRequest
 from taskstream.core.store.sql import SqlStore
 from taskstream.scheduler import advance, manual
+from taskstream.scheduler.instances import new_instance
 from taskstream.scheduler.leader import LeaderLease
 from taskstream.scheduler.service import Scheduler, SchedulerConfig
 from tests.integration.harness import T0, Harness, Running, until
@@ -435,3 +436,32 @@ async def test_all_catch_up_runs_the_newest_burst_of_the_whole_backlog_across_ch
     first = next(d for d in coalesced if d.fire_time_ms == DAY0)
     assert (first.decision, first.details["max_burst"]) == ("coalesced", 100)
     assert first.details["oldest_run_ms"] == DAY0 + 50_000
+
+
+@pytest.mark.parametrize("gone_for_ms", [3 * 60_000, 2 * 3_600_000])
+async def test_a_tick_whose_instance_a_dead_leader_made_is_recorded_as_run(
+    store: SqlStore, redis: streams.Redis, keys: Keys, gone_for_ms: int
+) -> None:
+    """A leader created tick M0's instance, then died before recording the decision. The
+    next leader comes after the window closed: catch-up would call the tick `coalesced`
+    (a newer tick is on time) or `missed` (past `max_delay`), but it did run; the record
+    says so and names the instance, and no `missed:` record is made for it."""
+    h = Harness(store, redis, keys, FixedClock(M0 - 500))
+    text = (
+        "tasks:\n  - {id: minute, agent: echo, schedule: {every: 1m}, window: 1m,"
+        " catchup: {mode: latest, max_delay: 1h}}\n"
+    )
+    await h.apply(text)
+    s = make(h)
+    await s.run_pass()
+    spec = next(t for t in await h.definitions() if t.id == "minute")
+    made = await h.outbox.emit(new_instance(spec, M0), now_ms=M0)
+    h.clock.set(M0 + gone_for_ms + 500)
+    await make(h).run_pass()
+    [decision] = [d for d in await store.decisions("minute", since_ms=M0) if d.fire_time_ms == M0]
+    assert (decision.decision, decision.instance_id) == ("should_run", made.instance_id)
+    assert decision.details["recorded_after_creation"] is True
+    row = await store.get_instance(made.instance_id)
+    assert row is not None
+    keys_made = {r.dedupe_key for r in await store.list_instances(limit=1000)}
+    assert f"missed:{row.dedupe_key}" not in keys_made

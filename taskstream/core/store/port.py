@@ -233,6 +233,10 @@ class Store(Protocol):
         """Instances of the task not yet settled, oldest fire time first."""
         ...
 
+    async def existing_instances(self, instance_ids: Sequence[str]) -> set[str]:
+        """Those of `instance_ids` that exist (any status)."""
+        ...
+
     # explain log
     async def record_decision(self, row: DecisionRow) -> None: ...
 

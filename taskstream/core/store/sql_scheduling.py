@@ -1,5 +1,5 @@
-"""Store operations the scheduler needs beyond instances: readiness markers and the active
-instances of a task (for overlap policies)."""
+"""Store operations the scheduler needs beyond instances: readiness markers, the active
+instances of a task (for overlap policies) and which of a set of instances exist."""
 
 from __future__ import annotations
 
@@ -18,6 +18,9 @@ from taskstream.core.store.sql_engine import ConstraintViolation
 from taskstream.core.store.tables import readiness_markers as markers
 from taskstream.core.store.tables import task_instances as inst
 from taskstream.core.store.tables import upstreams as ups
+
+ID_BATCH = 500
+"""Ids per `IN (...)` list: well under every database's limit on bound parameters."""
 
 
 class SchedulingMethods:
@@ -99,3 +102,13 @@ class SchedulingMethods:
         )
         async with self._read() as conn:
             return [codec.instance_row(m) for m in (await conn.execute(stmt)).mappings().all()]
+
+    async def existing_instances(self, instance_ids: Sequence[str]) -> set[str]:
+        """Those of `instance_ids` that exist, read in parts of `ID_BATCH`."""
+        found: set[str] = set()
+        async with self._read() as conn:
+            for start in range(0, len(instance_ids), ID_BATCH):
+                part = list(instance_ids[start : start + ID_BATCH])
+                stmt = select(inst.c.id).where(inst.c.id.in_(part))
+                found.update((await conn.execute(stmt)).scalars())
+        return found
