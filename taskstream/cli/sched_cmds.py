@@ -7,7 +7,6 @@ without an offset is refused: the host's timezone is never used.
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 from collections.abc import Awaitable, Callable
@@ -24,6 +23,7 @@ from taskstream.core.clock import SystemClock
 from taskstream.core.definitions import from_record
 from taskstream.core.errors import TaskstreamError
 from taskstream.core.outbox import Emitted, Outbox
+from taskstream.core.payloads import parse_json_object, payload_problem
 from taskstream.core.spec import TaskSpec, format_utc_ms
 from taskstream.core.spec_parts import NAME_PATTERN
 from taskstream.executor.reconciler import GRACE_MS
@@ -150,19 +150,18 @@ def _plan_row(line: manual.PreviewLine) -> dict[str, Any]:
     return row
 
 
-def _payload(text: str | None) -> dict[str, Any] | None:
+def _payload(text: str | None, limit_bytes: int) -> dict[str, Any] | None:
+    """The `--payload` object, refused (exit 2) when it is not one strict JSON object or is
+    over `limit_bytes` as stored JSON (see `core.payloads`)."""
     if text is None:
         return None
-
-    def no_constants(name: str) -> None:
-        raise ValueError(f"{name} is not a JSON number")
-
     try:
-        value = json.loads(text, parse_constant=no_constants)
+        value = parse_json_object(text)
     except ValueError as exc:
-        raise typer.BadParameter(f"not valid JSON: {exc}", param_hint="--payload") from None
-    if not isinstance(value, dict):
-        raise typer.BadParameter("must be a JSON object ({...})", param_hint="--payload")
+        raise typer.BadParameter(str(exc), param_hint="--payload") from None
+    problem = payload_problem(value, limit_bytes)
+    if problem is not None:
+        raise typer.BadParameter(problem, param_hint="--payload")
     return value
 
 
@@ -176,7 +175,7 @@ def trigger_cmd(
     """Run a task now, through the same dedupe key as scheduled runs."""
     now_ms = SystemClock().now_ms()
     at_ms = None if at is None else parse_instant(at, name="--at", now_ms=now_ms)
-    body = _payload(payload)
+    body = _payload(payload, settings().max_payload_bytes)
 
     async def go(cluster: Cluster, spec: TaskSpec) -> Emitted:
         outbox = Outbox(cluster.store, cluster.queue, cluster.keys)

@@ -21,7 +21,12 @@ FILE_ARG = typer.Argument(..., help="A tasks YAML file.")
 
 
 def _load(path: Path) -> TaskFile:
-    return load_task_file(path, known_agents=default_registry(settings().agent_modules).names())
+    s = settings()
+    return load_task_file(
+        path,
+        known_agents=default_registry(s.agent_modules).names(),
+        max_payload_bytes=s.max_payload_bytes,
+    )
 
 
 @tasks_app.command("validate")

@@ -34,15 +34,15 @@ def up_cmd(
     if tasks is not None and not tasks.is_file():
         raise typer.BadParameter(f"no task file at {tasks}", param_hint="--tasks")
     path = tasks or DEFAULT_TASKS
+    s = settings()
     taskfile = None
     if path.exists():
-        taskfile = load_task_file(
-            path, known_agents=default_registry(settings().agent_modules).names()
-        )
+        agents = default_registry(s.agent_modules).names()
+        taskfile = load_task_file(path, known_agents=agents, max_payload_bytes=s.max_payload_bytes)
     else:
         # Without a task file the cluster runs the definitions stored before.
         get_logger(role="supervisor").warning("tasks.file_missing", path=str(path))
-    run_async(_up(settings(), taskfile, executors, concurrency))
+    run_async(_up(s, taskfile, executors, concurrency))
 
 
 async def _up(

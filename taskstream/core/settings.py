@@ -31,7 +31,8 @@ class Settings(BaseSettings):
     log_level: str = "info"
     executor_concurrency: int = Field(default=4, ge=1, le=1024)
     read_block_ms: int = Field(default=1000, ge=10, le=60_000)
-    max_payload_bytes: int = Field(default=256 * 1024, ge=1024)
+    # At most 8 MiB: MariaDB refuses statements over max_allowed_packet (16 MiB by default).
+    max_payload_bytes: int = Field(default=256 * 1024, ge=1024, le=8 * 1024 * 1024)
     max_deliveries: int = Field(default=5, ge=1, le=1000)
     scheduler_max_sleep_s: float = Field(default=60.0, gt=0.0, le=3600.0)
     """Longest scheduler sleep without a hint on the control channel (a safety net)."""

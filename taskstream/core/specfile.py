@@ -11,21 +11,27 @@ A task is labelled by its id when the id is valid, else by its 1-based position 
 Tasks are validated one by one so that one bad task never hides another. Top-level keys other
 than `tasks` and `upstreams` are errors, except `x-` keys, which hold YAML anchors for reuse.
 Duplicate mapping keys, which YAML would silently collapse into the last one, are errors too.
+The YAML itself is read within bounds (nesting depth, alias expansion, valid Unicode; see
+`taskstream.core.specyaml`). Given `max_payload_bytes`, a task's payload larger than that as
+stored JSON is an error too (see `taskstream.core.payloads`)::
+
+    tasks.yaml: task 'big': payload: 300011 bytes as stored JSON, over the limit of 262144 bytes ...
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-import yaml
 from pydantic import TypeAdapter, ValidationError
 from pydantic_core import ErrorDetails
 
 from taskstream.core.errors import ConfigError
+from taskstream.core.payloads import payload_problem
 from taskstream.core.spec import (
     ID_PATTERN,
     TaskFile,
@@ -34,15 +40,30 @@ from taskstream.core.spec import (
     undeclared_upstreams,
 )
 from taskstream.core.spec_parts import Name, UpstreamLimit
+from taskstream.core.specyaml import problem_lines, read_document
 
 _TOP_LEVEL_KEYS: Final = frozenset({"tasks", "upstreams"})
 _ID: Final = re.compile(ID_PATTERN)
 _UPSTREAMS: Final = TypeAdapter(dict[Name, UpstreamLimit])
-_YAML_MERGE_TAG: Final = "tag:yaml.org,2002:merge"
 
 
-def load_task_file(path: Path, *, known_agents: AbstractSet[str] | None = None) -> TaskFile:
-    """Read and validate `path`. With `known_agents`, every task's agent must be one of them.
+@dataclass(frozen=True, slots=True)
+class _Rules:
+    """What each task is checked against besides its own model; None checks nothing."""
+
+    known_agents: AbstractSet[str] | None
+    declared: Mapping[str, object]
+    max_payload_bytes: int | None
+
+
+def load_task_file(
+    path: Path,
+    *,
+    known_agents: AbstractSet[str] | None = None,
+    max_payload_bytes: int | None = None,
+) -> TaskFile:
+    """Read and validate `path`. With `known_agents`, every task's agent must be one of them;
+    with `max_payload_bytes`, every task's payload must fit in that many bytes as stored JSON.
 
     Raises `ConfigError` whose `problems` are one line each (see the module docstring).
     """
@@ -54,66 +75,30 @@ def load_task_file(path: Path, *, known_agents: AbstractSet[str] | None = None) 
         raise ConfigError([f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})"]) from None
     except OSError as exc:
         raise ConfigError([f"{path}: cannot read file: {exc.strerror or exc}"]) from None
-    return parse_task_file_text(text, str(path), known_agents=known_agents)
+    return parse_task_file_text(
+        text, str(path), known_agents=known_agents, max_payload_bytes=max_payload_bytes
+    )
 
 
 def parse_task_file_text(
-    text: str, source_name: str, known_agents: AbstractSet[str] | None = None
+    text: str,
+    source_name: str,
+    known_agents: AbstractSet[str] | None = None,
+    max_payload_bytes: int | None = None,
 ) -> TaskFile:
     """Validate YAML `text`; `source_name` starts every problem line. See `load_task_file`."""
-    document, problems = _load_yaml(text, source_name)
+    document, problems = read_document(text, source_name)
     raw_tasks = _tasks_section(document, problems)
     if raw_tasks is None:
-        raise ConfigError(_lines(source_name, problems))
+        raise ConfigError(problem_lines(source_name, problems))
     raw_upstreams = document.get("upstreams") if isinstance(document, dict) else None
     upstreams = _validate_upstreams(raw_upstreams, problems)
     declared = raw_upstreams if isinstance(raw_upstreams, Mapping) else {}
-    specs = _validate_tasks(raw_tasks, known_agents, declared, problems)
+    rules = _Rules(known_agents, declared, max_payload_bytes)
+    specs = _validate_tasks(raw_tasks, rules, problems)
     if problems:
-        raise ConfigError(_lines(source_name, problems))
+        raise ConfigError(problem_lines(source_name, problems))
     return TaskFile(tasks=tuple(specs), upstreams=upstreams)
-
-
-def _lines(source_name: str, problems: Sequence[str]) -> list[str]:
-    """One line per problem, each starting with the file name."""
-    return [f"{source_name}: {problem}".replace("\n", " ") for problem in problems]
-
-
-def _load_yaml(text: str, source_name: str) -> tuple[object, list[str]]:
-    """The document and its duplicate-key problems; a syntax error is raised at once."""
-    try:
-        document: object = yaml.safe_load(text)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f"line {mark.line + 1}: " if mark is not None else ""
-        reason = ", ".join(part for part in (exc.context, exc.problem) if part) or "cannot parse"
-        raise ConfigError(_lines(source_name, [f"{where}invalid YAML: {reason}"])) from None
-    except (yaml.YAMLError, ValueError) as exc:
-        raise ConfigError(_lines(source_name, [f"invalid YAML: {exc}"])) from None
-    root = yaml.compose(text, Loader=yaml.SafeLoader)
-    duplicates = sorted(_duplicate_keys(root)) if root is not None else []
-    return document, [f"line {line}: duplicate key '{key}'" for line, key in duplicates]
-
-
-def _duplicate_keys(root: yaml.Node) -> Iterator[tuple[int, str]]:
-    """(1-based line, key) of every key repeated inside one mapping, anywhere in the tree."""
-    stack, visited = [root], set[int]()
-    while stack:
-        node = stack.pop()
-        if id(node) in visited:
-            continue
-        visited.add(id(node))
-        if isinstance(node, yaml.MappingNode):
-            seen: set[str] = set()
-            for key, value in node.value:
-                plain = isinstance(key, yaml.ScalarNode) and key.tag != _YAML_MERGE_TAG
-                if plain and key.value in seen:
-                    yield key.start_mark.line + 1, str(key.value)
-                if plain:
-                    seen.add(key.value)
-                stack.extend((key, value))
-        elif isinstance(node, yaml.SequenceNode):
-            stack.extend(node.value)
 
 
 def _tasks_section(document: object, problems: list[str]) -> list[object] | None:
@@ -151,10 +136,7 @@ def _validate_upstreams(raw: object, problems: list[str]) -> dict[str, UpstreamL
 
 
 def _validate_tasks(
-    raw_tasks: Sequence[object],
-    known_agents: AbstractSet[str] | None,
-    declared: Mapping[str, object],
-    problems: list[str],
+    raw_tasks: Sequence[object], rules: _Rules, problems: list[str]
 ) -> list[TaskSpec]:
     """Valid specs in file order; problems of every task are appended, grouped by task."""
     ids = [_valid_id(item) for item in raw_tasks]
@@ -162,7 +144,7 @@ def _validate_tasks(
     specs: list[TaskSpec] = []
     for n, item in enumerate(raw_tasks):
         label = f"task '{ids[n]}'" if ids[n] is not None else f"task #{n + 1}"
-        spec, lines = _check_task(item, known_agents, declared)
+        spec, lines = _check_task(item, rules)
         if n in repeats:
             lines.insert(0, f"id: duplicate id (first used by task #{repeats[n] + 1})")
         problems.extend(f"{label}: {line}" for line in lines)
@@ -171,9 +153,7 @@ def _validate_tasks(
     return specs
 
 
-def _check_task(
-    item: object, known_agents: AbstractSet[str] | None, declared: Mapping[str, object]
-) -> tuple[TaskSpec | None, list[str]]:
+def _check_task(item: object, rules: _Rules) -> tuple[TaskSpec | None, list[str]]:
     """The spec (None when invalid) and the problem lines of one raw task, without its label."""
     if not isinstance(item, dict):
         return None, [f"must be a mapping, got {_kind(item)}"]
@@ -183,15 +163,26 @@ def _check_task(
     except ValidationError as exc:
         lines = [_format_error(error) for error in exc.errors()]
     else:
-        lines = [
-            f"upstreams: undeclared upstream '{name}' (declared: {', '.join(sorted(declared))})"
-            for name in undeclared_upstreams(spec, declared)
-        ]
-    agent = item.get("agent")
+        lines = _spec_problems(spec, rules)
+    agent, known_agents = item.get("agent"), rules.known_agents
     if known_agents is not None and isinstance(agent, str) and agent not in known_agents:
         known = ", ".join(sorted(known_agents)) or "none"
         lines.append(f"agent: unknown agent '{agent}' (known: {known})")
     return (spec if not lines else None), lines
+
+
+def _spec_problems(spec: TaskSpec, rules: _Rules) -> list[str]:
+    """Problems of a task valid on its own: undeclared upstreams, an oversize payload."""
+    declared = ", ".join(sorted(rules.declared))
+    lines = [
+        f"upstreams: undeclared upstream '{name}' (declared: {declared})"
+        for name in undeclared_upstreams(spec, rules.declared)
+    ]
+    if rules.max_payload_bytes is not None:
+        too_big = payload_problem(spec.payload, rules.max_payload_bytes)
+        if too_big is not None:
+            lines.append(f"payload: {too_big}")
+    return lines
 
 
 def _valid_id(item: object) -> str | None:

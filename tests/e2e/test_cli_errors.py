@@ -24,6 +24,7 @@ def _env(tmp_path: Path, **settings: str) -> dict[str, str]:
     [
         ("namespace", "bad/ns", "TASKSTREAM_NAMESPACE"),
         ("executor_concurrency", "abc", "TASKSTREAM_EXECUTOR_CONCURRENCY"),
+        ("max_payload_bytes", str(16 * 1024 * 1024), "TASKSTREAM_MAX_PAYLOAD_BYTES"),
         ("redis_url", "http://:hunter2@127.0.0.1:6379", "TASKSTREAM_REDIS_URL"),
         ("redis_url", "bogus", "TASKSTREAM_REDIS_URL"),
         ("database_url", "mysql://root:hunter2@127.0.0.1:notaport/x", "TASKSTREAM_DATABASE_URL"),

@@ -119,3 +119,18 @@ def test_dead_letters_are_listed_while_the_store_is_down(tmp_path: Path, redis_u
         out = run_cli("dead", "list", "--json", env=env)
     assert out.returncode == 0, out.stderr
     assert [x["reason"] for x in json.loads(out.stdout)] == ["poison"]
+
+
+def test_up_refuses_a_task_file_whose_payload_is_over_the_limit(
+    tmp_path: Path, redis_url: str
+) -> None:
+    with applied(tmp_path, redis_url, {}) as cli:
+        (tmp_path / "big.yaml").write_text(
+            "tasks:\n  - {id: big, agent: echo, payload: {blob: '" + "x" * 2000 + "'}}\n"
+        )
+        env = cli.env | {"TASKSTREAM_MAX_PAYLOAD_BYTES": "1024"}
+        out = run_cli("up", "--tasks", "big.yaml", env=env, cwd=cli.cwd)
+    assert out.returncode == 2
+    assert out.stderr.startswith("big.yaml: task 'big': payload: ")
+    assert "over the limit of 1024 bytes" in out.stderr
+    assert not (tmp_path / ".taskstream").exists()

@@ -1,0 +1,72 @@
+"""Payloads entering from outside: strict JSON objects, and the payload size limit.
+
+A payload's size is that of the text a store keeps for it (`stored_json`: sorted keys, no
+whitespace, non-ASCII kept as is) in UTF-8 bytes: the measure by which an executor poisons a
+run whose payload is over `Settings.max_payload_bytes` (`payload_too_large`). `tasks
+validate`, `tasks apply` and `trigger --payload` check it with `payload_problem`, so such a
+payload is refused before anything is stored rather than failing every run later.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from taskstream.core.store.records import stored_json, utf8_size
+
+
+def payload_problem(payload: Mapping[str, object], limit_bytes: int) -> str | None:
+    """Why `payload` cannot be stored and run, or None.
+
+    Over `limit_bytes` (UTF-8 bytes of its stored JSON), or holding a lone surrogate, which
+    is not Unicode text. The text reads after `payload: ` and holds both sizes.
+    """
+    text = stored_json(payload)
+    try:
+        size = utf8_size(text)
+    except UnicodeEncodeError as exc:
+        bad = ascii(text[exc.start])
+        return f"holds the lone surrogate {bad}, which is not Unicode text"
+    if size > limit_bytes:
+        return (
+            f"{size} bytes as stored JSON, over the limit of {limit_bytes} bytes "
+            "(TASKSTREAM_MAX_PAYLOAD_BYTES)"
+        )
+    return None
+
+
+def parse_json_object(text: str) -> dict[str, Any]:
+    """The JSON object `text` holds.
+
+    ValueError naming what is wrong: not JSON, `NaN` or `Infinity`, a key given twice in one
+    object (JSON parsers differ on which one wins, so neither is guessed), or not an object.
+    """
+
+    def no_constants(name: str) -> None:
+        raise ValueError(f"{name} is not a JSON number")
+
+    try:
+        value = json.loads(text, parse_constant=no_constants, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as exc:
+        raise ValueError(str(exc)) from None
+    except ValueError as exc:
+        raise ValueError(f"not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ValueError("must be a JSON object ({...})")
+    return value
+
+
+class _DuplicateKey(ValueError):
+    """A JSON object names one key twice."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(
+                f"duplicate key {json.dumps(key)}: a JSON object may name each key once"
+            )
+        out[key] = value
+    return out
