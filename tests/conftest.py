@@ -20,15 +20,16 @@ def namespace() -> str:
     return "t" + uuid.uuid4().hex[:12]
 
 
-PROCESS_LAYERS = ("fault", "e2e")
-"""Layers whose tests start role processes and wait on their timing."""
+PROCESS_LAYERS = ("fault",)
+"""Layers whose tests start role processes and wait on their timing; elsewhere such tests
+are marked `roles`."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under `pytest -n 2 --dist loadgroup` (scripts/test), the tests that start processes
-    share one worker and so run one at a time, as they do alone; the lighter layers run on the
-    other worker meanwhile."""
+    """Under `pytest -n 2 --dist loadgroup` (scripts/test), the tests that start role
+    processes share one worker and so run one at a time, as they do alone; every other test
+    (one-shot CLI commands included) goes to whichever worker is free."""
     for item in items:
         layer = item.path.parent.name
-        if layer in PROCESS_LAYERS:
+        if layer in PROCESS_LAYERS or item.get_closest_marker("roles") is not None:
             item.add_marker(pytest.mark.xdist_group("processes"))

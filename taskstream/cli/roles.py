@@ -22,7 +22,6 @@ from taskstream.core.definitions import UpstreamCache
 from taskstream.core.notify import Wakeups
 from taskstream.core.outbox import Outbox
 from taskstream.core.settings import Settings
-from taskstream.core.store.migrate import upgrade
 from taskstream.core.timesync import keep_synced, synced_clock
 from taskstream.executor.admission import RELOAD_S, UpstreamGate
 from taskstream.executor.service import Executor, ExecutorConfig, ExecutorDeps, consumer_name
@@ -49,6 +48,9 @@ class Service(Protocol):
 
 def migrate_cmd() -> None:
     """Create or upgrade the store's tables (idempotent)."""
+    # Alembic takes a third of a second to import: only the commands that migrate pay it.
+    from taskstream.core.store.migrate import upgrade  # noqa: PLC0415
+
     url = endpoint.resolve(settings(), need_redis=False).database_url
     run_async(upgrade(url))
     err_console.print("store is at the latest schema")

@@ -61,6 +61,7 @@ def test_a_database_never_migrated_says_to_migrate(tmp_path: Path, redis_url: st
     assert out.stderr.rstrip().endswith("run `taskstream migrate`")
 
 
+@pytest.mark.roles
 @pytest.mark.parametrize("role", ["executor", "sweeper", "scheduler"])
 def test_a_role_started_before_the_migration_waits_for_it(
     tmp_path: Path, redis_url: str, role: str

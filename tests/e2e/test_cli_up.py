@@ -16,6 +16,8 @@ import redis
 
 from tests.e2e.cli_rig import run_cli
 
+pytestmark = pytest.mark.roles
+
 TASKS = """
 tasks:
   - id: tick
