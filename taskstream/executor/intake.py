@@ -25,7 +25,7 @@ from taskstream.core.reasons import SEEN_ON_STREAM
 from taskstream.core.spec import TaskSpec
 from taskstream.core.spec_parts import RetryPolicy
 from taskstream.core.states import SETTLED, FailClass, Status
-from taskstream.core.store.port import Claimed, ClaimRequest, InstanceRow, Store
+from taskstream.core.store.port import CasResult, Claimed, ClaimRequest, InstanceRow, Store
 from taskstream.executor.retry import attempts_used
 
 DEFAULT_LEASE_S = 150.0
@@ -164,8 +164,26 @@ class Intake:
     async def _unknown_agent(self, delivery: streams.Delivery, entry: WorkEntry) -> None:
         """Fail the instance as poison and dead-letter the entry. A second entry of an
         instance already settled (the first was dead-lettered, or ran) is a duplicate
-        delivery: acked, so one instance has one dead letter."""
-        moved = await self._store.transition(
+        delivery: acked, so one instance has one dead letter. A row still PENDING/RETRYING
+        (the outbox's CAS to DISPATCHED has not landed yet) moves on to DISPATCHED first, as
+        a claim would: else it would stay in flight, and be published and dead-lettered again."""
+        moved = await self._fail_unknown(entry)
+        if not moved.ok and moved.found in (Status.PENDING, Status.RETRYING):
+            await self._store.transition(
+                entry.instance_id,
+                moved.found,
+                Status.DISPATCHED,
+                reason=SEEN_ON_STREAM,
+                attempt=entry.attempt,
+            )
+            moved = await self._fail_unknown(entry)
+        if not moved.ok and moved.found in SETTLED:
+            await self._ack_duplicate(delivery, entry.instance_id, moved.found)
+            return
+        await self.dead(delivery, "unknown_agent", entry.agent)
+
+    async def _fail_unknown(self, entry: WorkEntry) -> CasResult:
+        return await self._store.transition(
             entry.instance_id,
             Status.DISPATCHED,
             Status.FAILED,
@@ -174,10 +192,6 @@ class Intake:
             fail_class=FailClass.POISON,
             error=f"unknown agent {entry.agent!r}",
         )
-        if not moved.ok and moved.found in SETTLED:
-            await self._ack_duplicate(delivery, entry.instance_id, moved.found)
-            return
-        await self.dead(delivery, "unknown_agent", entry.agent)
 
     async def _claim(self, candidates: list[_Candidate]) -> dict[str, Claimed]:
         requests = [

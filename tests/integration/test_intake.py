@@ -6,7 +6,11 @@ from __future__ import annotations
 from taskstream.agents.registry import default_registry
 from taskstream.core import streams
 from taskstream.core.definitions import DefinitionCache
+from taskstream.core.protocol import Priority, WorkEntry
+from taskstream.core.specfile import parse_task_file_text
+from taskstream.core.states import FailClass, Status
 from taskstream.executor.intake import Intake
+from taskstream.scheduler.instances import new_instance
 from tests.integration.harness import Harness
 
 RETRIED = """
@@ -65,3 +69,53 @@ async def test_a_run_whose_task_is_not_defined_keeps_the_attempts_stored_with_it
     deliveries = await streams.read(h.redis, h.keys, "c1", count=1, block_ms=10)
     [run] = await intake.admit(deliveries)
     assert (run.spec, row.max_attempts, run.max_attempts) == (None, 3, 3)
+
+
+STRANGER = """
+tasks:
+  - id: stranger
+    agent: no-such-agent
+"""
+
+
+async def test_an_unknown_agent_read_before_the_outbox_cas_fails_the_instance_once(
+    outage: Harness,
+) -> None:
+    """The entry is on the stream while its row is still PENDING (the outbox's XADD landed,
+    its CAS to DISPATCHED not yet): the unknown agent still fails the instance as poison,
+    through DISPATCHED, so the reconciler has nothing to publish (and dead-letter) again."""
+    h = outage
+    spec = parse_task_file_text(STRANGER, "t.yaml").tasks[0]
+    created = await h.store.create_instance(new_instance(spec, h.clock.now_ms()))
+    row = await h.store.get_instance(created.instance_id)
+    assert row is not None and row.status is Status.PENDING
+    entry = WorkEntry(
+        instance_id=row.id,
+        task_id=row.task_id,
+        agent=row.agent,
+        attempt=row.attempt,
+        scheduled_for_ms=row.scheduled_for_ms,
+        emitted_at_ms=h.clock.now_ms(),
+        trace_id=row.trace_id,
+    )
+    await streams.publish_many(h.redis, h.keys, [(Priority.DEFAULT, entry)])
+    intake = Intake(
+        h.store,
+        h.redis,
+        h.keys,
+        default_registry(h.registry_modules),
+        DefinitionCache(h.store),
+        "c1",
+        held=lambda _i, _t: False,
+    )
+    deliveries = await streams.read(h.redis, h.keys, "c1", count=1, block_ms=10)
+    assert await intake.admit(deliveries) == []
+    failed = await h.store.get_instance(row.id)
+    assert failed is not None
+    assert (failed.status, failed.fail_class) == (Status.FAILED, FailClass.POISON)
+    assert [x.to_status for x in await h.store.history(row.id)] == [
+        Status.PENDING,
+        Status.DISPATCHED,
+        Status.FAILED,
+    ]
+    assert await h.redis.xlen(h.keys.dead) == 1
