@@ -13,6 +13,20 @@ from taskstream.executor.intake import Intake
 from taskstream.scheduler.instances import new_instance
 from tests.integration.harness import Harness
 
+
+def intake_of(h: Harness, defs: DefinitionCache) -> Intake:
+    """An intake reading as consumer `c1`, holding no run."""
+    return Intake(
+        h.store,
+        h.redis,
+        h.keys,
+        default_registry(h.registry_modules),
+        defs,
+        "c1",
+        held=lambda _i, _t: False,
+    )
+
+
 RETRIED = """
 tasks:
   - id: fresh
@@ -32,15 +46,7 @@ async def test_a_task_applied_since_the_last_definitions_check_runs_with_its_spe
     h = outage
     defs = DefinitionCache(h.store, min_interval_s=3600)
     await defs.refresh()
-    intake = Intake(
-        h.store,
-        h.redis,
-        h.keys,
-        default_registry(h.registry_modules),
-        defs,
-        "c1",
-        held=lambda _i, _t: False,
-    )
+    intake = intake_of(h, defs)
     await h.apply(RETRIED)
     await h.trigger(RETRIED, "fresh", fire_ms=h.clock.now_ms())
     deliveries = await streams.read(h.redis, h.keys, "c1", count=1, block_ms=10)
@@ -56,15 +62,7 @@ async def test_a_run_whose_task_is_not_defined_keeps_the_attempts_stored_with_it
     row was created with, not one attempt."""
     h = outage
     defs = DefinitionCache(h.store)
-    intake = Intake(
-        h.store,
-        h.redis,
-        h.keys,
-        default_registry(h.registry_modules),
-        defs,
-        "c1",
-        held=lambda _i, _t: False,
-    )
+    intake = intake_of(h, defs)
     row = await h.trigger(RETRIED, "fresh", fire_ms=h.clock.now_ms())
     deliveries = await streams.read(h.redis, h.keys, "c1", count=1, block_ms=10)
     [run] = await intake.admit(deliveries)
@@ -99,15 +97,7 @@ async def test_an_unknown_agent_read_before_the_outbox_cas_fails_the_instance_on
         trace_id=row.trace_id,
     )
     await streams.publish_many(h.redis, h.keys, [(Priority.DEFAULT, entry)])
-    intake = Intake(
-        h.store,
-        h.redis,
-        h.keys,
-        default_registry(h.registry_modules),
-        DefinitionCache(h.store),
-        "c1",
-        held=lambda _i, _t: False,
-    )
+    intake = intake_of(h, DefinitionCache(h.store))
     deliveries = await streams.read(h.redis, h.keys, "c1", count=1, block_ms=10)
     assert await intake.admit(deliveries) == []
     failed = await h.store.get_instance(row.id)

@@ -374,24 +374,32 @@ async def test_a_tick_waiting_for_long_does_not_hold_back_the_ticks_after_it(
     assert newest == h.clock.now_ms() - h.clock.now_ms() % 1000
 
 
+async def chunked_backlog(h: Harness, mode: str, down_s: int, passes: int) -> list[int]:
+    """`every: 1s` task `sec` (window 1 s, catch-up `mode`) whose scheduler was down for
+    `down_s` seconds after its first pass; `passes` passes later, the fire times (s after
+    DAY0) that have an instance. The caller bounds the ticks per pass."""
+    h.clock.set(DAY0 - 500)
+    await h.apply(
+        "tasks:\n  - {id: sec, agent: echo, schedule: {every: 1s}, window: 1s,"
+        f" concurrency: allow, catchup: {{enabled: true, max_delay: 1h, mode: {mode}}}}}\n"
+    )
+    s = make(h)
+    await s.run_pass()
+    h.clock.set(DAY0 + down_s * 1000 + 500)
+    for _ in range(passes):
+        await s.run_pass()
+    rows = await h.store.list_instances(limit=1000)
+    return sorted((r.scheduled_for_ms - DAY0) // 1000 for r in rows)
+
+
 async def test_latest_catch_up_runs_once_however_many_chunks_the_backlog_takes(
     store: SqlStore, redis: streams.Redis, keys: Keys, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Down for 50 s with `every: 1s`, at most 20 ticks per pass: the backlog takes three
     chunks, and `mode: latest` still runs one tick (the newest, on time), not one per chunk."""
     monkeypatch.setattr(advance, "MAX_TICKS_PER_PASS", 20)
-    h = Harness(store, redis, keys, FixedClock(DAY0 - 500))
-    await h.apply(
-        "tasks:\n  - {id: sec, agent: echo, schedule: {every: 1s}, window: 1s,"
-        " catchup: {enabled: true, max_delay: 1h, mode: latest}}\n"
-    )
-    s = make(h)
-    await s.run_pass()
-    h.clock.set(DAY0 + 50_500)
-    for _ in range(5):
-        await s.run_pass()
-    ran = sorted(r.scheduled_for_ms - DAY0 for r in await store.list_instances(limit=100))
-    assert ran == [50_000]
+    h = Harness(store, redis, keys, FixedClock(DAY0))
+    assert await chunked_backlog(h, "latest", down_s=50, passes=5) == [50]
 
 
 async def test_an_older_tick_still_waiting_is_not_a_newer_tick_on_time(
@@ -420,18 +428,8 @@ async def test_all_catch_up_runs_the_newest_burst_of_the_whole_backlog_across_ch
     """Down for 150 s with `every: 1s`, at most 20 ticks per pass: `mode: all` runs the
     newest 100 missed ticks of the whole backlog (and the tick on time), not 100 per chunk."""
     monkeypatch.setattr(advance, "MAX_TICKS_PER_PASS", 20)
-    h = Harness(store, redis, keys, FixedClock(DAY0 - 500))
-    await h.apply(
-        "tasks:\n  - {id: sec, agent: echo, schedule: {every: 1s}, window: 1s,"
-        " concurrency: allow, catchup: {enabled: true, max_delay: 1h, mode: all}}\n"
-    )
-    s = make(h)
-    await s.run_pass()
-    h.clock.set(DAY0 + 150_500)
-    for _ in range(10):
-        await s.run_pass()
-    ran = sorted(r.scheduled_for_ms - DAY0 for r in await store.list_instances(limit=1000))
-    assert ran == [1000 * i for i in range(50, 151)]
+    h = Harness(store, redis, keys, FixedClock(DAY0))
+    assert await chunked_backlog(h, "all", down_s=150, passes=10) == list(range(50, 151))
     coalesced = await store.decisions("sec", since_ms=DAY0, limit=60)
     first = next(d for d in coalesced if d.fire_time_ms == DAY0)
     assert (first.decision, first.details["max_burst"]) == ("coalesced", 100)
