@@ -149,7 +149,12 @@ class Executor:
             await self._drain()
             self._committer.last_tries()
             background.set()
-            await asyncio.gather(*helpers, return_exceptions=True)
+            beat, commits = helpers
+            await asyncio.gather(commits, return_exceptions=True)
+            # Every end is written or given up: no lease needs extending any more, and a beat
+            # waiting for a row lock (held by a stuck transaction) must not hold the exit up.
+            beat.cancel()
+            await asyncio.gather(beat, return_exceptions=True)
             await http.aclose()
             with contextlib.suppress(*streams.DRIVER_ERRORS):
                 await self._heartbeat.clear()

@@ -83,6 +83,12 @@ async def claimed_unrun(h: Harness, owner: str) -> tuple[str, streams.Delivery]:
     return row.id, delivery
 
 
+async def waiting(conn: AsyncConnection, head: str) -> bool:
+    """Another connection is running a statement that starts with `head` (waiting for a row
+    lock `conn` holds)."""
+    return bool((await conn.execute(RUNNING, {"head": head})).all())
+
+
 async def kill_waiter(
     conn: AsyncConnection, head: str, *, release: bool = True, spare: int | None = None
 ) -> int:

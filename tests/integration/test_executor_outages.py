@@ -30,6 +30,7 @@ from tests.integration.outages import (
     CLAIM_READ,
     FINISH_UPDATE,
     GATED,
+    LEASE_READ,
     TASKS,
     Gate,
     claimed_unrun,
@@ -41,6 +42,7 @@ from tests.integration.outages import (
     lease_end,
     lock,
     settled,
+    waiting,
 )
 
 
@@ -188,6 +190,10 @@ async def test_at_stop_a_commit_the_store_keeps_refusing_gets_one_more_try_then_
     sweeper to recover."""
     h = outage_server
     async with finishing_under_lock(h, Gate()) as (instance_id, ex, conn):
+        # The heartbeat's lease extension, due at once on this clock, waits for the lock too:
+        # the exit must not wait for it (nothing kills it; the lock is held to the end).
+        h.clock.advance(60_000)
+        await until(lambda: waiting(conn, LEASE_READ))
         first = await kill_waiter(conn, FINISH_UPDATE, release=False)
         ex.stop.set()
         await kill_waiter(conn, FINISH_UPDATE, release=False, spare=first)
