@@ -9,11 +9,17 @@ from random import Random
 
 from taskstream.core.definitions import DefinitionCache
 from taskstream.core.logging import get_logger
-from taskstream.core.reasons import DEFERRED, OWNER_LOST, RELEASED, REQUEUED
+from taskstream.core.reasons import OWNER_LOST
 from taskstream.core.spec_parts import RetryPolicy
 from taskstream.core.states import FailClass, Status
-from taskstream.core.store.port import HistoryRow, InstanceRow, Store
-from taskstream.executor.retry import Failure, RetryDecision, attempts_used, decide
+from taskstream.core.store.port import InstanceRow, Store
+from taskstream.executor.retry import (
+    Failure,
+    RetryDecision,
+    attempts_used,
+    decide,
+    every_run_lost,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,14 +85,3 @@ class Recovery:
             ok=cas.ok,
         )
         return Recovered(ok=cas.ok, decision=decision)
-
-
-def every_run_lost(history: list[HistoryRow]) -> bool:
-    """Every run since the last manual requeue ended by losing its owner: the work itself
-    kills its executor (poison). Runs released or deferred unrun are not counted; one run
-    that failed or timed out on its own makes the instance merely exhausted."""
-    ends = [h.reason for h in history if h.from_status is Status.RUNNING or h.reason == REQUEUED]
-    if REQUEUED in ends:
-        ends = ends[len(ends) - ends[::-1].index(REQUEUED) :]
-    runs = [r for r in ends if r not in (RELEASED, DEFERRED)]
-    return bool(runs) and all(r == OWNER_LOST for r in runs)

@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from random import Random
 
-from taskstream.core.reasons import DEFERRED, RELEASED, REQUEUED
+from taskstream.core.reasons import DEFERRED, OWNER_LOST, RELEASED, REQUEUED
 from taskstream.core.spec_parts import Backoff, RetryPolicy
 from taskstream.core.states import FailClass, Status
+from taskstream.core.store.records import HistoryRow
 
 
 class Failure(StrEnum):
@@ -84,3 +85,17 @@ def attempts_used(token: int, history: list[tuple[str, int]]) -> int:
         elif reason in (RELEASED, DEFERRED):
             released += 1
     return token - base - released
+
+
+def every_run_lost(history: list[HistoryRow]) -> bool:
+    """Every run since the last manual requeue ended by losing its owner (history oldest
+    first): the work itself kills its executor (poison). Runs released or deferred unrun do
+    not count, as in `attempts_used`; one run that failed or timed out on its own makes the
+    instance merely exhausted."""
+    lost: bool | None = None  # None: no counted run since the last requeue
+    for h in history:
+        if h.reason == REQUEUED:
+            lost = None
+        elif h.from_status is Status.RUNNING and h.reason not in (RELEASED, DEFERRED):
+            lost = lost is not False and h.reason == OWNER_LOST
+    return lost is True

@@ -12,8 +12,7 @@ from taskstream.core.reasons import DEFERRED, LEASE_EXPIRED, OWNER_LOST, RELEASE
 from taskstream.core.spec_parts import Backoff, RetryPolicy
 from taskstream.core.states import FailClass, Status
 from taskstream.core.store.port import HistoryRow
-from taskstream.executor.recovery import every_run_lost
-from taskstream.executor.retry import Failure, backoff_ms, decide
+from taskstream.executor.retry import Failure, backoff_ms, decide, every_run_lost
 
 NO_JITTER = RetryPolicy(max_attempts=6, backoff=Backoff(base=1.0, factor=2.0, max=10.0), jitter=0)
 
