@@ -19,7 +19,7 @@ from taskstream.core.spec import MAX_DEDUPE_KEY_LEN, TaskSpec, instance_id_for
 from taskstream.core.states import Status
 from taskstream.core.store.port import DecisionRow, NewInstance, Store
 from taskstream.scheduler.decide import MISSED, SHOULD_RUN, SKIP_DUPLICATED, Decision
-from taskstream.scheduler.instances import SCHEDULED, new_instance
+from taskstream.scheduler.instances import SCHEDULED, new_instance, tick_instance_id
 
 EXISTS = "an instance with this dedupe key exists"
 _DIGEST_LEN = 24
@@ -54,7 +54,7 @@ async def own_unrecorded(store: Store, spec: TaskSpec, fires_ms: Sequence[int]) 
     """Those of `fires_ms` whose own instance exists though no decision names it (a pass
     created it, then lost its lease or its process before recording), each with its id.
     Deciding such a tick again (say `coalesced` or `missed` by catch-up) would misreport it."""
-    ids = {new_instance(spec, fire_ms).id: fire_ms for fire_ms in fires_ms}
+    ids = {tick_instance_id(spec, fire_ms): fire_ms for fire_ms in fires_ms}
     found = await store.existing_instances(list(ids)) if ids else set()
     return {
         ids[instance_id]: instance_id

@@ -55,6 +55,12 @@ def new_instance(
     )
 
 
+def tick_instance_id(spec: TaskSpec, fire_ms: int) -> str:
+    """The id of the instance a scheduler pass makes for the fire time `fire_ms` (the one
+    `new_instance(spec, fire_ms)` has), without building the row."""
+    return instance_id_for(render_dedupe_key(spec, fire_ms, dict(spec.payload)))
+
+
 def business_date_of(spec: TaskSpec, fire_ms: int) -> str:
     """The business date (ISO) of a fire time in the task's timezone (UTC without one)."""
     tz = spec.schedule.timezone if spec.schedule else None

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from taskstream.core.spec import MAX_DEDUPE_KEY_LEN
 from taskstream.core.specfile import parse_task_file_text
 from taskstream.scheduler.emit import missed_instance, missed_key
+from taskstream.scheduler.instances import new_instance, tick_instance_id
 
 HOUR_MS = 3_600_000
 T0 = 1_780_000_000_000 - 1_780_000_000_000 % HOUR_MS
@@ -37,3 +38,12 @@ def test_distinct_keys_never_share_a_missed_key(a: str, b: str) -> None:
     if a != b:
         assert missed_key(a) != missed_key(b)
     assert len(missed_key(a)) <= MAX_DEDUPE_KEY_LEN and missed_key(a).startswith("missed:")
+
+
+def test_the_tick_instance_id_is_the_id_of_the_row_a_pass_makes() -> None:
+    text = (
+        "tasks:\n  - id: t\n    agent: echo\n    schedule: {every: 1s}\n"
+        '    dedupe_key: "{task_id}:{payload.region}:{scheduled_for}"\n    payload: {region: eu}\n'
+    )
+    [spec] = parse_task_file_text(text, "t.yaml").tasks
+    assert tick_instance_id(spec, T0) == new_instance(spec, T0).id
