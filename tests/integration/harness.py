@@ -12,13 +12,15 @@ from typing import Any
 from taskstream.agents.registry import default_registry
 from taskstream.core import streams
 from taskstream.core.clock import FixedClock
-from taskstream.core.definitions import from_record, to_records
+from taskstream.core.definitions import DefinitionCache, from_record, to_records
 from taskstream.core.outbox import Outbox
 from taskstream.core.protocol import Keys
 from taskstream.core.spec import TaskSpec
 from taskstream.core.specfile import parse_task_file_text
 from taskstream.core.store.port import InstanceRow
 from taskstream.core.store.sql import SqlStore
+from taskstream.executor.reconciler import Reconciler
+from taskstream.executor.recovery import Recovery
 from taskstream.executor.service import Executor, ExecutorConfig, ExecutorDeps
 from taskstream.executor.sweeper import Sweeper, SweeperConfig
 from taskstream.scheduler.service import Scheduler, SchedulerConfig, new_instance
@@ -70,6 +72,10 @@ class Harness:
 
     def scheduler(self) -> Scheduler:
         return Scheduler(self.store, self.outbox, self.clock, SchedulerConfig())
+
+    def reconciler(self, **config: Any) -> Reconciler:
+        recovery = Recovery(self.store, DefinitionCache(self.store), Random(7))
+        return Reconciler(self.store, self.redis, self.keys, self.clock, recovery, **config)
 
     def sweeper(self, **config: Any) -> Sweeper:
         return Sweeper(

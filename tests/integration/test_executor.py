@@ -19,7 +19,6 @@ from taskstream.core.store.port import ClaimRequest
 from taskstream.core.store.sql import SqlStore
 from taskstream.core.store.tables import review_queue
 from taskstream.executor import service
-from taskstream.executor.reconciler import Reconciler
 from taskstream.executor.recovery import Recovery
 from taskstream.scheduler.instances import new_instance
 from tests.integration.harness import T0, Harness, Running, until
@@ -283,10 +282,7 @@ async def test_the_reconciler_reaches_a_lost_row_behind_a_page_of_rows_that_are_
     [lost_entry] = [i for i, f in entries if decode(f).instance_id == lost.id]
     await h.redis.xdel(stream, lost_entry)
     h.clock.advance(60_000)  # every row is past the grace
-    defs = DefinitionCache(h.store)
-    reconciler = Reconciler(
-        h.store, h.redis, h.keys, h.clock, Recovery(h.store, defs, Random(7)), limit=2
-    )
+    reconciler = h.reconciler(limit=2)
 
     republished = [await reconciler.reconcile() for _ in range(2)]
 
@@ -450,8 +446,7 @@ async def test_a_row_no_entry_can_be_made_of_does_not_stop_the_reconciler(h: Har
     entries: Any = await h.redis.xrange(stream)
     await h.redis.xdel(stream, *[i for i, f in entries if decode(f).instance_id == good.id])
     h.clock.advance(60_000)
-    defs = DefinitionCache(h.store)
-    reconciler = Reconciler(h.store, h.redis, h.keys, h.clock, Recovery(h.store, defs, Random(7)))
+    reconciler = h.reconciler()
     assert await reconciler.reconcile() == 1
     assert await status_of(h, bad.instance_id) is Status.PENDING
     assert good.id in await admin.instance_ids(h.redis, h.keys)

@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-from random import Random
-
 import pytest
 
 from taskstream.core import operations, streams
 from taskstream.core import streams_admin as admin
-from taskstream.core.definitions import DefinitionCache
 from taskstream.core.errors import TaskstreamError
 from taskstream.core.outbox import Outbox
 from taskstream.core.protocol import GROUP, Keys, Priority
 from taskstream.core.states import FailClass, Status
 from taskstream.core.store.sql import SqlStore
-from taskstream.executor.reconciler import Reconciler
-from taskstream.executor.recovery import Recovery
 from tests.integration.harness import Harness, Running, until
 
 TASKS = """
@@ -127,7 +122,6 @@ async def test_a_requeue_with_redis_down_stands_and_the_reconciler_publishes_it(
     pending = await h.store.get_instance(row.id)
     assert pending is not None and pending.status is Status.PENDING
     h.clock.advance(60_000)
-    defs = DefinitionCache(h.store)
-    reconciler = Reconciler(h.store, h.redis, h.keys, h.clock, Recovery(h.store, defs, Random(7)))
+    reconciler = h.reconciler()
     assert await reconciler.reconcile() == 1
     assert row.id in await admin.instance_ids(h.redis, h.keys)
