@@ -17,6 +17,7 @@ from taskstream.core.outbox import Outbox
 from taskstream.core.protocol import Keys
 from taskstream.core.spec import TaskSpec
 from taskstream.core.specfile import parse_task_file_text
+from taskstream.core.states import Status
 from taskstream.core.store.port import InstanceRow
 from taskstream.core.store.sql import SqlStore
 from taskstream.executor.reconciler import Reconciler
@@ -72,6 +73,19 @@ class Harness:
 
     def scheduler(self) -> Scheduler:
         return Scheduler(self.store, self.outbox, self.clock, SchedulerConfig())
+
+    async def run_until(self, instance_id: str, *wanted: Status) -> None:
+        """Run an executor until the instance reaches one of `wanted`, then close it."""
+
+        async def reached() -> bool:
+            row = await self.store.get_instance(instance_id)
+            return row is not None and row.status in wanted
+
+        ex = Running(self.executor())
+        try:
+            await until(reached)
+        finally:
+            await ex.close()
 
     def reconciler(self, **config: Any) -> Reconciler:
         recovery = Recovery(self.store, DefinitionCache(self.store), Random(7))

@@ -458,11 +458,7 @@ async def test_a_last_run_that_lost_its_owner_after_ordinary_failures_is_exhaust
     """Attempt 1 fails on its own; attempt 2's executor dies. The work did not kill every
     executor it ran on, so the instance is `exhausted`, not `poison` (no dead letter)."""
     row = await h.trigger(TASKS, "twice")
-    ex = Running(h.executor())
-    try:
-        await reach(h, row.id, Status.RETRYING)
-    finally:
-        await ex.close()
+    await h.run_until(row.id, Status.RETRYING)
     h.clock.advance(60_000)
     await h.scheduler().run_pass()
     await reach(h, row.id, Status.DISPATCHED)

@@ -106,11 +106,7 @@ async def test_a_requeue_with_redis_down_stands_and_the_reconciler_publishes_it(
     """The store is the truth: FAILED -> PENDING commits, the publish fails and says so
     (no error), and the reconciler publishes the PENDING row once Redis answers."""
     row = await h.trigger(TASKS, "once-fails")
-    ex = Running(h.executor())
-    try:
-        await finished(h, row.id, Status.FAILED)
-    finally:
-        await ex.close()
+    await h.run_until(row.id, Status.FAILED)
     down = streams.connect("redis://127.0.0.1:1/0")  # nothing listens on port 1
     try:
         late = await operations.requeue(
