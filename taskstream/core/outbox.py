@@ -96,7 +96,7 @@ class Outbox:
         `MAX_BATCH` rows."""
         for start in range(0, len(rows), MAX_BATCH):
             part = rows[start : start + MAX_BATCH]
-            entries = [(Priority(r.priority), _row_entry(r, now_ms)) for r in part]
+            entries = [(Priority(r.priority), row_entry(r, now_ms)) for r in part]
             await streams.publish_many(self.redis, self.keys, entries)
             waiting = (Status.PENDING, Status.RETRYING)
             await self._dispatch(
@@ -201,7 +201,8 @@ def _fail(batch: Sequence[_Emit], exc: Exception) -> None:
             item.done.set_exception(exc)
 
 
-def _row_entry(row: InstanceRow, now_ms: int) -> WorkEntry:
+def row_entry(row: InstanceRow, now_ms: int) -> WorkEntry:
+    """The work entry that publishes `row`'s current attempt, emitted at `now_ms` (ms)."""
     return WorkEntry(
         instance_id=row.id,
         task_id=row.task_id,

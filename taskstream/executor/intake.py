@@ -168,8 +168,13 @@ class Intake:
         (the outbox's CAS to DISPATCHED has not landed yet) moves on to DISPATCHED first, as
         a claim would: else it would stay in flight, and be published and dead-lettered again."""
         moved = await self._fail_unknown(entry)
-        if not moved.ok and moved.found in (Status.PENDING, Status.RETRYING):
-            await self._seen_on_stream(entry.instance_id, moved.found, entry.attempt)
+        for _ in range(2):
+            # A lost CAS reports the status read after it: another writer (the outbox) may
+            # have moved the row to DISPATCHED in between, so DISPATCHED is worth one more try.
+            if moved.ok or moved.found not in _WAITING:
+                break
+            if moved.found is not Status.DISPATCHED:
+                await self._seen_on_stream(entry.instance_id, moved.found, entry.attempt)
             moved = await self._fail_unknown(entry)
         if not moved.ok and moved.found in SETTLED:
             await self._ack_duplicate(delivery, entry.instance_id, moved.found)
@@ -285,11 +290,14 @@ def _split_duplicates(found: list[_Candidate]) -> tuple[list[_Candidate], list[_
     return first, repeats
 
 
+_WAITING = (Status.PENDING, Status.RETRYING, Status.DISPATCHED)
+"""Statuses an entry of the row's attempt is claimed (or failed) from."""
+
+
 def _claimable(row: InstanceRow, entry: WorkEntry) -> bool:
     """The entry is for the row's next attempt and only the outbox CAS (PENDING/RETRYING ->
     DISPATCHED) raced with the claim: the entry is on the stream, so its XADD happened."""
-    waiting = (Status.PENDING, Status.RETRYING, Status.DISPATCHED)
-    return row.status in waiting and row.attempt == entry.attempt
+    return row.status in _WAITING and row.attempt == entry.attempt
 
 
 def _done_with(row: InstanceRow, entry: WorkEntry) -> bool:

@@ -13,8 +13,8 @@ from taskstream.agents.registry import default_registry
 from taskstream.core import streams
 from taskstream.core.clock import FixedClock
 from taskstream.core.definitions import DefinitionCache, from_record, to_records
-from taskstream.core.outbox import Outbox
-from taskstream.core.protocol import Keys
+from taskstream.core.outbox import Outbox, row_entry
+from taskstream.core.protocol import Keys, Priority
 from taskstream.core.spec import TaskSpec
 from taskstream.core.specfile import parse_task_file_text
 from taskstream.core.states import Status
@@ -58,6 +58,17 @@ class Harness:
         emitted = await self.outbox.emit(new_instance(spec, fire_ms), now_ms=self.clock.now_ms())
         row = await self.store.get_instance(emitted.instance_id)
         assert row is not None
+        return row
+
+    async def pending_on_stream(self, text: str, task_id: str) -> InstanceRow:
+        """A PENDING instance of `task_id` whose entry is on the stream: the outbox's XADD
+        landed, its CAS to DISPATCHED not yet."""
+        spec = next(t for t in parse_task_file_text(text, "t.yaml").tasks if t.id == task_id)
+        created = await self.store.create_instance(new_instance(spec, self.clock.now_ms()))
+        row = await self.store.get_instance(created.instance_id)
+        assert row is not None and row.status is Status.PENDING
+        entry = row_entry(row, self.clock.now_ms())
+        await streams.publish_many(self.redis, self.keys, [(Priority.DEFAULT, entry)])
         return row
 
     def executor(self, consumer: str = "c1", **config: Any) -> Executor:

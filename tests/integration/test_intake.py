@@ -3,14 +3,16 @@ after the executor's last look at the definitions."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
+
 from taskstream.agents.registry import default_registry
 from taskstream.core import streams
 from taskstream.core.definitions import DefinitionCache
-from taskstream.core.protocol import Priority, WorkEntry
-from taskstream.core.specfile import parse_task_file_text
 from taskstream.core.states import FailClass, Status
+from taskstream.core.store.port import CasResult, InstanceRow
 from taskstream.executor.intake import Intake
-from taskstream.scheduler.instances import new_instance
 from tests.integration.harness import Harness
 
 
@@ -76,6 +78,25 @@ tasks:
 """
 
 
+async def _stranger_on_stream(h: Harness) -> tuple[InstanceRow, list[streams.Delivery]]:
+    """A PENDING instance of an unknown agent whose entry is on the stream, read by `c1`."""
+    row = await h.pending_on_stream(STRANGER, "stranger")
+    deliveries = await streams.read(h.redis, h.keys, "c1", count=1, block_ms=10)
+    return row, deliveries
+
+
+async def _assert_failed_once_through_dispatched(h: Harness, instance_id: str) -> None:
+    failed = await h.store.get_instance(instance_id)
+    assert failed is not None
+    assert (failed.status, failed.fail_class) == (Status.FAILED, FailClass.POISON)
+    assert [x.to_status for x in await h.store.history(instance_id)] == [
+        Status.PENDING,
+        Status.DISPATCHED,
+        Status.FAILED,
+    ]
+    assert await h.redis.xlen(h.keys.dead) == 1
+
+
 async def test_an_unknown_agent_read_before_the_outbox_cas_fails_the_instance_once(
     outage: Harness,
 ) -> None:
@@ -83,29 +104,34 @@ async def test_an_unknown_agent_read_before_the_outbox_cas_fails_the_instance_on
     its CAS to DISPATCHED not yet): the unknown agent still fails the instance as poison,
     through DISPATCHED, so the reconciler has nothing to publish (and dead-letter) again."""
     h = outage
-    spec = parse_task_file_text(STRANGER, "t.yaml").tasks[0]
-    created = await h.store.create_instance(new_instance(spec, h.clock.now_ms()))
-    row = await h.store.get_instance(created.instance_id)
-    assert row is not None and row.status is Status.PENDING
-    entry = WorkEntry(
-        instance_id=row.id,
-        task_id=row.task_id,
-        agent=row.agent,
-        attempt=row.attempt,
-        scheduled_for_ms=row.scheduled_for_ms,
-        emitted_at_ms=h.clock.now_ms(),
-        trace_id=row.trace_id,
-    )
-    await streams.publish_many(h.redis, h.keys, [(Priority.DEFAULT, entry)])
-    intake = intake_of(h, DefinitionCache(h.store))
-    deliveries = await streams.read(h.redis, h.keys, "c1", count=1, block_ms=10)
-    assert await intake.admit(deliveries) == []
-    failed = await h.store.get_instance(row.id)
-    assert failed is not None
-    assert (failed.status, failed.fail_class) == (Status.FAILED, FailClass.POISON)
-    assert [x.to_status for x in await h.store.history(row.id)] == [
-        Status.PENDING,
-        Status.DISPATCHED,
-        Status.FAILED,
-    ]
-    assert await h.redis.xlen(h.keys.dead) == 1
+    row, deliveries = await _stranger_on_stream(h)
+    assert await intake_of(h, DefinitionCache(h.store)).admit(deliveries) == []
+    await _assert_failed_once_through_dispatched(h, row.id)
+
+
+async def test_an_unknown_agent_whose_row_the_outbox_moves_during_the_failed_cas_fails_once(
+    outage: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under READ COMMITTED a lost CAS reports the status read after it: the intake's
+    DISPATCHED -> FAILED misses the PENDING row, the outbox's PENDING -> DISPATCHED commits,
+    and the reported status is DISPATCHED. The intake tries again, so the instance fails once
+    and no row stays in flight for the reconciler to publish (and dead-letter) again."""
+    h = outage
+    row, deliveries = await _stranger_on_stream(h)
+    real = h.store.transition
+    raced: list[CasResult] = []
+
+    async def outbox_in_between(instance_id: str, src: Status, dst: Status, **kw: Any) -> CasResult:
+        result = await real(instance_id, src, dst, **kw)
+        if not raced and not result.ok and dst is Status.FAILED:
+            moved = await real(instance_id, Status.PENDING, Status.DISPATCHED, reason="published")
+            now = await h.store.get_instance(instance_id)
+            assert moved.ok and now is not None
+            result = CasResult(ok=False, found=now.status)
+            raced.append(result)
+        return result
+
+    monkeypatch.setattr(h.store, "transition", outbox_in_between)
+    assert await intake_of(h, DefinitionCache(h.store)).admit(deliveries) == []
+    assert raced == [CasResult(ok=False, found=Status.DISPATCHED)]
+    await _assert_failed_once_through_dispatched(h, row.id)
