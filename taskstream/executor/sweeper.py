@@ -212,7 +212,8 @@ class Sweeper:
             moved = await self._store.transition(
                 instance_id, status, Status.DISPATCHED, reason=SEEN_ON_STREAM, attempt=attempt
             )
-            status = Status.DISPATCHED if moved.ok else status
+            # Lost to the outbox's own CAS to DISPATCHED: the row is where this one moves it.
+            status = Status.DISPATCHED if moved.ok or moved.found is Status.DISPATCHED else status
         if can_transition(status, Status.FAILED):
             await self._store.transition(
                 instance_id,

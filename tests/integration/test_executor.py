@@ -13,9 +13,9 @@ from taskstream.core import streams
 from taskstream.core import streams_admin as admin
 from taskstream.core.definitions import DefinitionCache
 from taskstream.core.protocol import GROUP, Keys, Priority, decode
-from taskstream.core.reasons import OWNER_LOST
+from taskstream.core.reasons import OWNER_LOST, SEEN_ON_STREAM
 from taskstream.core.states import FailClass, Status
-from taskstream.core.store.port import ClaimRequest
+from taskstream.core.store.port import CasResult, ClaimRequest
 from taskstream.core.store.sql import SqlStore
 from taskstream.core.store.tables import review_queue
 from taskstream.executor import service
@@ -200,6 +200,39 @@ async def test_consumers_dying_before_their_claim_make_the_entry_poison(h: Harne
     dead: Any = await h.redis.xrange(h.keys.dead)
     assert [f[b"reason"] for _, f in dead] == [b"poison"]
     assert await h.redis.xlen(h.keys.stream(Priority.DEFAULT)) == 0
+
+
+async def test_a_poison_entry_whose_row_the_outbox_moves_meanwhile_still_fails_the_instance(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sweeper read the row PENDING (the outbox's CAS to DISPATCHED not landed) and the
+    outbox's CAS lands just before the sweeper's own move to DISPATCHED: that move is lost,
+    yet the instance fails as poison. Left DISPATCHED, it would be published again by the
+    reconciler and kill consumers anew, its delivery count started over."""
+    row = await h.pending_on_stream(TASKS, "slow")
+    sweeper = h.sweeper(max_deliveries=1)
+    real = h.store.transition
+    raced: list[CasResult] = []
+
+    async def outbox_first(instance_id: str, src: Status, dst: Status, **kw: Any) -> CasResult:
+        if not raced and kw.get("reason") == SEEN_ON_STREAM:
+            assert (await real(instance_id, src, dst, reason="published")).ok
+            raced.append(result := await real(instance_id, src, dst, **kw))
+            return result
+        return await real(instance_id, src, dst, **kw)
+
+    await streams.read(h.redis, h.keys, "doomed-1", count=1, block_ms=10)
+    assert (await sweeper.sweep_once()).get("redeliver") == 1
+    monkeypatch.setattr(h.store, "transition", outbox_first)
+    await streams.read(h.redis, h.keys, "doomed-2", count=1, block_ms=10)
+    assert (await sweeper.sweep_once()).get("poison") == 1
+    assert raced == [CasResult(ok=False, found=Status.DISPATCHED)]
+    done = await h.store.get_instance(row.id)
+    assert done is not None and (done.status, done.fail_class) == (
+        Status.FAILED,
+        FailClass.POISON,
+    )
+    assert [x.reason for x in await h.store.history(row.id)][-2:] == ["published", "poison"]
 
 
 async def test_a_duplicate_delivery_has_one_committed_effect(h: Harness) -> None:
