@@ -99,19 +99,37 @@ def dead_replay_cmd(
     if all_ == (dead_id is not None):
         raise typer.BadParameter("give one dead letter id, or --all (not both)")
 
-    async def go() -> list[str]:
-        out: list[str] = []
+    async def go() -> None:
         async with open_cluster(settings()) as cluster:
-            letters = await operations.dead_letters(cluster.queue, cluster.keys.dead, limit=100_000)
-            chosen = [x for x in letters if all_ or x.dead_id == dead_id]
-            if dead_id is not None and not chosen:
+            if dead_id is None:
+                await _replay_all(cluster)
+                return
+            letter = await operations.dead_letter(cluster.queue, cluster.keys.dead, dead_id)
+            if letter is None:
                 raise TaskstreamError(f"no dead letter with id {dead_id!r} (see `dead list`)")
-            for letter in chosen:
-                out.append(f"{letter.dead_id}: {await _replay(cluster, letter)}")
-        return out
+            _say(f"{letter.dead_id}: {await _replay(cluster, letter)}")
 
-    for line in run_async(go()):
-        sys.stdout.write(line + "\n")
+    run_async(go())
+
+
+REPLAY_PAGE = 1000
+
+
+async def _replay_all(cluster: Cluster) -> None:
+    """Every dead letter, oldest first, a page at a time; letters kept (not replayable) are
+    passed over, so each is looked at once."""
+    after: str | None = None
+    while letters := await operations.dead_letters(
+        cluster.queue, cluster.keys.dead, limit=REPLAY_PAGE, after=after
+    ):
+        for letter in letters:
+            _say(f"{letter.dead_id}: {await _replay(cluster, letter)}")
+        after = letters[-1].dead_id
+
+
+def _say(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 async def _replay(cluster: Cluster, letter: operations.DeadLetter) -> str:

@@ -5,8 +5,11 @@ Every action is a compare-and-set recorded in the history with who did it and wh
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
+
+from redis.exceptions import ResponseError
 
 from taskstream.core import streams
 from taskstream.core.errors import TaskstreamError
@@ -61,9 +64,36 @@ async def requeue(
     return None
 
 
-async def dead_letters(redis: streams.Redis, dead_key: str, *, limit: int) -> list[DeadLetter]:
-    """The oldest `limit` dead letters."""
-    rows: Any = await redis.xrange(dead_key, "-", "+", count=limit)
+DEAD_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
+"""A dead letter's id: its stream id, `ms-seq`, as `dead list` shows it."""
+
+
+async def dead_letters(
+    redis: streams.Redis, dead_key: str, *, limit: int, after: str | None = None
+) -> list[DeadLetter]:
+    """The oldest `limit` dead letters (after the id `after`, when given)."""
+    start = "-" if after is None else f"({after}"
+    return _letters(await redis.xrange(dead_key, start, "+", count=limit))
+
+
+async def dead_letter(redis: streams.Redis, dead_key: str, dead_id: str) -> DeadLetter | None:
+    """The dead letter `dead_id`, None when there is none; one lookup, whatever the stream's
+    length. Raises `TaskstreamError` for an id that is not a stream id."""
+    if DEAD_ID.fullmatch(dead_id) is None:
+        raise _not_an_id(dead_id)
+    try:
+        rows = await redis.xrange(dead_key, dead_id, dead_id, count=1)
+    except ResponseError as exc:  # a part above 2**64 - 1
+        raise _not_an_id(dead_id) from exc
+    letters = _letters(rows)
+    return letters[0] if letters else None
+
+
+def _not_an_id(dead_id: str) -> TaskstreamError:
+    return TaskstreamError(f"{dead_id!r} is not a dead letter id (ms-seq, as `dead list` shows)")
+
+
+def _letters(rows: Any) -> list[DeadLetter]:
     out: list[DeadLetter] = []
     for dead_id, raw in rows:
         fields = {streams.as_text(k): streams.as_text(v) for k, v in (raw or {}).items()}

@@ -25,6 +25,31 @@ def test_replaying_a_dead_letter_that_does_not_exist_fails(tmp_path: Path, redis
     assert out.stderr == "error: no dead letter with id '1-1' (see `dead list`)\n"
 
 
+def test_a_dead_letter_id_that_is_not_a_stream_id_is_named(tmp_path: Path, redis_url: str) -> None:
+    with applied(tmp_path, redis_url, {}) as cli:
+        out = run_cli("dead", "replay", "last-one", env=cli.env, cwd=cli.cwd)
+    assert out.returncode == 1
+    assert "'last-one' is not a dead letter id" in out.stderr
+
+
+def test_replaying_all_looks_at_every_dead_letter_once(tmp_path: Path, redis_url: str) -> None:
+    """More letters than one page; none can be replayed (they name no instance), so all are
+    kept, and each is reported once: the pages move on past letters kept."""
+    with applied(tmp_path, redis_url, {}) as cli:
+        client = redis.Redis.from_url(redis_url)
+        with client.pipeline(transaction=False) as pipe:
+            for n in range(1001):
+                pipe.xadd(cli.keys.dead, {"reason": "undecodable", "detail": str(n)})
+            ids = [i.decode() for i in pipe.execute()]
+        out = run_cli("dead", "replay", "--all", env=cli.env, cwd=cli.cwd, check=True)
+        kept = client.xlen(cli.keys.dead)
+        client.close()
+    lines = out.stdout.splitlines()
+    assert [line.split(":")[0] for line in lines] == ids
+    assert all("not replayed" in line and "names no instance" in line for line in lines)
+    assert kept == 1001
+
+
 def test_a_dead_letter_id_and_all_together_are_refused(tmp_path: Path, redis_url: str) -> None:
     with applied(tmp_path, redis_url, {}) as cli:
         out = run_cli("dead", "replay", "1-1", "--all", env=cli.env, cwd=cli.cwd)

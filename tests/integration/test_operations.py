@@ -83,6 +83,14 @@ async def test_dead_letters_are_listed_and_replayed(h: Harness) -> None:
     with pytest.raises(TaskstreamError, match="names no instance"):
         await operations.replay(h.outbox, garbage, who="ops", now_ms=0)
     ghost = next(x for x in letters if x.reason == "unknown_agent")
+    assert await operations.dead_letter(h.redis, h.keys.dead, ghost.dead_id) == ghost
+    assert await operations.dead_letter(h.redis, h.keys.dead, "1-1") is None
+    for bad in ("abc", ghost.dead_id + "x", "99999999999999999999-0"):
+        with pytest.raises(TaskstreamError, match="is not a dead letter id"):
+            await operations.dead_letter(h.redis, h.keys.dead, bad)
+    assert await operations.dead_letters(h.redis, h.keys.dead, limit=10, after=ghost.dead_id) == [
+        x for x in letters if x.dead_id > ghost.dead_id
+    ]
     assert await operations.replay(h.outbox, ghost, who="ops", now_ms=0) == "requeued"
     assert await h.redis.xlen(h.keys.dead) == 1
     replayed = await h.store.get_instance(row.id)
