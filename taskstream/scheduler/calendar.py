@@ -155,8 +155,10 @@ def defer_until(spec: TaskSpec, at_ms: int) -> Deferral | None:
     start then (or the task has neither rule).
 
     Otherwise `until_ms` is the earliest later instant whose local time of day is allowed by
-    both: the next start of an allowed range, today or tomorrow (local). A range start that a
-    DST gap skips becomes the first instant after the gap.
+    both: the next start of an allowed range, today, tomorrow or (when a DST gap swallows
+    tomorrow's range) the day after (local). A range start that a DST gap skips becomes the
+    first instant after the gap when that instant is still inside the range; a range wholly
+    inside the gap has no local time that day, so the start waits for the next day's range.
     """
     if spec.not_before is None and spec.off_peak is None:
         return None
@@ -186,11 +188,12 @@ def _range_text(window: OffPeak) -> str:
 def _next_allowed_ms(
     local: datetime, ranges: list[tuple[int, int]], after_ms: int, zone: ZoneInfo
 ) -> int | None:
-    """The earliest allowed range start after `after_ms`, on the local date of `local` or the
-    next one. A start in a DST gap resolves to the end of the gap, one in a fold to either
+    """The earliest allowed range start after `after_ms`, on the local date of `local` or one
+    of the next two (a DST gap can swallow a whole range on one of them, never on two days in
+    a row). A start in a DST gap resolves to the end of the gap, one in a fold to either
     showing; a candidate counts only if its local time really is allowed."""
     found: int | None = None
-    for offset in (0, 1):
+    for offset in (0, 1, 2):
         day = local.date() + timedelta(days=offset)
         for a, _ in ranges:
             resolved = resolve(datetime(day.year, day.month, day.day, a // 60, a % 60), zone)

@@ -119,6 +119,7 @@ EARLY_HOURS = spec(TOKYO, off_peak={"start": "01:00", "end": "05:00"})
 BOTH = spec(TOKYO, not_before="07:30", off_peak={"start": "22:00", "end": "06:00"})
 NEVER = spec(TOKYO, not_before="07:30", off_peak={"start": "01:00", "end": "05:00"})
 GAP = spec(BERLIN, off_peak={"start": "02:30", "end": "05:00"})
+IN_GAP = spec(BERLIN, off_peak={"start": "02:10", "end": "02:50"})
 
 
 @pytest.mark.parametrize(
@@ -144,6 +145,9 @@ GAP = spec(BERLIN, off_peak={"start": "02:30", "end": "05:00"})
         (GAP, at(BERLIN, 2026, 3, 29, 1, 0), utc(2026, 3, 29, 1, 0)),  # 03:00 CEST
         (GAP, at(BERLIN, 2026, 3, 28, 6, 0), utc(2026, 3, 29, 1, 0)),
         (GAP, at(BERLIN, 2026, 3, 29, 3, 0), None),
+        # A range wholly inside the gap has no local time that day: the next day's start.
+        (IN_GAP, at(BERLIN, 2026, 3, 29, 1, 0), at(BERLIN, 2026, 3, 30, 2, 10)),
+        (IN_GAP, at(BERLIN, 2026, 3, 28, 6, 0), at(BERLIN, 2026, 3, 30, 2, 10)),
         # 2026-10-25: Berlin's clocks fall back from 03:00 CEST to 02:00 CET; 02:30 shows twice.
         (GAP, utc(2026, 10, 25, 0, 10), utc(2026, 10, 25, 0, 30)),  # 02:10 CEST -> 02:30 CEST
         (GAP, utc(2026, 10, 25, 1, 10), utc(2026, 10, 25, 1, 30)),  # 02:10 CET -> 02:30 CET
