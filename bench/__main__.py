@@ -55,7 +55,12 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--low-rate", type=float, default=50.0, help="(c) second rate; 0 skips it")
     p.add_argument("--seconds", type=float, default=None, help="(c) window (20)")
     p.add_argument("--only", default="a2bcd", help="which of a, 2 (a2), b, c, d to run")
-    p.add_argument("--doc", type=Path, default=None, help="results file (full runs only)")
+    p.add_argument(
+        "--doc",
+        type=Path,
+        default=None,
+        help="results file (default docs/benchmarks.md, written by full runs only)",
+    )
     p.add_argument("--no-doc", action="store_true", help="do not write the results file")
     p.add_argument("--profile", type=Path, default=None, help="py-spy one more (b) to FILE")
     p.add_argument("--keep-logs", action="store_true", help="keep the roles' logs")
@@ -65,11 +70,21 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     args.raw_size = args.raw_size or (5_000 if quick else 50_000)
     args.size = args.size or (2_000 if quick else 20_000)
     args.seconds = args.seconds or (5.0 if quick else 20.0)
-    if args.doc is None and not quick and not args.no_doc:
+    # Only a run of every figure with the default sizes replaces the recorded results by
+    # default: a partial or resized run would overwrite them with a table that lacks figures.
+    full = args.only == "a2bcd" and _default_sizes(args)
+    if args.doc is None and full and not quick and not args.no_doc:
         args.doc = ROOT / "docs" / "benchmarks.md"
     if args.no_doc:
         args.doc = None
     return args
+
+
+def _default_sizes(args: argparse.Namespace) -> bool:
+    """Whether the settings are those of a full run (at least 3 runs each)."""
+    sizes = (args.raw_size, args.size, args.seconds, args.rate, args.low_rate, args.concurrency)
+    defaults = sizes == (50_000, 20_000, 20.0, 500.0, 50.0, 200) and args.publish == "bulk"
+    return args.runs >= 3 and defaults
 
 
 async def quiet(letter: str, results: Results) -> None:
