@@ -28,8 +28,9 @@ class AgentContext:
 
     `attempt` is the fencing token of this run; `idempotency_key` is stable across attempts of
     one instance (the dedupe key), so side effects keyed on it happen at most once.
-    `side_effects` collects the keys passed to `once`; they are committed with the run's final
-    status in one transaction, so a fenced run commits none of them.
+    `side_effects` collects the keys passed to `once` (less those given to `forget`); they are
+    committed with the run's final status, whatever it is, in one transaction, so a fenced run
+    commits none of them.
     `upstreams` are the upstream names the task declares (first = the main one); `http` is the
     limiter- and breaker-aware HTTP client for calling them (`agents.upstream`). A context
     built without one gets a client that admits every call and records nothing.
@@ -68,6 +69,16 @@ class AgentContext:
             return False
         self.side_effects.append(full)
         return True
+
+    def forget(self, key: str) -> None:
+        """The side effect named `key`, which `once` let this run perform, did not happen (its
+        call was refused before the other side acted on it): its key is not committed with
+        this run, so a later attempt performs it. A key the agent does not forget is
+        committed whatever the run's outcome: an effect that happened before a later failure
+        must not happen again. A key `once` did not hand out is left as it is."""
+        full = effect_key(self.idempotency_key, key)
+        if full in self.side_effects:
+            self.side_effects.remove(full)
 
 
 def effect_key(idempotency_key: str, name: str) -> str:

@@ -18,7 +18,8 @@ from taskstream.agents.errors import FatalError, NeedsReview, RetriableError
 
 class Params(BaseModel):
     """`fail_until`: attempts up to this one fail; `kind`: how they fail; `seconds`: sleep;
-    `stall_until`: `flaky` attempts up to this one first sleep `seconds`."""
+    `stall_until`: `flaky` attempts up to this one first sleep `seconds`; `effect`, `forget`:
+    see `_effect`."""
 
     model_config = ConfigDict(extra="allow")
     fail_until: int = 0
@@ -26,6 +27,7 @@ class Params(BaseModel):
     kind: str = "retriable"
     seconds: float = 0.0
     effect: str = ""
+    forget: bool = False
 
 
 async def _flaky(ctx: AgentContext, p: Params) -> dict[str, Any]:
@@ -43,8 +45,14 @@ async def _flaky(ctx: AgentContext, p: Params) -> dict[str, Any]:
 
 
 async def _effect(ctx: AgentContext, p: Params) -> dict[str, Any]:
+    """Performs the effect `effect` once; attempts up to `fail_until` fail after `once`, and
+    with `forget` say the effect did not happen."""
     performed = await ctx.once(p.effect or "send")
     await asyncio.sleep(p.seconds)
+    if ctx.attempt <= p.fail_until:
+        if p.forget:
+            ctx.forget(p.effect or "send")
+        raise RetriableError(f"attempt {ctx.attempt} fails")
     return {"performed": performed, "attempt": ctx.attempt}
 
 

@@ -47,6 +47,14 @@ tasks:
     agent: effect
     retry: {max_attempts: 3}
     payload: {seconds: 0}
+  - id: effect-fails-first
+    agent: effect
+    retry: {max_attempts: 2, backoff: {base: 1s}, jitter: 0}
+    payload: {fail_until: 1}
+  - id: effect-refused-first
+    agent: effect
+    retry: {max_attempts: 2, backoff: {base: 1s}, jitter: 0}
+    payload: {fail_until: 1, forget: true}
   - id: slow
     agent: slow
     timeout: 30s
@@ -233,6 +241,30 @@ async def test_a_poison_entry_whose_row_the_outbox_moves_meanwhile_still_fails_t
         FailClass.POISON,
     )
     assert [x.reason for x in await h.store.history(row.id)][-2:] == ["published", "poison"]
+
+
+@pytest.mark.parametrize(
+    ("task", "performed_again"), [("effect-fails-first", False), ("effect-refused-first", True)]
+)
+async def test_a_failed_attempts_effect_is_kept_unless_the_agent_forgets_it(
+    h: Harness, task: str, performed_again: bool
+) -> None:
+    """Attempt 1 gets the effect from `once`, then fails. Its key commits with the failure (the
+    effect may have happened), so attempt 2 does not perform it again; unless attempt 1 said
+    with `forget` that it did not happen, and then attempt 2 performs it."""
+    row = await h.trigger(TASKS, task)
+    ex = Running(h.executor())
+    try:
+        await reach(h, row.id, Status.RETRYING)
+        assert await h.store.side_effect_done(f"{row.dedupe_key}:send") is not performed_again
+        h.clock.advance(1000)
+        await h.scheduler().run_pass()
+        await reach(h, row.id, Status.SUCCESS)
+    finally:
+        await ex.close()
+    done = await h.store.get_instance(row.id)
+    assert done is not None and done.result == {"performed": performed_again, "attempt": 2}
+    assert await h.store.side_effect_done(f"{row.dedupe_key}:send")
 
 
 async def test_a_duplicate_delivery_has_one_committed_effect(h: Harness) -> None:

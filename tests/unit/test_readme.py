@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import types
 from pathlib import Path
 
-from taskstream.agents.base import FunctionAgent
+import structlog
+
+from taskstream.agents.base import AgentContext, FunctionAgent
 from taskstream.agents.http_agent import HttpParams
 from taskstream.agents.registry import Registry
 from taskstream.core.specfile import parse_task_file_text
@@ -28,6 +31,10 @@ def test_the_agent_example_defines_a_registrable_agent() -> None:
     for agent in agents:
         registry.register(agent)
     assert registry.names() == {"ping"}
+    ctx = AgentContext("i1", "ping", 1, "ping:1", 0, structlog.get_logger())
+    params = module.__dict__["Params"](url="http://127.0.0.1:1/hook")
+    assert asyncio.run(module.__dict__["ping"](ctx, params)) == {"pinged": params.url}
+    assert ctx.side_effects == ["ping:1:notify"]
 
 
 def test_the_task_examples_validate() -> None:

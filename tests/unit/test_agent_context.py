@@ -1,0 +1,60 @@
+"""`AgentContext.once` and `forget`: which side-effect keys a run commits."""
+
+from __future__ import annotations
+
+import structlog
+
+from taskstream.agents.base import AgentContext, effect_key
+
+
+def context(done: set[str] | None = None) -> AgentContext:
+    committed = done or set()
+
+    async def effect_done(key: str) -> bool:
+        return key in committed
+
+    return AgentContext(
+        instance_id="i1",
+        task_id="daily",
+        attempt=1,
+        idempotency_key="daily:2026-12-01",
+        scheduled_for_ms=0,
+        log=structlog.get_logger(),
+        effect_done=effect_done,
+    )
+
+
+async def test_once_hands_out_an_effect_once_per_run() -> None:
+    ctx = context()
+    assert [await ctx.once("send"), await ctx.once("send")] == [True, False]
+    assert ctx.side_effects == ["daily:2026-12-01:send"]
+
+
+async def test_an_effect_committed_earlier_is_not_handed_out() -> None:
+    ctx = context({"daily:2026-12-01:send"})
+    assert await ctx.once("send") is False
+    assert ctx.side_effects == []
+
+
+async def test_a_forgotten_effect_is_not_committed_and_can_be_handed_out_again() -> None:
+    ctx = context()
+    assert await ctx.once("send") and await ctx.once("archive")
+    ctx.forget("send")
+    assert ctx.side_effects == ["daily:2026-12-01:archive"]
+    assert await ctx.once("send") is True
+
+
+async def test_forgetting_an_effect_not_handed_out_changes_nothing() -> None:
+    ctx = context()
+    await ctx.once("archive")
+    ctx.forget("send")
+    assert ctx.side_effects == ["daily:2026-12-01:archive"]
+
+
+async def test_a_long_key_is_forgotten_by_its_stored_form() -> None:
+    ctx = context()
+    name = "n" * 300
+    assert await ctx.once(name)
+    assert ctx.side_effects == [effect_key("daily:2026-12-01", name)]
+    ctx.forget(name)
+    assert ctx.side_effects == []
