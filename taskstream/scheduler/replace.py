@@ -7,21 +7,43 @@ from __future__ import annotations
 
 from taskstream.core.logging import get_logger
 from taskstream.core.states import FailClass, Status, can_transition
-from taskstream.core.store.port import Store
+from taskstream.core.store.port import CasResult, InstanceRow, Store
+
+MAX_TRIES = 5
+"""CAS tries before giving up on a row that keeps moving (each lost try means it moved on:
+dispatched, claimed, retried)."""
 
 
 async def cancel_previous(store: Store, instance_id: str, *, by_fire_ms: int) -> bool:
-    """Cancel `instance_id` for the run of `by_fire_ms`; False when it settled meanwhile."""
-    row = await store.get_instance(instance_id)
-    if row is None:
-        return False
+    """Cancel `instance_id` for the run of `by_fire_ms`; False when it settled first.
+
+    The row is read, then moved from the status read. A CAS lost to another move (the outbox's
+    dispatch, a claim, a retry) is tried again from where the row is now: giving up after one
+    loss would leave the previous run going beside the new one."""
+    log = get_logger(instance_id=instance_id)
     reason = f"replaced by the run of {by_fire_ms}"
+    for _ in range(MAX_TRIES):
+        row = await store.get_instance(instance_id)
+        if row is None:
+            return False
+        cas = await _cancel(store, row, reason)
+        if cas is None:
+            return False
+        log.info("instance.replaced", ok=cas.ok, from_status=row.status, task_id=row.task_id)
+        if cas.ok:
+            return True
+    log.warning("instance.replace_gave_up", tries=MAX_TRIES)
+    return False
+
+
+async def _cancel(store: Store, row: InstanceRow, reason: str) -> CasResult | None:
+    """The CAS that cancels `row` from its status; None when it is settled."""
     if row.status is Status.PENDING:
-        cas = await store.transition(
+        return await store.transition(
             row.id, row.status, Status.SKIPPED, reason=reason, attempt=row.attempt
         )
-    elif can_transition(row.status, Status.FAILED):
-        cas = await store.transition(
+    if can_transition(row.status, Status.FAILED):
+        return await store.transition(
             row.id,
             row.status,
             Status.FAILED,
@@ -29,9 +51,4 @@ async def cancel_previous(store: Store, instance_id: str, *, by_fire_ms: int) ->
             attempt=row.attempt,
             fail_class=FailClass.REPLACED,
         )
-    else:
-        return False
-    get_logger(instance_id=row.id, task_id=row.task_id).info(
-        "instance.replaced", ok=cas.ok, from_status=row.status
-    )
-    return cas.ok
+    return None

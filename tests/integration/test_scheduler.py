@@ -13,7 +13,7 @@ from taskstream.core import streams
 from taskstream.core.clock import FixedClock
 from taskstream.core.protocol import Keys
 from taskstream.core.states import FailClass, Status
-from taskstream.core.store.port import ClaimRequest, FinishRequest
+from taskstream.core.store.port import CasResult, ClaimRequest, FinishRequest
 from taskstream.core.store.sql import SqlStore
 from taskstream.scheduler import advance, manual
 from taskstream.scheduler.instances import new_instance
@@ -166,6 +166,41 @@ async def test_overlap_policies(
         first = rows[M0 + 60_000]
         assert (first.status, first.fail_class) == (Status.FAILED, FailClass.REPLACED)
         assert rows[M0 + 120_000].status is Status.DISPATCHED
+
+
+async def test_replace_follows_a_previous_instance_claimed_during_the_cancel(
+    store: SqlStore, redis: streams.Redis, keys: Keys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The previous instance is read DISPATCHED and claimed (RUNNING) before the cancel's CAS:
+    that CAS is lost, and the cancel is tried again from RUNNING, so the previous run still
+    gives way (FAILED `replaced`, its lease gone) instead of running beside the new one."""
+    h = Harness(store, redis, keys, FixedClock(M0 + 1))
+    await h.apply(OVERLAP.format(policy="replace"))
+    s = make(h)
+    await s.run_pass()
+    h.clock.advance(60_000)
+    await s.run_pass()
+    [first] = await store.list_instances()
+    real = store.transition
+    claimed: list[int] = []
+
+    async def claim_first(instance_id: str, src: Status, dst: Status, **kw: Any) -> CasResult:
+        if not claimed and str(kw.get("reason", "")).startswith("replaced by"):
+            won = await store.claim_many([ClaimRequest(first.id, first.attempt, 60)], owner="c1")
+            claimed.append(won[first.id].token)
+        return await real(instance_id, src, dst, **kw)
+
+    monkeypatch.setattr(store, "transition", claim_first)
+    h.clock.advance(60_000)
+    await s.run_pass()
+    assert claimed == [first.attempt + 1]
+    done = await store.get_instance(first.id)
+    assert done is not None and (done.status, done.fail_class) == (
+        Status.FAILED,
+        FailClass.REPLACED,
+    )
+    assert done.lease_owner is None
+    assert [x.from_status for x in await store.history(first.id)][-1] is Status.RUNNING
 
 
 async def test_downtime_catch_up_latest_runs_only_the_newest(
