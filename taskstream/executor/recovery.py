@@ -55,7 +55,9 @@ class Recovery:
         """TIMEOUT -> RETRYING (backoff) or FAILED (exhausted; poison when every run so far
         lost its owner)."""
         spec = self._defs.get(row.task_id)
-        policy = spec.retry if spec else RetryPolicy(max_attempts=1)
+        # No stored definition names the task: the attempt limit stored with the instance, as
+        # its executor used (`Run.policy`), not a single attempt.
+        policy = spec.retry if spec else RetryPolicy(max_attempts=row.max_attempts)
         rows = await self._store.history(row.id)
         history = [(h.reason, h.attempt) for h in rows]
         decision = decide(

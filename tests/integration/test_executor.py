@@ -542,3 +542,34 @@ async def test_a_last_run_that_lost_its_owner_after_ordinary_failures_is_exhaust
         Status.FAILED,
         FailClass.EXHAUSTED,
     )
+
+
+UNDEFINED = """
+tasks:
+  - id: undefined
+    agent: slow
+    retry: {max_attempts: 3}
+    payload: {seconds: 0}
+"""
+
+
+async def test_a_timed_out_run_of_a_task_not_defined_keeps_the_attempts_stored_with_it(
+    h: Harness,
+) -> None:
+    """No stored definition names the instance's task (it was triggered from a file never
+    applied, or its definition was removed): recovery retries it within the attempt limit its
+    row was created with (3), as its executor would, instead of failing it after one."""
+    row = await h.trigger(UNDEFINED, "undefined")
+    assert row.max_attempts == 3
+    assert row.id in await h.store.claim_many([ClaimRequest(row.id, 0, 30)], owner="gone")
+    running = await h.store.get_instance(row.id)
+    assert running is not None
+    defs = DefinitionCache(h.store)
+    await defs.refresh(force=True)
+    assert defs.get("undefined") is None
+    done = await Recovery(h.store, defs, Random(7)).time_out(
+        running, reason=OWNER_LOST, now_ms=h.clock.now_ms()
+    )
+    assert done.ok and done.decision is not None
+    assert done.decision.status is Status.RETRYING
+    assert await status_of(h, row.id) is Status.RETRYING
