@@ -53,6 +53,11 @@ TERMINAL: frozenset[Status] = frozenset(s for s, nxt in TRANSITIONS.items() if n
 SETTLED: frozenset[Status] = TERMINAL | {Status.FAILED}
 """States in which no automatic work remains; a redelivered entry for them is only acked."""
 
+AWAITING_CLAIM: frozenset[Status] = frozenset({Status.PENDING, Status.DISPATCHED, Status.RETRYING})
+"""States from which an entry of the row's current attempt is claimed (or failed as poison):
+DISPATCHED, and PENDING or RETRYING when the entry was read before the outbox's CAS to
+DISPATCHED landed (its XADD evidently happened)."""
+
 IN_FLIGHT: tuple[Status, ...] = tuple(sorted(set(Status) - SETTLED, key=lambda s: s.value))
 """States with automatic work left (the rest of `SETTLED`), in name order."""
 

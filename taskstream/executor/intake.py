@@ -24,7 +24,7 @@ from taskstream.core.protocol import Keys, WorkEntry, decode
 from taskstream.core.reasons import SEEN_ON_STREAM
 from taskstream.core.spec import TaskSpec
 from taskstream.core.spec_parts import RetryPolicy
-from taskstream.core.states import SETTLED, FailClass, Status
+from taskstream.core.states import AWAITING_CLAIM, SETTLED, FailClass, Status
 from taskstream.core.store.port import CasResult, Claimed, ClaimRequest, InstanceRow, Store
 from taskstream.executor.retry import attempts_used
 
@@ -171,7 +171,7 @@ class Intake:
         for _ in range(2):
             # A lost CAS reports the status read after it: another writer (the outbox) may
             # have moved the row to DISPATCHED in between, so DISPATCHED is worth one more try.
-            if moved.ok or moved.found not in _WAITING:
+            if moved.ok or moved.found not in AWAITING_CLAIM:
                 break
             if moved.found is not Status.DISPATCHED:
                 await self._seen_on_stream(entry.instance_id, moved.found, entry.attempt)
@@ -290,14 +290,10 @@ def _split_duplicates(found: list[_Candidate]) -> tuple[list[_Candidate], list[_
     return first, repeats
 
 
-_WAITING = (Status.PENDING, Status.RETRYING, Status.DISPATCHED)
-"""Statuses an entry of the row's attempt is claimed (or failed) from."""
-
-
 def _claimable(row: InstanceRow, entry: WorkEntry) -> bool:
     """The entry is for the row's next attempt and only the outbox CAS (PENDING/RETRYING ->
     DISPATCHED) raced with the claim: the entry is on the stream, so its XADD happened."""
-    return row.status in _WAITING and row.attempt == entry.attempt
+    return row.status in AWAITING_CLAIM and row.attempt == entry.attempt
 
 
 def _done_with(row: InstanceRow, entry: WorkEntry) -> bool:

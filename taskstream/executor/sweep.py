@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from taskstream.core.reasons import LEASE_EXPIRED, OWNER_LOST
-from taskstream.core.states import SETTLED, FailClass, Status
+from taskstream.core.states import AWAITING_CLAIM, SETTLED, FailClass, Status
 
 
 class Action(StrEnum):
@@ -86,16 +86,11 @@ def decide(
         return early or Verdict(Action.DEAD_LETTER, "unknown_instance")
     if row.status is Status.RUNNING and row.attempt == entry.attempt + 1:
         return _running(entry, row, db_now_ms, max_deliveries)
-    if row.status in _WAITING and row.attempt == entry.attempt:
+    if row.status in AWAITING_CLAIM and row.attempt == entry.attempt:
         return _crashes(entry, max_deliveries) or _unclaimed(entry, unclaimed_ms)
     if row.attempt > entry.attempt:
         return Verdict(Action.ACK, "entry of an older attempt")
     return Verdict(Action.LEAVE, f"instance is {row.status}")
-
-
-_WAITING = (Status.DISPATCHED, Status.PENDING, Status.RETRYING)
-"""Statuses an entry of the row's attempt is claimed from (PENDING and RETRYING when the
-outbox's CAS to DISPATCHED did not happen)."""
 
 
 def liveness_trusted(redis_failed_ms: int | None, *, now_ms: int, ttl_ms: int) -> bool:
