@@ -93,6 +93,17 @@ def decide(
     return Verdict(Action.LEAVE, f"instance is {row.status}")
 
 
+def poison_reason(failed_with: str | None) -> str:
+    """The dead-letter reason of an entry whose instance already FAILED as poison (its mover
+    failed before moving the entry), given the reason recorded with that move to FAILED: the
+    reason its mover would have dead-lettered it with (`unknown_agent`, `payload_too_large`),
+    so the letter says what the history says; `poison` for the moves of recovery
+    (`after_owner_lost`, ...) and of the sweeper itself, or when none is known."""
+    if failed_with is None or failed_with.startswith("after_"):
+        return "poison"
+    return failed_with
+
+
 def liveness_trusted(redis_failed_ms: int | None, *, now_ms: int, ttl_ms: int) -> bool:
     """Whether an absent liveness key means a lost consumer: not within one TTL (`ttl_ms`)
     after Redis failed at `redis_failed_ms` (every key may have expired in the outage)."""

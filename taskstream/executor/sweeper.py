@@ -29,6 +29,7 @@ from taskstream.executor.sweep import (
     Verdict,
     decide,
     liveness_trusted,
+    poison_reason,
 )
 
 
@@ -191,7 +192,10 @@ class Sweeper:
         if verdict.action is Action.ACK:
             await streams.ack(self._redis, d.stream, d.entry_id)
         elif verdict.action is Action.DEAD_LETTER:
-            await self._dead(d, verdict.reason)
+            reason = verdict.reason
+            if reason == "poison" and instance is not None:
+                reason = poison_reason(await self._failed_with(instance.id))
+            await self._dead(d, reason)
         elif verdict.action is Action.POISON and instance is not None:
             await self._poison(d, instance.id, instance.status, instance.attempt, verdict.reason)
         elif verdict.action is Action.TIMEOUT and instance is not None:
@@ -225,6 +229,11 @@ class Sweeper:
                 error=reason,
             )
         await self._dead(d, "poison")
+
+    async def _failed_with(self, instance_id: str) -> str | None:
+        """The reason recorded with the instance's last move to FAILED."""
+        history = await self._store.history(instance_id)
+        return next((h.reason for h in reversed(history) if h.to_status is Status.FAILED), None)
 
     async def _dead(self, d: streams.Delivery, reason: str) -> None:
         await streams.dead_letter(self._redis, self._keys, d, reason, "swept")

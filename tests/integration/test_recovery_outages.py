@@ -96,7 +96,8 @@ async def test_a_poison_entry_whose_dead_letter_failed_is_moved_there_by_the_swe
     outage: Harness,
 ) -> None:
     """The executor committed FAILED `poison`, then Redis failed before the entry moved to the
-    dead-letter stream: the sweeper moves it there instead of acknowledging it."""
+    dead-letter stream: the sweeper moves it there instead of acknowledging it, with the
+    reason the history records (`payload_too_large`), as the executor would have."""
     h = outage
     instance_id, delivery = await claimed_unrun(h, "c1")
     poison = FinishRequest(
@@ -107,7 +108,7 @@ async def test_a_poison_entry_whose_dead_letter_failed_is_moved_there_by_the_swe
     assert counts.get("dead_letter") == 1
     dead: Any = await h.redis.xrange(h.keys.dead)
     assert [(f[b"reason"], f[b"source_id"].decode()) for _, f in dead] == [
-        (b"poison", delivery.entry_id)
+        (b"payload_too_large", delivery.entry_id)
     ]
     assert (await h.redis.xpending(delivery.stream, GROUP))["pending"] == 0
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from taskstream.core.states import FailClass, Status
-from taskstream.executor.sweep import Action, EntryFacts, RowFacts, decide
+from taskstream.executor.sweep import Action, EntryFacts, RowFacts, decide, poison_reason
 
 NOW = 1_000_000
 
@@ -101,3 +101,20 @@ def test_liveness_is_trusted_again_one_ttl_after_redis_failed() -> None:
     assert liveness_trusted(None, now_ms=NOW, ttl_ms=6_000)
     assert not liveness_trusted(NOW - 5_999, now_ms=NOW, ttl_ms=6_000)
     assert liveness_trusted(NOW - 6_000, now_ms=NOW, ttl_ms=6_000)
+
+
+@pytest.mark.parametrize(
+    ("failed_with", "reason"),
+    [
+        ("unknown_agent", "unknown_agent"),
+        ("payload_too_large", "payload_too_large"),
+        ("poison", "poison"),
+        ("after_owner_lost", "poison"),
+        ("after_lease_expired", "poison"),
+        (None, "poison"),
+    ],
+)
+def test_a_finished_poison_move_keeps_its_movers_reason(
+    failed_with: str | None, reason: str
+) -> None:
+    assert poison_reason(failed_with) == reason
