@@ -9,10 +9,17 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from taskstream.cli.common import console, open_cluster, print_json, run_async, settings
+from taskstream.cli.common import (
+    Cluster,
+    console,
+    open_cluster,
+    print_json,
+    run_async,
+    settings,
+)
 from taskstream.cli.upstreams_view import render_upstreams, upstreams_status
 from taskstream.core import streams
-from taskstream.core.errors import TaskstreamError
+from taskstream.core.errors import QueueUnavailable, TaskstreamError
 from taskstream.core.states import Status
 from taskstream.core.store.urls import redact_url
 from taskstream.ratelimit.breaker import BreakerConfig
@@ -24,42 +31,66 @@ JSON_OPT = typer.Option(False, "--json", help="Machine-readable output.")
 
 def status_cmd(as_json: bool = JSON_OPT) -> None:
     """Queue depth, pending entries, consumers, dead letters, instances by status, and every
-    upstream's limiter usage and breaker state."""
+    upstream's limiter usage and breaker state. With Redis down, the store's counts alone
+    and the Redis error, exit 1."""
     data = run_async(_status())
     if as_json:
         print_json(data)
-        return
+    else:
+        _print_status(data)
+    if "redis_error" in data:
+        raise typer.Exit(1)
+
+
+def _print_status(data: dict[str, Any]) -> None:
     console.print(f"redis {data['redis_url']}   store {data['database_url']}")
-    table = Table("stream", "length", "pending", "lag", "consumers")
-    for name, st in data["streams"].items():
-        table.add_row(
-            name, str(st["length"]), str(st["pending"]), str(st["lag"]), str(len(st["consumers"]))
-        )
-    console.print(table)
-    console.print(f"dead letters: {data['dead']}")
+    if "redis_error" in data:
+        console.print(f"redis unavailable: {data['redis_error']} (streams and upstreams unknown)")
+    else:
+        table = Table("stream", "length", "pending", "lag", "consumers")
+        for name, st in data["streams"].items():
+            table.add_row(
+                name,
+                str(st["length"]),
+                str(st["pending"]),
+                str(st["lag"]),
+                str(len(st["consumers"])),
+            )
+        console.print(table)
+        console.print(f"dead letters: {data['dead']}")
     counts = "  ".join(f"{k}={v}" for k, v in data["instances"].items())
     console.print(f"instances: {counts or 'none'}")
-    render_upstreams(console, data["upstreams"])
+    if "upstreams" in data:
+        render_upstreams(console, data["upstreams"])
 
 
 async def _status() -> dict[str, Any]:
     async with open_cluster(settings()) as cluster:
-        queue = await streams.queue_stats(cluster.queue, cluster.keys)
         counts = await cluster.store.count_by_status()
-        upstreams = await upstreams_status(
-            cluster.store,
-            RedisLimiter(cluster.queue, cluster.keys),
-            RedisBreakers(cluster.queue, cluster.keys),
-            BreakerConfig(),  # the executors' default; stored `breaker:` settings override it
-        )
-    return {
-        "redis_url": redact_url(cluster.endpoints.redis_url),
-        "database_url": redact_url(cluster.endpoints.database_url),
-        "namespace": cluster.settings.namespace,
-        **queue,
-        "instances": {s.value: counts.get(s, 0) for s in Status},
-        **upstreams,
-    }
+        data: dict[str, Any] = {
+            "redis_url": redact_url(cluster.endpoints.redis_url),
+            "database_url": redact_url(cluster.endpoints.database_url),
+            "namespace": cluster.settings.namespace,
+            "instances": {s.value: counts.get(s, 0) for s in Status},
+        }
+        try:
+            data |= await _queue_view(cluster)
+        except (QueueUnavailable, *streams.DRIVER_ERRORS) as exc:
+            # The store is the truth and still answers: show it, and say what is missing.
+            data["redis_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+    return data
+
+
+async def _queue_view(cluster: Cluster) -> dict[str, Any]:
+    """The streams, dead letters and upstreams: everything `status` reads from Redis."""
+    queue = await streams.queue_stats(cluster.queue, cluster.keys)
+    upstreams = await upstreams_status(
+        cluster.store,
+        RedisLimiter(cluster.queue, cluster.keys),
+        RedisBreakers(cluster.queue, cluster.keys),
+        BreakerConfig(),  # the executors' default; stored `breaker:` settings override it
+    )
+    return {**queue, **upstreams}
 
 
 def instances_cmd(

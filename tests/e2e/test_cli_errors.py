@@ -1,8 +1,10 @@
 """Bad settings and an unreachable Redis end a command with one line naming what is wrong (exit
-2 for settings, 1 for an outage), never a traceback; a URL's password is never printed."""
+2 for settings, 1 for an outage), never a traceback; a URL's password is never printed.
+`status` still shows what the store says while Redis is down."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -40,7 +42,7 @@ def test_an_invalid_setting_is_named_in_one_line(
     assert "hunter2" not in out.stderr
 
 
-@pytest.mark.parametrize("command", [("status",), ("dead", "list"), ("sweeper",)])
+@pytest.mark.parametrize("command", [("dead", "list"), ("sweeper",)])
 def test_redis_down_is_one_line_and_exit_1(tmp_path: Path, command: tuple[str, ...]) -> None:
     env = _env(tmp_path, redis_url=DOWN)
     assert run_cli("migrate", env=env).returncode == 0
@@ -48,3 +50,21 @@ def test_redis_down_is_one_line_and_exit_1(tmp_path: Path, command: tuple[str, .
     assert out.returncode == 1
     assert out.stderr.startswith("error: redis unavailable: ConnectionError")
     assert "Traceback" not in out.stderr
+
+
+def test_status_with_redis_down_shows_the_stores_counts_and_exits_1(tmp_path: Path) -> None:
+    """The store is the truth and still answers: `status` shows its counts, says Redis is
+    unavailable (streams and upstreams unknown), and exits 1; `--json` carries the same."""
+    env = _env(tmp_path, redis_url="redis://:hunter2@127.0.0.1:1/0")
+    assert run_cli("migrate", env=env).returncode == 0
+    out = run_cli("status", env=env)
+    assert out.returncode == 1
+    assert "redis unavailable: ConnectionError" in out.stdout
+    assert "instances: PENDING=0" in out.stdout
+    assert "Traceback" not in out.stderr
+    as_json = run_cli("status", "--json", env=env)
+    assert as_json.returncode == 1
+    data = json.loads(as_json.stdout)
+    assert data["redis_error"].startswith("ConnectionError")
+    assert data["instances"]["SUCCESS"] == 0 and "streams" not in data
+    assert "hunter2" not in out.stdout + out.stderr + as_json.stdout + as_json.stderr
