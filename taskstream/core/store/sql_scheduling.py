@@ -15,12 +15,10 @@ from taskstream.core.store import sql_codec as codec
 from taskstream.core.store.dbclock import db_now_ms
 from taskstream.core.store.port import InstanceRow
 from taskstream.core.store.sql_engine import ConstraintViolation
+from taskstream.core.store.sql_queries import chunks
 from taskstream.core.store.tables import readiness_markers as markers
 from taskstream.core.store.tables import task_instances as inst
 from taskstream.core.store.tables import upstreams as ups
-
-ID_BATCH = 500
-"""Ids per `IN (...)` list: well under every database's limit on bound parameters."""
 
 
 class SchedulingMethods:
@@ -104,11 +102,10 @@ class SchedulingMethods:
             return [codec.instance_row(m) for m in (await conn.execute(stmt)).mappings().all()]
 
     async def existing_instances(self, instance_ids: Sequence[str]) -> set[str]:
-        """Those of `instance_ids` that exist, read in parts of `ID_BATCH`."""
+        """Those of `instance_ids` that exist, read `sql_queries.CHUNK` ids at a time."""
         found: set[str] = set()
         async with self._read() as conn:
-            for start in range(0, len(instance_ids), ID_BATCH):
-                part = list(instance_ids[start : start + ID_BATCH])
-                stmt = select(inst.c.id).where(inst.c.id.in_(part))
+            for part in chunks(instance_ids):
+                stmt = select(inst.c.id).where(inst.c.id.in_(list(part)))
                 found.update((await conn.execute(stmt)).scalars())
         return found
