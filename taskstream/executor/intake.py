@@ -168,13 +168,8 @@ class Intake:
         (the outbox's CAS to DISPATCHED has not landed yet) moves on to DISPATCHED first, as
         a claim would: else it would stay in flight, and be published and dead-lettered again."""
         moved = await self._fail_unknown(entry)
-        for _ in range(2):
-            # A lost CAS reports the status read after it: another writer (the outbox) may
-            # have moved the row to DISPATCHED in between, so DISPATCHED is worth one more try.
-            if moved.ok or moved.found not in AWAITING_CLAIM:
-                break
-            if moved.found is not Status.DISPATCHED:
-                await self._seen_on_stream(entry.instance_id, moved.found, entry.attempt)
+        if not moved.ok and moved.found in (Status.PENDING, Status.RETRYING):
+            await self._seen_on_stream(entry.instance_id, moved.found, entry.attempt)
             moved = await self._fail_unknown(entry)
         if not moved.ok and moved.found in SETTLED:
             await self._ack_duplicate(delivery, entry.instance_id, moved.found)

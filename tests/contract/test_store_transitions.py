@@ -14,6 +14,7 @@ from taskstream.core.store.sql import SqlStore
 from taskstream.core.store.sql_engine import make_engine
 from taskstream.core.store.urls import normalize_url
 from tests.contract.conftest import Advance, MakeNew
+from tests.support.races import dispatch_before_status_read
 
 ALLOWED = sorted((src, dst) for src, targets in TRANSITIONS.items() for dst in targets)
 FORBIDDEN = sorted(
@@ -211,3 +212,38 @@ async def test_long_reason_is_cut_to_the_column(store: SqlStore, make_new: MakeN
     await store.transition("inst-a", Status.PENDING, Status.SKIPPED, reason="é" * 900)
 
     assert (await store.history("inst-a"))[-1].reason == "é" * 500
+
+
+async def test_a_cas_whose_row_reaches_its_source_after_the_miss_is_tried_again(
+    store: SqlStore, db_url: str, make_new: MakeNew, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """READ COMMITTED: the UPDATE misses the row (PENDING), another writer's commit brings it
+    to the CAS's source (DISPATCHED) before the status is read. The store tries the UPDATE
+    once more and wins, rather than reporting a loss to its own source status."""
+    if db_url.startswith("sqlite"):
+        pytest.skip("SQLite runs one writer at a time: no commit lands between the two")
+    await store.create_instance(make_new("a"))
+    async with dispatch_before_status_read(monkeypatch, db_url) as raced:
+        outcome = await store.transition(
+            "inst-a",
+            Status.DISPATCHED,
+            Status.FAILED,
+            reason="unknown_agent",
+            fail_class=FailClass.POISON,
+        )
+    assert raced == [Status.DISPATCHED]
+    assert outcome == CasResult(ok=True)
+    steps = [(h.from_status, h.to_status) for h in await store.history("inst-a")]
+    assert steps[-2:] == [(Status.PENDING, Status.DISPATCHED), (Status.DISPATCHED, Status.FAILED)]
+
+
+async def test_a_cas_at_another_attempt_still_reports_its_source_status(
+    store: SqlStore, make_new: MakeNew, advance: Advance
+) -> None:
+    """Only a different attempt leaves `found` at the CAS's own source status."""
+    await store.create_instance(make_new("a"))
+    await advance("inst-a", Status.DISPATCHED)
+    outcome = await store.transition(
+        "inst-a", Status.DISPATCHED, Status.TIMEOUT, reason="late", attempt=7
+    )
+    assert outcome == CasResult(ok=False, found=Status.DISPATCHED)

@@ -129,10 +129,9 @@ class DispatchRequest:
 
 @dataclass(frozen=True, slots=True)
 class CasResult:
-    """Outcome of a compare-and-set. `found` is the status read just after the race was lost
-    (None when the row does not exist). Under READ COMMITTED another commit can land between
-    the two, so `found` may even be the CAS's own source status: a caller that would try
-    again from there must do so, not treat the row as settled elsewhere."""
+    """Outcome of a compare-and-set. `found` is the status that stopped it (None when the row
+    does not exist); it is the CAS's own source status only when the attempt differed (a row
+    that reached the source just after the miss is moved after all: see `transition`)."""
 
     ok: bool
     found: Status | None = None

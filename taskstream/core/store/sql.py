@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
+from functools import partial
 from typing import Any, Self
 
 from sqlalchemy import select
@@ -160,24 +161,32 @@ class SqlStore(DefinitionMethods, OutboxMethods, SchedulingMethods):
         `last_error` when `error` is given, and clears the lease unless dst is RUNNING. Entering
         RUNNING this way neither bumps the attempt nor takes a lease: executors use `claim`.
         Raises `InvalidTransition` before any SQL when the table forbids src -> dst.
+
+        A lost CAS reports the status that stopped it. Under READ COMMITTED another commit can
+        bring the row to `src` between the UPDATE that missed it and the read of its status:
+        the UPDATE is then tried once more, so `found` is `src` only when `attempt` differs.
         """
         check_transition(src, dst, fail_class=fail_class)
+        move = partial(
+            rows.move,
+            instance_id=instance_id,
+            src=src,
+            dst=dst,
+            reason=reason,
+            attempt=attempt,
+            owner=owner,
+            fail_class=fail_class,
+            error=error,
+            next_attempt_at_ms=next_attempt_at_ms,
+        )
         async with self._write() as conn:
-            moved = await rows.move(
-                conn,
-                instance_id,
-                src,
-                dst,
-                reason=reason,
-                attempt=attempt,
-                owner=owner,
-                fail_class=fail_class,
-                error=error,
-                next_attempt_at_ms=next_attempt_at_ms,
-            )
-            if not moved:
-                return CasResult(ok=False, found=await rows.status_of(conn, instance_id))
-        return CasResult(ok=True)
+            for _ in range(2):
+                if await move(conn):
+                    return CasResult(ok=True)
+                found = await rows.status_of(conn, instance_id)
+                if found is not src:
+                    break
+        return CasResult(ok=False, found=found)
 
     async def claim(
         self, instance_id: str, *, expected_attempt: int, owner: str, lease_s: float
