@@ -26,6 +26,7 @@ from taskstream.core import streams
 from taskstream.core.futures import mark_retrieved
 from taskstream.core.logging import get_logger
 from taskstream.core.protocol import Keys, Priority, WorkEntry
+from taskstream.core.reasons import SEEN_ON_STREAM
 from taskstream.core.states import Status
 from taskstream.core.store.port import (
     CreateResult,
@@ -199,6 +200,19 @@ def _fail(batch: Sequence[_Emit], exc: Exception) -> None:
     for item in batch:
         if not item.done.done():
             item.done.set_exception(exc)
+
+
+async def seen_on_stream(
+    store: Store, instance_id: str, status: Status, attempt: int
+) -> Status | None:
+    """Complete the outbox's last step for a row at `status` (PENDING or RETRYING, at
+    `attempt`) whose entry was read from a stream, so its XADD happened: CAS to DISPATCHED,
+    recorded as `seen_on_stream`. Returns the row's status now: DISPATCHED when this move or
+    the outbox's own landed, else the status that stopped it (None: no such row)."""
+    moved = await store.transition(
+        instance_id, status, Status.DISPATCHED, reason=SEEN_ON_STREAM, attempt=attempt
+    )
+    return Status.DISPATCHED if moved.ok else moved.found
 
 
 def row_entry(row: InstanceRow, now_ms: int) -> WorkEntry:

@@ -20,8 +20,8 @@ from taskstream.core import streams
 from taskstream.core.definitions import DefinitionCache
 from taskstream.core.errors import ProtocolError
 from taskstream.core.logging import get_logger
+from taskstream.core.outbox import seen_on_stream
 from taskstream.core.protocol import Keys, WorkEntry, decode
-from taskstream.core.reasons import SEEN_ON_STREAM
 from taskstream.core.spec import TaskSpec
 from taskstream.core.spec_parts import RetryPolicy
 from taskstream.core.states import AWAITING_CLAIM, SETTLED, FailClass, Status
@@ -169,19 +169,12 @@ class Intake:
         a claim would: else it would stay in flight, and be published and dead-lettered again."""
         moved = await self._fail_unknown(entry)
         if not moved.ok and moved.found in (Status.PENDING, Status.RETRYING):
-            await self._seen_on_stream(entry.instance_id, moved.found, entry.attempt)
+            await seen_on_stream(self._store, entry.instance_id, moved.found, entry.attempt)
             moved = await self._fail_unknown(entry)
         if not moved.ok and moved.found in SETTLED:
             await self._ack_duplicate(delivery, entry.instance_id, moved.found)
             return
         await self.dead(delivery, "unknown_agent", entry.agent)
-
-    async def _seen_on_stream(self, instance_id: str, status: Status, attempt: int) -> None:
-        """PENDING/RETRYING -> DISPATCHED for a row whose entry was read: its XADD happened,
-        the outbox's own CAS has not landed yet."""
-        await self._store.transition(
-            instance_id, status, Status.DISPATCHED, reason=SEEN_ON_STREAM, attempt=attempt
-        )
 
     async def _fail_unknown(self, entry: WorkEntry) -> CasResult:
         return await self._store.transition(
@@ -229,7 +222,7 @@ class Intake:
                 self._log.warning("instance.adopted", instance_id=row.id, attempt=row.attempt)
             elif _claimable(row, c.entry):
                 if row.status is not Status.DISPATCHED:
-                    await self._seen_on_stream(row.id, row.status, row.attempt)
+                    await seen_on_stream(self._store, row.id, row.status, row.attempt)
                 again.append(c)
             elif _done_with(row, c.entry):
                 await self._ack_duplicate(c.delivery, row.id, row.status)

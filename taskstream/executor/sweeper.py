@@ -16,8 +16,9 @@ from taskstream.core.clock import Clock
 from taskstream.core.definitions import DefinitionCache
 from taskstream.core.errors import ProtocolError, StoreUnavailable
 from taskstream.core.logging import get_logger
+from taskstream.core.outbox import seen_on_stream
 from taskstream.core.protocol import Keys, WorkEntry, decode
-from taskstream.core.reasons import OWNER_LOST, SEEN_ON_STREAM
+from taskstream.core.reasons import OWNER_LOST
 from taskstream.core.states import FailClass, Status, can_transition
 from taskstream.core.store.port import InstanceRow, Store
 from taskstream.executor.reconciler import Reconciler
@@ -213,11 +214,7 @@ class Sweeper:
         if status is Status.PENDING:
             # PENDING cannot fail: its entry is on the stream, so it moves on to DISPATCHED
             # first, as a claim would (else the reconciler would publish it again).
-            moved = await self._store.transition(
-                instance_id, status, Status.DISPATCHED, reason=SEEN_ON_STREAM, attempt=attempt
-            )
-            # Lost to the outbox's own CAS to DISPATCHED: the row is where this one moves it.
-            status = Status.DISPATCHED if moved.ok or moved.found is Status.DISPATCHED else status
+            status = await seen_on_stream(self._store, instance_id, status, attempt) or status
         if can_transition(status, Status.FAILED):
             await self._store.transition(
                 instance_id,
