@@ -26,7 +26,7 @@ from taskstream.core.spec import TaskSpec
 from taskstream.core.spec_parts import RetryPolicy
 from taskstream.core.states import AWAITING_CLAIM, SETTLED, FailClass, Status
 from taskstream.core.store.port import CasResult, Claimed, ClaimRequest, InstanceRow, Store
-from taskstream.executor.retry import attempts_used
+from taskstream.executor.retry import attempts_used, policy_of
 
 DEFAULT_LEASE_S = 150.0
 
@@ -60,9 +60,7 @@ class Run:
     def policy(self) -> RetryPolicy:
         """The task's retry policy; when no stored definition names the task, the default
         policy with the attempt limit stored with the instance."""
-        if self.spec is not None:
-            return self.spec.retry
-        return RetryPolicy(max_attempts=self.row.max_attempts)
+        return policy_of(self.spec, self.row.max_attempts)
 
     @property
     def max_attempts(self) -> int:

@@ -10,7 +10,6 @@ from random import Random
 from taskstream.core.definitions import DefinitionCache
 from taskstream.core.logging import get_logger
 from taskstream.core.reasons import OWNER_LOST
-from taskstream.core.spec_parts import RetryPolicy
 from taskstream.core.states import FailClass, Status
 from taskstream.core.store.port import InstanceRow, Store
 from taskstream.executor.retry import (
@@ -19,6 +18,7 @@ from taskstream.executor.retry import (
     attempts_used,
     decide,
     every_run_lost,
+    policy_of,
 )
 
 
@@ -54,10 +54,7 @@ class Recovery:
     async def leave_timeout(self, row: InstanceRow, *, reason: str, now_ms: int) -> Recovered:
         """TIMEOUT -> RETRYING (backoff) or FAILED (exhausted; poison when every run so far
         lost its owner)."""
-        spec = self._defs.get(row.task_id)
-        # No stored definition names the task: the attempt limit stored with the instance, as
-        # its executor used (`Run.policy`), not a single attempt.
-        policy = spec.retry if spec else RetryPolicy(max_attempts=row.max_attempts)
+        policy = policy_of(self._defs.get(row.task_id), row.max_attempts)
         rows = await self._store.history(row.id)
         history = [(h.reason, h.attempt) for h in rows]
         decision = decide(

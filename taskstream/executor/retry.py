@@ -12,6 +12,7 @@ from enum import StrEnum
 from random import Random
 
 from taskstream.core.reasons import DEFERRED, OWNER_LOST, RELEASED, REQUEUED
+from taskstream.core.spec import TaskSpec
 from taskstream.core.spec_parts import Backoff, RetryPolicy
 from taskstream.core.states import FailClass, Status
 from taskstream.core.store.records import HistoryRow
@@ -99,3 +100,9 @@ def every_run_lost(history: list[HistoryRow]) -> bool:
         elif h.from_status is Status.RUNNING and h.reason not in (RELEASED, DEFERRED):
             lost = lost is not False and h.reason == OWNER_LOST
     return lost is True
+
+
+def policy_of(spec: TaskSpec | None, max_attempts: int) -> RetryPolicy:
+    """The retry policy of an instance: its task's; when no stored definition names the task,
+    the default policy with the attempt limit stored with the instance (`max_attempts`)."""
+    return spec.retry if spec is not None else RetryPolicy(max_attempts=max_attempts)
