@@ -22,3 +22,12 @@ happened; the outbox's own CAS did not)."""
 
 LEASE_EXPIRED: Final = "lease_expired"
 """A run whose lease ran out."""
+
+AFTER: Final = "after_"
+"""Prefix of the reason of a move out of TIMEOUT (to RETRYING or FAILED): `after_` and why the
+run timed out (`after_owner_lost`, `after_lease_expired`, `after_timeout`)."""
+
+
+def after(why: str) -> str:
+    """The reason of the move out of TIMEOUT of a run that timed out for `why`."""
+    return AFTER + why

@@ -26,10 +26,12 @@ from taskstream.core.errors import StoreError, StoreUnavailable
 from taskstream.core.futures import mark_retrieved
 from taskstream.core.logging import get_logger
 from taskstream.core.protocol import Keys
+from taskstream.core.reasons import after
 from taskstream.core.states import FailClass, Status
 from taskstream.core.store.port import CasResult, Store
 from taskstream.executor.intake import Run
 from taskstream.executor.outcome import Attempt, Plan, RunEnd, plan
+from taskstream.executor.retry import Failure
 
 MAX_BATCH = 200
 RETRY_PAUSE_S = 1.0
@@ -234,7 +236,7 @@ class Committer:
             item.run.row.id,
             Status.TIMEOUT,
             decision.status,
-            reason="after_timeout",
+            reason=after(Failure.TIMEOUT),
             attempt=item.run.token,
             fail_class=decision.fail_class,
             next_attempt_at_ms=decision.next_attempt_at_ms,

@@ -9,7 +9,7 @@ from random import Random
 
 from taskstream.core.definitions import DefinitionCache
 from taskstream.core.logging import get_logger
-from taskstream.core.reasons import OWNER_LOST
+from taskstream.core.reasons import OWNER_LOST, after
 from taskstream.core.states import FailClass, Status
 from taskstream.core.store.port import InstanceRow, Store
 from taskstream.executor.retry import (
@@ -70,7 +70,7 @@ class Recovery:
             row.id,
             Status.TIMEOUT,
             decision.status,
-            reason=f"after_{reason}",
+            reason=after(reason),
             attempt=row.attempt,
             fail_class=decision.fail_class,
             next_attempt_at_ms=decision.next_attempt_at_ms,

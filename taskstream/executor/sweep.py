@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from taskstream.core.reasons import LEASE_EXPIRED, OWNER_LOST
+from taskstream.core.reasons import AFTER, LEASE_EXPIRED, OWNER_LOST
 from taskstream.core.states import AWAITING_CLAIM, SETTLED, FailClass, Status
 
 
@@ -99,7 +99,7 @@ def poison_reason(failed_with: str | None) -> str:
     reason its mover would have dead-lettered it with (`unknown_agent`, `payload_too_large`),
     so the letter says what the history says; `poison` for the moves of recovery
     (`after_owner_lost`, ...) and of the sweeper itself, or when none is known."""
-    if failed_with is None or failed_with.startswith("after_"):
+    if failed_with is None or failed_with.startswith(AFTER):
         return "poison"
     return failed_with
 

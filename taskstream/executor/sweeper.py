@@ -18,7 +18,7 @@ from taskstream.core.errors import ProtocolError, StoreUnavailable
 from taskstream.core.logging import get_logger
 from taskstream.core.outbox import seen_on_stream
 from taskstream.core.protocol import Keys, WorkEntry, decode
-from taskstream.core.reasons import OWNER_LOST
+from taskstream.core.reasons import OWNER_LOST, after
 from taskstream.core.states import FailClass, Status, can_transition
 from taskstream.core.store.port import InstanceRow, Store
 from taskstream.executor.reconciler import Reconciler
@@ -176,7 +176,7 @@ class Sweeper:
     ) -> EntryFacts:
         losses = 0
         if row is not None and row.status is Status.RUNNING and not alive:
-            losses = await self._store.count_history(row.id, reason=f"after_{OWNER_LOST}")
+            losses = await self._store.count_history(row.id, reason=after(OWNER_LOST))
         return EntryFacts(
             entry.attempt,
             p.deliveries,
