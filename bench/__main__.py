@@ -65,26 +65,29 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--profile", type=Path, default=None, help="py-spy one more (b) to FILE")
     p.add_argument("--keep-logs", action="store_true", help="keep the roles' logs")
     args = p.parse_args(argv)
+    full = _full_run(p, args)
     quick = bool(args.quick)
     args.runs = args.runs or (1 if quick else 3)
     args.raw_size = args.raw_size or (5_000 if quick else 50_000)
     args.size = args.size or (2_000 if quick else 20_000)
     args.seconds = args.seconds or (5.0 if quick else 20.0)
-    # Only a run of every figure with the default sizes replaces the recorded results by
-    # default: a partial or resized run would overwrite them with a table that lacks figures.
-    full = args.only == "a2bcd" and _default_sizes(args)
-    if args.doc is None and full and not quick and not args.no_doc:
+    if args.doc is None and full and not args.no_doc:
         args.doc = ROOT / "docs" / "benchmarks.md"
     if args.no_doc:
         args.doc = None
     return args
 
 
-def _default_sizes(args: argparse.Namespace) -> bool:
-    """Whether the settings are those of a full run (at least 3 runs each)."""
-    sizes = (args.raw_size, args.size, args.seconds, args.rate, args.low_rate, args.concurrency)
-    defaults = sizes == (50_000, 20_000, 20.0, 500.0, 50.0, 200) and args.publish == "bulk"
-    return args.runs >= 3 and defaults
+_SHAPE = ("only", "raw_size", "size", "seconds", "concurrency", "publish", "rate", "low_rate")
+"""The options that change what is measured (which figures, sizes, rates, concurrency)."""
+
+
+def _full_run(p: argparse.ArgumentParser, args: argparse.Namespace) -> bool:
+    """Whether `args` (as parsed, before the sizes are filled in) ask for every figure at the
+    default settings and at least 3 runs: only such a run replaces the recorded results by
+    default, since a partial or resized one would leave its table without figures."""
+    reshaped = any(getattr(args, name) != p.get_default(name) for name in _SHAPE)
+    return not (args.quick or reshaped) and (args.runs is None or args.runs >= 3)
 
 
 async def quiet(letter: str, results: Results) -> None:
