@@ -253,15 +253,11 @@ async def test_a_failed_attempts_effect_is_kept_unless_the_agent_forgets_it(
     effect may have happened), so attempt 2 does not perform it again; unless attempt 1 said
     with `forget` that it did not happen, and then attempt 2 performs it."""
     row = await h.trigger(TASKS, task)
-    ex = Running(h.executor())
-    try:
-        await reach(h, row.id, Status.RETRYING)
-        assert await h.store.side_effect_done(f"{row.dedupe_key}:send") is not performed_again
-        h.clock.advance(1000)
-        await h.scheduler().run_pass()
-        await reach(h, row.id, Status.SUCCESS)
-    finally:
-        await ex.close()
+    await h.run_until(row.id, Status.RETRYING)
+    assert await h.store.side_effect_done(f"{row.dedupe_key}:send") is not performed_again
+    h.clock.advance(1000)
+    await h.scheduler().run_pass()
+    await h.run_until(row.id, Status.SUCCESS)
     done = await h.store.get_instance(row.id)
     assert done is not None and done.result == {"performed": performed_again, "attempt": 2}
     assert await h.store.side_effect_done(f"{row.dedupe_key}:send")
