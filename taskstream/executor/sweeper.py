@@ -167,9 +167,8 @@ class Sweeper:
         if verdict.action is Action.REDELIVER:
             again = entry.model_copy(update={"redeliveries": entry.redeliveries + p.deliveries})
             await admin.redeliver(self._redis, d, again)
-        else:
-            await self._act(verdict, d, row)
-        return verdict.action.value
+            return verdict.action.value
+        return (await self._act(verdict, d, row)).value
 
     async def _entry_facts(
         self, p: admin.Pending, entry: WorkEntry, row: InstanceRow | None, alive: bool
@@ -189,7 +188,14 @@ class Sweeper:
 
     async def _act(
         self, verdict: Verdict, d: streams.Delivery, instance: InstanceRow | None
-    ) -> None:
+    ) -> Action:
+        """Carry the verdict out; returns the action taken (LEAVE when a poison move lost its
+        CAS: the next pass decides again from the row as it is then)."""
+        if verdict.action is Action.POISON and instance is not None:
+            failed = await self._poison(
+                d, instance.id, instance.status, instance.attempt, verdict.reason
+            )
+            return Action.POISON if failed else Action.LEAVE
         if verdict.action is Action.ACK:
             await streams.ack(self._redis, d.stream, d.entry_id)
         elif verdict.action is Action.DEAD_LETTER:
@@ -197,8 +203,6 @@ class Sweeper:
             if reason == "poison" and instance is not None:
                 reason = poison_reason(await self._failed_with(instance.id))
             await self._dead(d, reason)
-        elif verdict.action is Action.POISON and instance is not None:
-            await self._poison(d, instance.id, instance.status, instance.attempt, verdict.reason)
         elif verdict.action is Action.TIMEOUT and instance is not None:
             done = await self._recovery.time_out(
                 instance, reason=verdict.reason, now_ms=self._clock.now_ms()
@@ -207,25 +211,37 @@ class Sweeper:
                 await self._dead(d, "poison")
             elif done.ok:
                 await streams.ack(self._redis, d.stream, d.entry_id)
+        return verdict.action
 
     async def _poison(
         self, d: streams.Delivery, instance_id: str, status: Status, attempt: int, reason: str
-    ) -> None:
+    ) -> bool:
+        """Fail the instance as poison and dead-letter the entry. When the move to FAILED
+        loses its CAS the row moved on meanwhile (a second delivery was claimed and runs, the
+        run ended, another sweeper failed it): the entry is left, and False returned."""
         if status is Status.PENDING:
             # PENDING cannot fail: its entry is on the stream, so it moves on to DISPATCHED
             # first, as a claim would (else the reconciler would publish it again).
             status = await seen_on_stream(self._store, instance_id, status, attempt) or status
-        if can_transition(status, Status.FAILED):
-            await self._store.transition(
-                instance_id,
-                status,
-                Status.FAILED,
-                reason="poison",
-                attempt=attempt,
-                fail_class=FailClass.POISON,
-                error=reason,
-            )
+        moved = (
+            can_transition(status, Status.FAILED)
+            and (
+                await self._store.transition(
+                    instance_id,
+                    status,
+                    Status.FAILED,
+                    reason="poison",
+                    attempt=attempt,
+                    fail_class=FailClass.POISON,
+                    error=reason,
+                )
+            ).ok
+        )
+        if not moved:
+            self._log.info("entry.poison_lost", entry_id=d.entry_id, instance_id=instance_id)
+            return False
         await self._dead(d, "poison")
+        return True
 
     async def _failed_with(self, instance_id: str) -> str | None:
         """The reason recorded with the instance's last move to FAILED."""

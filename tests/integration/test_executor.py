@@ -243,6 +243,40 @@ async def test_a_poison_entry_whose_row_the_outbox_moves_meanwhile_still_fails_t
     assert [x.reason for x in await h.store.history(row.id)][-2:] == ["published", "poison"]
 
 
+async def test_a_poison_entry_whose_instance_is_claimed_meanwhile_is_not_dead_lettered(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sweeper judged the entry poison from a DISPATCHED row, but a consumer holding a
+    second delivery of the attempt claims the row just before the sweeper's move to FAILED:
+    that move is lost, and the entry is left, not dead-lettered, for a run that goes on. The
+    next pass acks it as a duplicate of the run the other consumer holds."""
+    row = await h.trigger(TASKS, "slow")
+    sweeper = h.sweeper(max_deliveries=1)
+    real = h.store.transition
+    raced: list[CasResult] = []
+
+    async def claimed_first(instance_id: str, src: Status, dst: Status, **kw: Any) -> CasResult:
+        if not raced and dst is Status.FAILED:
+            won = await h.store.claim_many([ClaimRequest(instance_id, 0, 60)], owner="c9")
+            assert instance_id in won
+            raced.append(result := await real(instance_id, src, dst, **kw))
+            return result
+        return await real(instance_id, src, dst, **kw)
+
+    await streams.read(h.redis, h.keys, "doomed-1", count=1, block_ms=10)
+    assert (await sweeper.sweep_once()).get("redeliver") == 1
+    monkeypatch.setattr(h.store, "transition", claimed_first)
+    await streams.read(h.redis, h.keys, "doomed-2", count=1, block_ms=10)
+    counts = await sweeper.sweep_once()
+    assert raced == [CasResult(ok=False, found=Status.RUNNING)]
+    assert (counts.get("poison"), counts.get("leave")) == (None, 1)
+    assert await h.redis.xlen(h.keys.dead) == 0
+    done = await h.store.get_instance(row.id)
+    assert done is not None and (done.status, done.lease_owner) == (Status.RUNNING, "c9")
+    assert (await sweeper.sweep_once()).get("ack") == 1
+    assert await h.redis.xlen(h.keys.dead) == 0
+
+
 @pytest.mark.parametrize(
     ("task", "performed_again"), [("effect-fails-first", False), ("effect-refused-first", True)]
 )
