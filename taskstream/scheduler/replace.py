@@ -29,9 +29,10 @@ async def cancel_previous(store: Store, instance_id: str, *, by_fire_ms: int) ->
         cas = await _cancel(store, row, reason)
         if cas is None:
             return False
-        log.info("instance.replaced", ok=cas.ok, from_status=row.status, task_id=row.task_id)
         if cas.ok:
+            log.info("instance.replaced", from_status=row.status, task_id=row.task_id)
             return True
+        log.info("instance.replace_lost", from_status=row.status, now_status=cas.found)
     log.warning("instance.replace_gave_up", tries=MAX_TRIES)
     return False
 

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from taskstream.core import streams
 from taskstream.core.clock import FixedClock
@@ -192,8 +193,18 @@ async def test_replace_follows_a_previous_instance_claimed_during_the_cancel(
 
     monkeypatch.setattr(store, "transition", claim_first)
     h.clock.advance(60_000)
-    await s.run_pass()
+    with capture_logs() as logs:
+        await s.run_pass()
     assert claimed == [first.attempt + 1]
+    moves = [
+        (e["event"], e["from_status"], e.get("now_status"))
+        for e in logs
+        if e.get("instance_id") == first.id and str(e["event"]).startswith("instance.replace")
+    ]
+    assert moves == [
+        ("instance.replace_lost", Status.DISPATCHED, Status.RUNNING),
+        ("instance.replaced", Status.RUNNING, None),
+    ]
     done = await store.get_instance(first.id)
     assert done is not None and (done.status, done.fail_class) == (
         Status.FAILED,
