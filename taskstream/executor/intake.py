@@ -160,16 +160,18 @@ class Intake:
             return None
 
     async def _unknown_agent(self, delivery: streams.Delivery, entry: WorkEntry) -> None:
-        """Fail the instance as poison and dead-letter the entry. A second entry of an
-        instance already settled (the first was dead-lettered, or ran) is a duplicate
-        delivery: acked, so one instance has one dead letter. A row still PENDING/RETRYING
+        """Fail the instance as poison and dead-letter the entry. A row still PENDING/RETRYING
         (the outbox's CAS to DISPATCHED has not landed yet) moves on to DISPATCHED first, as
-        a claim would: else it would stay in flight, and be published and dead-lettered again."""
+        a claim would: else it would stay in flight, and be published and dead-lettered again.
+        An entry whose instance moved on without it (settled: the first entry was
+        dead-lettered, or ran; claimed by a consumer that knows the agent through a second
+        entry; past this attempt) is a duplicate delivery: acked, so one instance has at
+        most one dead letter and none beside a run that goes on."""
         moved = await self._fail_unknown(entry)
         if not moved.ok and moved.found in (Status.PENDING, Status.RETRYING):
             await seen_on_stream(self._store, entry.instance_id, moved.found, entry.attempt)
             moved = await self._fail_unknown(entry)
-        if not moved.ok and moved.found in SETTLED:
+        if not moved.ok and moved.found is not None:
             await self._ack_duplicate(delivery, entry.instance_id, moved.found)
             return
         await self.dead(delivery, "unknown_agent", entry.agent)

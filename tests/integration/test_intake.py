@@ -8,8 +8,9 @@ import pytest
 from taskstream.agents.registry import default_registry
 from taskstream.core import streams
 from taskstream.core.definitions import DefinitionCache
+from taskstream.core.protocol import GROUP
 from taskstream.core.states import FailClass, Status
-from taskstream.core.store.port import InstanceRow
+from taskstream.core.store.port import ClaimRequest, InstanceRow
 from taskstream.executor.intake import Intake
 from tests.integration.harness import Harness
 from tests.support.races import dispatch_before_status_read
@@ -123,3 +124,24 @@ async def test_an_unknown_agent_whose_row_the_outbox_moves_during_the_failed_cas
         assert await intake_of(h, DefinitionCache(h.store)).admit(deliveries) == []
     assert raced == [Status.DISPATCHED]
     await _assert_failed_once_through_dispatched(h, row.id)
+
+
+async def test_an_unknown_agent_entry_of_a_run_another_consumer_holds_is_acked(
+    outage: Harness,
+) -> None:
+    """Another consumer (one that knows the agent, as in a rolling deploy) claimed the attempt
+    through a second entry before this one was read: the instance is not this consumer's to
+    fail, and the entry is a duplicate delivery, acked rather than dead-lettered beside a run
+    that goes on."""
+    h = outage
+    row, deliveries = await _stranger_on_stream(h)
+    assert (
+        await h.store.transition(row.id, Status.PENDING, Status.DISPATCHED, reason="published")
+    ).ok
+    assert row.id in await h.store.claim_many([ClaimRequest(row.id, 0, 60)], owner="c9")
+    assert await intake_of(h, DefinitionCache(h.store)).admit(deliveries) == []
+    held = await h.store.get_instance(row.id)
+    assert held is not None and (held.status, held.lease_owner) == (Status.RUNNING, "c9")
+    assert await h.redis.xlen(h.keys.dead) == 0
+    [d] = deliveries
+    assert (await h.redis.xpending(d.stream, GROUP))["pending"] == 0
