@@ -20,7 +20,7 @@ from taskstream.core.outbox import Outbox
 from taskstream.core.protocol import Keys, Priority, decode
 from taskstream.core.specfile import parse_task_file_text
 from taskstream.core.states import Status
-from taskstream.core.store.port import NewInstance
+from taskstream.core.store.port import CasResult, DispatchRequest, NewInstance
 from taskstream.core.store.sql import SqlStore
 from taskstream.core.store.sql_engine import make_engine
 from taskstream.core.store.sql_instances import instance_values
@@ -218,19 +218,34 @@ async def test_emits_arriving_at_any_step_of_a_batch_are_written(
 
 
 async def test_an_emit_during_the_last_cas_step_is_written(
-    store: SqlStore, redis: streams.Redis, keys: Keys
+    store: SqlStore, redis: streams.Redis, keys: Keys, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The second emit arrives while the writer waits for the first batch's CAS step with
+    nothing else queued: the writer, not a second one, writes it once that step is done. The
+    store's CAS step is held (then run for real) until the second emit is queued."""
     outbox = Outbox(store, redis, keys)
     first, second = news(2)
+    real = store.dispatch_many
+    in_cas, release = asyncio.Event(), asyncio.Event()
+
+    async def held(requests: list[DispatchRequest]) -> dict[str, CasResult]:
+        if not in_cas.is_set():
+            in_cas.set()
+            await release.wait()
+        return await real(requests)
+
+    monkeypatch.setattr(store, "dispatch_many", held)
     writing = asyncio.create_task(outbox.emit(first, now_ms=T0))
-    # The entry is on the stream before the CAS step: the writer is at its last step now.
-    for _ in range(10_000):
-        if await redis.xlen(keys.stream(Priority.DEFAULT)) or writing.done():
-            break
-    assert not writing.done(), "the CAS step ended before the second emit could start"
-    emitted = await asyncio.wait_for(outbox.emit(second, now_ms=T0), timeout=10)
+    await asyncio.wait_for(in_cas.wait(), timeout=10)
+    queued = asyncio.create_task(outbox.emit(second, now_ms=T0))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not writing.done() and not queued.done()
+    release.set()
+    emitted = await asyncio.wait_for(queued, timeout=10)
     assert emitted.outcome == "published"
     assert (await writing).outcome == "published"
+    assert sorted(await stream_ids(redis, keys)) == sorted([first.id, second.id])
 
 
 async def test_publish_many_adds_every_entry_and_dispatches_the_waiting_rows(
