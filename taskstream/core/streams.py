@@ -1,13 +1,14 @@
 """Thin Redis Streams shell over the wire format of `protocol`: publish, read, ack, dead-letter.
 
 Invariants: entries are acknowledged and deleted together (XACK + XDEL in one MULTI) so that
-`XLEN` is the real backlog; a dead-lettered entry is copied to the dead stream and removed
-from its work stream in the same MULTI, so it is never lost and never read again.
+`XLEN` is the real backlog; an entry moved (dead-lettered, or published again by the sweeper)
+is copied and removed from its work stream in one script, so it is never lost and never read
+again, and only while it is still pending, so movers that race move it once (`move`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -175,10 +176,37 @@ async def mark_alive(redis: Redis, keys: Keys, consumer: str, ttl_ms: int) -> No
     await redis.set(keys.alive(consumer), b"1", px=ttl_ms)
 
 
+_MOVE = """
+if redis.call('XACK', KEYS[1], ARGV[1], ARGV[2]) == 0 then
+  return false
+end
+local id = redis.call('XADD', KEYS[2], '*', unpack(ARGV, 3))
+redis.call('XDEL', KEYS[1], ARGV[2])
+return id
+"""
+
+
+async def move(
+    redis: Redis, delivery: Delivery, target: str, fields: Mapping[str, str | bytes]
+) -> str | None:
+    """Replace the pending entry `delivery` by a new entry of `fields` on stream `target`, in
+    one script: XACK it, and only if that acknowledged it (it was still pending), XADD the new
+    entry and XDEL the old one. Returns the new entry's id, or None when the entry was no
+    longer pending: another mover (a second sweeper, the entry's executor) took it first, so
+    of movers that race, exactly one moves it. Both keys share the namespace's hash tag."""
+    args: list[str | bytes] = [GROUP, delivery.entry_id]
+    for name, value in fields.items():
+        args += [name, value]
+    script: Any = redis.register_script(_MOVE)
+    moved = await script(keys=[delivery.stream, target], args=args)
+    return None if moved is None else as_text(moved)
+
+
 async def dead_letter(
     redis: Redis, keys: Keys, delivery: Delivery, reason: str, detail: str
-) -> str:
-    """Move an entry to the dead-letter stream with a reason, atomically."""
+) -> str | None:
+    """Move a pending entry to the dead-letter stream with a reason (`move`): the letter's id,
+    or None when the entry had already been moved or acknowledged."""
     fields = dead_fields(
         delivery.fields,
         reason=reason,
@@ -186,12 +214,7 @@ async def dead_letter(
         stream=delivery.stream,
         entry_id=delivery.entry_id,
     )
-    async with redis.pipeline(transaction=True) as pipe:
-        pipe.xadd(keys.dead, fields)  # type: ignore[arg-type]
-        pipe.xack(delivery.stream, GROUP, delivery.entry_id)
-        pipe.xdel(delivery.stream, delivery.entry_id)
-        result = await pipe.execute()
-    return as_text(result[0])
+    return await move(redis, delivery, keys.dead, fields)
 
 
 async def queue_stats(redis: Redis, keys: Keys) -> dict[str, Any]:

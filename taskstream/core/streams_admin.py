@@ -9,7 +9,7 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from taskstream.core.protocol import GROUP, Keys, WorkEntry, encode
-from taskstream.core.streams import Delivery, Redis, as_text
+from taskstream.core.streams import Delivery, Redis, as_text, move
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,15 +94,11 @@ async def alive(redis: Redis, keys: Keys, consumers: set[str]) -> dict[str, bool
     return {name: bool(n) for name, n in zip(names, found, strict=True)}
 
 
-async def redeliver(redis: Redis, delivery: Delivery, entry: WorkEntry) -> str:
+async def redeliver(redis: Redis, delivery: Delivery, entry: WorkEntry) -> str | None:
     """Publish `entry` (the delivery's, decoded, with its delivery count carried) as a new
-    entry of the same stream and drop the old one, atomically."""
-    async with redis.pipeline(transaction=True) as pipe:
-        pipe.xadd(delivery.stream, encode(entry))  # type: ignore[arg-type]
-        pipe.xack(delivery.stream, GROUP, delivery.entry_id)
-        pipe.xdel(delivery.stream, delivery.entry_id)
-        replies: list[Any] = await pipe.execute()
-    return as_text(replies[0])
+    entry of the same stream in place of the pending one (`streams.move`): the new id, or
+    None when the old entry had already been moved or acknowledged."""
+    return await move(redis, delivery, delivery.stream, encode(entry))
 
 
 async def prune_consumers(redis: Redis, keys: Keys, stream: str, *, idle_ms: int) -> list[str]:

@@ -255,8 +255,12 @@ class Intake:
         self._log.info("instance.duplicate_acked", instance_id=instance_id, status=status)
 
     async def dead(self, delivery: streams.Delivery, reason: str, detail: str) -> None:
-        """Move an entry to the dead-letter stream with its reason."""
+        """Move an entry to the dead-letter stream with its reason, unless another mover (the
+        sweeper) took it from the pending list first."""
         dead_id = await streams.dead_letter(self._redis, self._keys, delivery, reason, detail)
+        if dead_id is None:
+            self._log.info("entry.moved_meanwhile", entry_id=delivery.entry_id, reason=reason)
+            return
         self._log.warning(
             "entry.dead_lettered",
             entry_id=delivery.entry_id,

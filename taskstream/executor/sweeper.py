@@ -166,7 +166,8 @@ class Sweeper:
         )
         if verdict.action is Action.REDELIVER:
             again = entry.model_copy(update={"redeliveries": entry.redeliveries + p.deliveries})
-            await admin.redeliver(self._redis, d, again)
+            if await admin.redeliver(self._redis, d, again) is None:
+                return self._moved_meanwhile(d)
             return verdict.action.value
         return (await self._act(verdict, d, row)).value
 
@@ -249,8 +250,16 @@ class Sweeper:
         return next((h.reason for h in reversed(history) if h.to_status is Status.FAILED), None)
 
     async def _dead(self, d: streams.Delivery, reason: str) -> None:
-        await streams.dead_letter(self._redis, self._keys, d, reason, "swept")
+        if await streams.dead_letter(self._redis, self._keys, d, reason, "swept") is None:
+            self._moved_meanwhile(d)
+            return
         self._log.warning("entry.dead_lettered", entry_id=d.entry_id, reason=reason)
+
+    def _moved_meanwhile(self, d: streams.Delivery) -> str:
+        """Another mover (a second sweeper, the entry's executor) acked or moved the entry
+        after this pass read it: nothing is left to do here."""
+        self._log.info("entry.moved_meanwhile", entry_id=d.entry_id, stream=d.stream)
+        return Action.LEAVE.value
 
 
 def _row_facts(row: InstanceRow | None) -> RowFacts | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from random import Random
 from typing import Any
 
@@ -275,6 +276,22 @@ async def test_a_poison_entry_whose_instance_is_claimed_meanwhile_is_not_dead_le
     assert done is not None and (done.status, done.lease_owner) == (Status.RUNNING, "c9")
     assert (await sweeper.sweep_once()).get("ack") == 1
     assert await h.redis.xlen(h.keys.dead) == 0
+
+
+async def test_two_sweepers_over_one_stuck_entry_move_it_once(h: Harness) -> None:
+    """Two sweeper passes at once over one entry whose consumer died before its claim: both
+    see it pending and decide to publish it again; one new entry is published. Likewise an
+    undecodable entry gets one dead letter."""
+    row = await h.trigger(TASKS, "slow")
+    stream = h.keys.stream(Priority.DEFAULT)
+    await h.redis.xadd(stream, {"garbage": b"\xff"})
+    await streams.read(h.redis, h.keys, "gone", count=2, block_ms=10)
+    sweepers = [h.sweeper(), h.sweeper()]
+    await asyncio.gather(*(s.sweep_once() for s in sweepers))
+    entries: Any = await h.redis.xrange(stream)
+    assert [decode(f).instance_id for _, f in entries] == [row.id]
+    assert await h.redis.xlen(h.keys.dead) == 1
+    assert (await h.redis.xpending(stream, GROUP))["pending"] == 0
 
 
 @pytest.mark.parametrize(

@@ -132,3 +132,29 @@ async def test_read_own_leaves_delivery_counts_as_they_are(
         keys.stream(Priority.DEFAULT), GROUP, min="-", max="+", count=10
     )
     assert [(p["consumer"], p["times_delivered"]) for p in pending] == [(b"c1", 1)]
+
+
+async def test_an_entry_is_moved_once_however_many_movers_try(
+    redis: streams.Redis, keys: Keys
+) -> None:
+    """Two sweepers (or a sweeper and the entry's executor) that both decided to move the same
+    pending entry: the first move takes it, the later ones find it no longer pending and do
+    nothing, so one entry gives at most one dead letter or one new entry."""
+    await streams.ensure_groups(redis, keys)
+    stream = keys.stream(Priority.DEFAULT)
+    for n in (1, 2):
+        await streams.publish(redis, keys, Priority.DEFAULT, entry(n))
+    first, second = await streams.read(redis, keys, "c1", count=2, block_ms=10)
+    moved = await streams.dead_letter(redis, keys, first, "poison", "swept")
+    assert moved is not None
+    assert await streams.dead_letter(redis, keys, first, "poison", "swept") is None
+    again = decode(second.fields).model_copy(update={"redeliveries": 1})
+    assert await admin.redeliver(redis, first, again) is None
+    new_id = await admin.redeliver(redis, second, again)
+    assert new_id is not None
+    assert await admin.redeliver(redis, second, again) is None
+    assert await streams.dead_letter(redis, keys, second, "poison", "swept") is None
+    assert await redis.xlen(keys.dead) == 1
+    on_stream: Any = await redis.xrange(stream)
+    assert [(streams.as_text(i), decode(f).redeliveries) for i, f in on_stream] == [(new_id, 1)]
+    assert (await redis.xpending(stream, GROUP))["pending"] == 0
