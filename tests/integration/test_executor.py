@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from random import Random
 from typing import Any
 
@@ -21,6 +22,7 @@ from taskstream.core.store.sql import SqlStore
 from taskstream.core.store.tables import review_queue
 from taskstream.executor import service
 from taskstream.executor.recovery import Recovery
+from taskstream.executor.sweeper import Sweeper
 from taskstream.scheduler.instances import new_instance
 from tests.integration.harness import T0, Harness, Running, until
 
@@ -211,6 +213,34 @@ async def test_consumers_dying_before_their_claim_make_the_entry_poison(h: Harne
     assert await h.redis.xlen(h.keys.stream(Priority.DEFAULT)) == 0
 
 
+Write = Callable[[str, Status, Status], Awaitable[None]]
+
+
+async def _sweep_poison_with(
+    h: Harness, monkeypatch: pytest.MonkeyPatch, before: Callable[[Status, str], bool], other: Write
+) -> tuple[Sweeper, dict[str, int], list[CasResult]]:
+    """The instance's entry is read by two consumers that die before their claims, so the
+    second sweep judges it poison (`max_deliveries` 1). Just before the sweeper's first
+    transition that `before(dst, reason)` picks, `other` commits its write of the row. Returns
+    the sweeper, the second sweep's counts and the result of the transition raced."""
+    sweeper = h.sweeper(max_deliveries=1)
+    real = h.store.transition
+    raced: list[CasResult] = []
+
+    async def other_first(instance_id: str, src: Status, dst: Status, **kw: Any) -> CasResult:
+        if not raced and before(dst, str(kw.get("reason"))):
+            await other(instance_id, src, dst)
+            raced.append(result := await real(instance_id, src, dst, **kw))
+            return result
+        return await real(instance_id, src, dst, **kw)
+
+    await streams.read(h.redis, h.keys, "doomed-1", count=1, block_ms=10)
+    assert (await sweeper.sweep_once()).get("redeliver") == 1
+    monkeypatch.setattr(h.store, "transition", other_first)
+    await streams.read(h.redis, h.keys, "doomed-2", count=1, block_ms=10)
+    return sweeper, await sweeper.sweep_once(), raced
+
+
 async def test_a_poison_entry_whose_row_the_outbox_moves_meanwhile_still_fails_the_instance(
     h: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -219,22 +249,14 @@ async def test_a_poison_entry_whose_row_the_outbox_moves_meanwhile_still_fails_t
     yet the instance fails as poison. Left DISPATCHED, it would be published again by the
     reconciler and kill consumers anew, its delivery count started over."""
     row = await h.pending_on_stream(TASKS, "slow")
-    sweeper = h.sweeper(max_deliveries=1)
-    real = h.store.transition
-    raced: list[CasResult] = []
 
-    async def outbox_first(instance_id: str, src: Status, dst: Status, **kw: Any) -> CasResult:
-        if not raced and kw.get("reason") == SEEN_ON_STREAM:
-            assert (await real(instance_id, src, dst, reason="published")).ok
-            raced.append(result := await real(instance_id, src, dst, **kw))
-            return result
-        return await real(instance_id, src, dst, **kw)
+    async def outbox(instance_id: str, src: Status, dst: Status) -> None:
+        assert (await h.store.transition(instance_id, src, dst, reason="published")).ok
 
-    await streams.read(h.redis, h.keys, "doomed-1", count=1, block_ms=10)
-    assert (await sweeper.sweep_once()).get("redeliver") == 1
-    monkeypatch.setattr(h.store, "transition", outbox_first)
-    await streams.read(h.redis, h.keys, "doomed-2", count=1, block_ms=10)
-    assert (await sweeper.sweep_once()).get("poison") == 1
+    _, counts, raced = await _sweep_poison_with(
+        h, monkeypatch, lambda _dst, reason: reason == SEEN_ON_STREAM, outbox
+    )
+    assert counts.get("poison") == 1
     assert raced == [CasResult(ok=False, found=Status.DISPATCHED)]
     done = await h.store.get_instance(row.id)
     assert done is not None and (done.status, done.fail_class) == (
@@ -252,23 +274,14 @@ async def test_a_poison_entry_whose_instance_is_claimed_meanwhile_is_not_dead_le
     that move is lost, and the entry is left, not dead-lettered, for a run that goes on. The
     next pass acks it as a duplicate of the run the other consumer holds."""
     row = await h.trigger(TASKS, "slow")
-    sweeper = h.sweeper(max_deliveries=1)
-    real = h.store.transition
-    raced: list[CasResult] = []
 
-    async def claimed_first(instance_id: str, src: Status, dst: Status, **kw: Any) -> CasResult:
-        if not raced and dst is Status.FAILED:
-            won = await h.store.claim_many([ClaimRequest(instance_id, 0, 60)], owner="c9")
-            assert instance_id in won
-            raced.append(result := await real(instance_id, src, dst, **kw))
-            return result
-        return await real(instance_id, src, dst, **kw)
+    async def claim(instance_id: str, _src: Status, _dst: Status) -> None:
+        won = await h.store.claim_many([ClaimRequest(instance_id, 0, 60)], owner="c9")
+        assert instance_id in won
 
-    await streams.read(h.redis, h.keys, "doomed-1", count=1, block_ms=10)
-    assert (await sweeper.sweep_once()).get("redeliver") == 1
-    monkeypatch.setattr(h.store, "transition", claimed_first)
-    await streams.read(h.redis, h.keys, "doomed-2", count=1, block_ms=10)
-    counts = await sweeper.sweep_once()
+    sweeper, counts, raced = await _sweep_poison_with(
+        h, monkeypatch, lambda dst, _reason: dst is Status.FAILED, claim
+    )
     assert raced == [CasResult(ok=False, found=Status.RUNNING)]
     assert (counts.get("poison"), counts.get("leave")) == (None, 1)
     assert await h.redis.xlen(h.keys.dead) == 0
