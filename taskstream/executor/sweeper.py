@@ -147,8 +147,8 @@ class Sweeper:
         try:
             entry = decode(d.fields)
         except ProtocolError as exc:
-            await self._dead(d, exc.reason)
-            return Action.DEAD_LETTER.value
+            moved = await self._dead(d, exc.reason)
+            return (Action.DEAD_LETTER if moved else Action.LEAVE).value
         row = await self._store.get_instance(entry.instance_id)
         verdict = decide(
             await self._entry_facts(p, entry, row, alive),
@@ -190,8 +190,9 @@ class Sweeper:
     async def _act(
         self, verdict: Verdict, d: streams.Delivery, instance: InstanceRow | None
     ) -> Action:
-        """Carry the verdict out; returns the action taken (LEAVE when a poison move lost its
-        CAS: the next pass decides again from the row as it is then)."""
+        """Carry the verdict out; returns the action taken: LEAVE when a poison move lost its
+        CAS (the next pass decides again from the row as it is then) or another mover took
+        the entry first."""
         if verdict.action is Action.POISON and instance is not None:
             failed = await self._poison(
                 d, instance.id, instance.status, instance.attempt, verdict.reason
@@ -203,7 +204,8 @@ class Sweeper:
             reason = verdict.reason
             if reason == "poison" and instance is not None:
                 reason = poison_reason(await self._failed_with(instance.id))
-            await self._dead(d, reason)
+            if not await self._dead(d, reason):
+                return Action.LEAVE
         elif verdict.action is Action.TIMEOUT and instance is not None:
             done = await self._recovery.time_out(
                 instance, reason=verdict.reason, now_ms=self._clock.now_ms()
@@ -249,11 +251,13 @@ class Sweeper:
         history = await self._store.history(instance_id)
         return next((h.reason for h in reversed(history) if h.to_status is Status.FAILED), None)
 
-    async def _dead(self, d: streams.Delivery, reason: str) -> None:
+    async def _dead(self, d: streams.Delivery, reason: str) -> bool:
+        """Dead-letter the entry; False when another mover took it first."""
         if await streams.dead_letter(self._redis, self._keys, d, reason, "swept") is None:
             self._moved_meanwhile(d)
-            return
+            return False
         self._log.warning("entry.dead_lettered", entry_id=d.entry_id, reason=reason)
+        return True
 
     def _moved_meanwhile(self, d: streams.Delivery) -> str:
         """Another mover (a second sweeper, the entry's executor) acked or moved the entry

@@ -300,7 +300,9 @@ async def test_two_sweepers_over_one_stuck_entry_move_it_once(h: Harness) -> Non
     await h.redis.xadd(stream, {"garbage": b"\xff"})
     await streams.read(h.redis, h.keys, "gone", count=2, block_ms=10)
     sweepers = [h.sweeper(), h.sweeper()]
-    await asyncio.gather(*(s.sweep_once() for s in sweepers))
+    counts = await asyncio.gather(*(s.sweep_once() for s in sweepers))
+    assert sum(c.get("redeliver", 0) for c in counts) == 1
+    assert sum(c.get("dead_letter", 0) for c in counts) == 1
     entries: Any = await h.redis.xrange(stream)
     assert [decode(f).instance_id for _, f in entries] == [row.id]
     assert await h.redis.xlen(h.keys.dead) == 1
