@@ -226,25 +226,28 @@ class Sweeper:
             # PENDING cannot fail: its entry is on the stream, so it moves on to DISPATCHED
             # first, as a claim would (else the reconciler would publish it again).
             status = await seen_on_stream(self._store, instance_id, status, attempt) or status
-        moved = (
-            can_transition(status, Status.FAILED)
-            and (
-                await self._store.transition(
-                    instance_id,
-                    status,
-                    Status.FAILED,
-                    reason="poison",
-                    attempt=attempt,
-                    fail_class=FailClass.POISON,
-                    error=reason,
-                )
-            ).ok
-        )
-        if not moved:
+        if not await self._fail_poison(instance_id, status, attempt, reason):
             self._log.info("entry.poison_lost", entry_id=d.entry_id, instance_id=instance_id)
             return False
         await self._dead(d, "poison")
         return True
+
+    async def _fail_poison(
+        self, instance_id: str, status: Status, attempt: int, reason: str
+    ) -> bool:
+        """CAS `status` -> FAILED (poison) at `attempt`; False when the row is elsewhere."""
+        if not can_transition(status, Status.FAILED):
+            return False
+        moved = await self._store.transition(
+            instance_id,
+            status,
+            Status.FAILED,
+            reason="poison",
+            attempt=attempt,
+            fail_class=FailClass.POISON,
+            error=reason,
+        )
+        return moved.ok
 
     async def _failed_with(self, instance_id: str) -> str | None:
         """The reason recorded with the instance's last move to FAILED."""
