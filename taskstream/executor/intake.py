@@ -26,6 +26,7 @@ from taskstream.core.spec import TaskSpec
 from taskstream.core.spec_parts import RetryPolicy
 from taskstream.core.states import AWAITING_CLAIM, SETTLED, FailClass, Status
 from taskstream.core.store.port import CasResult, Claimed, ClaimRequest, InstanceRow, Store
+from taskstream.executor import letters
 from taskstream.executor.retry import attempts_used, policy_of
 
 DEFAULT_LEASE_S = 150.0
@@ -256,18 +257,8 @@ class Intake:
 
     async def dead(self, delivery: streams.Delivery, reason: str, detail: str) -> None:
         """Move an entry to the dead-letter stream with its reason, unless another mover (the
-        sweeper) took it from the pending list first."""
-        dead_id = await streams.dead_letter(self._redis, self._keys, delivery, reason, detail)
-        if dead_id is None:
-            self._log.info("entry.moved_meanwhile", entry_id=delivery.entry_id, reason=reason)
-            return
-        self._log.warning(
-            "entry.dead_lettered",
-            entry_id=delivery.entry_id,
-            stream=delivery.stream,
-            reason=reason,
-            dead_id=dead_id,
-        )
+        sweeper) took it from the pending list first (`letters.dead_letter`)."""
+        await letters.dead_letter(self._redis, self._keys, self._log, delivery, reason, detail)
 
 
 def _split_duplicates(found: list[_Candidate]) -> tuple[list[_Candidate], list[_Candidate]]:

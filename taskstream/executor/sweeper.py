@@ -21,6 +21,7 @@ from taskstream.core.protocol import Keys, WorkEntry, decode
 from taskstream.core.reasons import OWNER_LOST, after
 from taskstream.core.states import FailClass, Status, can_transition
 from taskstream.core.store.port import InstanceRow, Store
+from taskstream.executor import letters
 from taskstream.executor.reconciler import Reconciler
 from taskstream.executor.recovery import Recovery
 from taskstream.executor.sweep import (
@@ -166,9 +167,10 @@ class Sweeper:
         )
         if verdict.action is Action.REDELIVER:
             again = entry.model_copy(update={"redeliveries": entry.redeliveries + p.deliveries})
-            if await admin.redeliver(self._redis, d, again) is None:
-                return self._moved_meanwhile(d)
-            return verdict.action.value
+            moved = await admin.redeliver(self._redis, d, again) is not None
+            if not moved:
+                letters.moved_meanwhile(self._log, d)
+            return (Action.REDELIVER if moved else Action.LEAVE).value
         return (await self._act(verdict, d, row)).value
 
     async def _entry_facts(
@@ -256,17 +258,7 @@ class Sweeper:
 
     async def _dead(self, d: streams.Delivery, reason: str) -> bool:
         """Dead-letter the entry; False when another mover took it first."""
-        if await streams.dead_letter(self._redis, self._keys, d, reason, "swept") is None:
-            self._moved_meanwhile(d)
-            return False
-        self._log.warning("entry.dead_lettered", entry_id=d.entry_id, reason=reason)
-        return True
-
-    def _moved_meanwhile(self, d: streams.Delivery) -> str:
-        """Another mover (a second sweeper, the entry's executor) acked or moved the entry
-        after this pass read it: nothing is left to do here."""
-        self._log.info("entry.moved_meanwhile", entry_id=d.entry_id, stream=d.stream)
-        return Action.LEAVE.value
+        return await letters.dead_letter(self._redis, self._keys, self._log, d, reason, "swept")
 
 
 def _row_facts(row: InstanceRow | None) -> RowFacts | None:
