@@ -5,8 +5,10 @@ upstream breaker) kept until they are final, and every decision recorded with th
 A tick held back by an open breaker (`hold`) whose window closes while it waits goes to
 catch-up with the other late ticks, so the task's catch-up policy decides it.
 
-The task's cursor (last fire time fully decided) is written with the leader's fencing token;
-a rejected write means another scheduler leads now and raises `Fenced`.
+The task's cursor (last fire time fully decided) and every decision are written with the
+leader's fencing token; a rejected write means another scheduler leads now and raises
+`Fenced`. A new leader raises every cursor's token to its own before its first pass
+(`Store.claim_cursors`), so an old leader still in a pass records nothing after that.
 """
 
 from __future__ import annotations
@@ -70,6 +72,8 @@ class Advancer:
     ) -> None:
         self._store, self._outbox, self._checks, self._holds = store, outbox, checks, holds
         self._states: dict[str, TaskState] = {}
+        self._token: int | None = None
+        """The leader token of the pass in progress (every task of a pass has the same)."""
         self._log = get_logger(role="scheduler")
 
     def forget(self) -> None:
@@ -80,6 +84,7 @@ class Advancer:
         self, spec: TaskSpec, trigger: Trigger, now_ms: int, token: int | None
     ) -> int:
         """Decide every due tick of `spec`; returns its next fire time (ms)."""
+        self._token = token
         state = self._states.setdefault(spec.id, TaskState())
         cursor = await self._cursor(spec, state, now_ms, token)
         await self._close_orphans(spec, trigger, now_ms, state)
@@ -296,7 +301,8 @@ class Advancer:
             instance_id,
             now_ms,
         )
-        await record_decision(self._store, row, self._log)
+        if not await record_decision(self._store, row, self._log, token=self._token):
+            raise Fenced(f"decisions of {spec.id} are recorded under a newer leader token")
 
 
 def _why(decision: Decision) -> tuple[str, tuple[str, ...]]:

@@ -114,9 +114,13 @@ def missed_key(dedupe_key: str) -> str:
     return f"{key[: MAX_DEDUPE_KEY_LEN - _DIGEST_LEN - 1]}~{digest}"
 
 
-async def record_decision(store: Store, row: DecisionRow, log: FilteringBoundLogger) -> None:
-    """Record a tick's decision (the values it saw included) and log `trigger.decided`."""
-    await store.record_decision(row)
+async def record_decision(
+    store: Store, row: DecisionRow, log: FilteringBoundLogger, *, token: int | None = None
+) -> bool:
+    """Record a tick's decision (the values it saw included) and log `trigger.decided`.
+    False, with nothing recorded, when a leader newer than `token` has taken the task over."""
+    if not await store.record_decision(row, token=token):
+        return False
     log.info(
         "trigger.decided",
         task_id=row.task_id,
@@ -124,3 +128,4 @@ async def record_decision(store: Store, row: DecisionRow, log: FilteringBoundLog
         decision=row.decision,
         instance_id=row.instance_id,
     )
+    return True

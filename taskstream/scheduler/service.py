@@ -138,6 +138,11 @@ class Scheduler:
             self._floor = await self._store.max_cursor_token() or 0
         token = await self._leader.hold(floor=self._floor)
         if token != self._token:
+            if token is not None:
+                # Before deciding anything: from here on an older leader still in a pass
+                # records nothing (a failure here leaves the token to take over next step).
+                taken = await self._store.claim_cursors(token)
+                self._log.info("scheduler.cursors_claimed", token=token, count=taken)
             self._log.info("scheduler.leadership", token=token)
             self._advancer.forget()
             self._token = token

@@ -135,3 +135,36 @@ async def test_cursor_writes_are_fenced_by_the_leader_token(store: SqlStore) -> 
     assert await store.get_cursor("fenced") == 2000
     assert await store.set_cursor("fenced", 4000, token=6)
     assert not await store.set_cursor("nope", 1, token=9)
+
+
+async def test_a_new_leader_claims_every_cursor_and_older_tokens_are_refused(
+    store: SqlStore,
+) -> None:
+    await store.upsert_definitions(
+        [DefinitionRecord(t, {"id": t}, "h") for t in ("fresh", "old", "ahead")]
+    )
+    version = await store.definitions_version()
+    assert await store.set_cursor("old", 1000, token=3)
+    assert await store.set_cursor("ahead", 1000, token=9)
+
+    assert await store.claim_cursors(5) == 2  # "fresh" (never written) and "old"
+
+    assert await store.definitions_version() == version  # not a definition change
+    assert not await store.set_cursor("old", 2000, token=4)
+    assert await store.get_cursor("old") == 1000
+    assert await store.set_cursor("fresh", 2000, token=5)
+    assert await store.max_cursor_token() == 9
+
+
+async def test_decision_records_are_fenced_by_the_leader_token(store: SqlStore) -> None:
+    await store.upsert_definitions([DefinitionRecord("report", {"id": "report"}, "h")])
+    assert await store.record_decision(_decision(1_000), token=4)  # no token held yet
+    await store.claim_cursors(5)
+
+    assert not await store.record_decision(_decision(2_000), token=4)  # a stale leader
+    assert await store.record_decision(_decision(3_000), token=5)
+    assert await store.record_decision(_decision(4_000), token=6)
+    assert await store.record_decision(_decision(5_000))  # manual: no token, not fenced
+
+    fires = [d.fire_time_ms for d in await store.decisions("report", limit=10)]
+    assert fires == [1_000, 3_000, 4_000, 5_000]

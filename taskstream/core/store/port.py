@@ -237,8 +237,17 @@ class Store(Protocol):
         """Those of `instance_ids` that exist (any status)."""
         ...
 
+    async def claim_cursors(self, token: int) -> int:
+        """A new leader takes every task over: each cursor token below `token` becomes
+        `token`, so that older leaders' cursor writes and decision records are refused from
+        then on. Returns how many definitions changed hands."""
+        ...
+
     # explain log
-    async def record_decision(self, row: DecisionRow) -> None: ...
+    async def record_decision(self, row: DecisionRow, *, token: int | None = None) -> bool:
+        """Append a decision. With `token` (a leader-lease fencing token) it is refused
+        (False) when the task's cursor holds a newer token; True when written."""
+        ...
 
     async def decisions(
         self, task_id: str, *, since_ms: int | None = None, limit: int = 100

@@ -114,8 +114,28 @@ async def set_cursor(
     return (await conn.execute(stmt)).rowcount == 1
 
 
-async def record_decision(conn: AsyncConnection, row: DecisionRow) -> None:
-    """Append to the explain log; `decided_at_ms <= 0` means "now" on the database clock."""
+async def claim_cursors(conn: AsyncConnection, token: int) -> int:
+    """Raise every cursor's token below `token` to it (a new leader taking the tasks over),
+    so that from this commit on `set_cursor` and `record_decision` refuse older tokens.
+    Returns how many definitions changed hands."""
+    stmt = (
+        update(defs)
+        .where(or_(defs.c.cursor_token.is_(None), defs.c.cursor_token < token))
+        .values(cursor_token=token)
+    )
+    return int((await conn.execute(stmt)).rowcount)
+
+
+async def record_decision(conn: AsyncConnection, row: DecisionRow, token: int | None) -> bool:
+    """Append to the explain log; `decided_at_ms <= 0` means "now" on the database clock.
+    With a `token` (the writer's leader-lease token) nothing is written, and False returned,
+    when the task's cursor holds a newer token. The token is read under a shared lock until
+    commit, so a new leader's `claim_cursors` waits for this record and then reads it back."""
+    if token is not None:
+        held_by = select(defs.c.cursor_token).where(defs.c.task_id == row.task_id)
+        held = (await conn.execute(held_by.with_for_update(read=True))).scalar_one_or_none()
+        if held is not None and held > token:
+            return False
     decided_at = row.decided_at_ms if row.decided_at_ms > 0 else db_now_ms()
     await conn.execute(
         insert(decs).values(
@@ -128,6 +148,7 @@ async def record_decision(conn: AsyncConnection, row: DecisionRow) -> None:
             decided_at_ms=decided_at,
         )
     )
+    return True
 
 
 async def decisions(

@@ -70,10 +70,16 @@ class DefinitionMethods:
         async with self._write() as conn:
             return await defs.set_cursor(conn, task_id, fire_time_ms, token)
 
-    async def record_decision(self, row: DecisionRow) -> None:
-        """Append a scheduling decision (`decided_at_ms <= 0`: the database clock's now)."""
+    async def claim_cursors(self, token: int) -> int:
+        """Fence every cursor with a new leader's `token` (see the port)."""
         async with self._write() as conn:
-            await defs.record_decision(conn, row)
+            return await defs.claim_cursors(conn, token)
+
+    async def record_decision(self, row: DecisionRow, *, token: int | None = None) -> bool:
+        """Append a scheduling decision (`decided_at_ms <= 0`: the database clock's now),
+        fenced by `token` when given (see the port)."""
+        async with self._write() as conn:
+            return await defs.record_decision(conn, row, token)
 
     async def decisions(
         self, task_id: str, *, since_ms: int | None = None, limit: int = 100

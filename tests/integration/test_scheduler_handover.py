@@ -1,0 +1,123 @@
+"""Two schedulers across a leader handover, on real Redis and a real store, clock passed in:
+the old leader, still in a pass when its lease passed on, records no decision once the new
+leader has taken the tasks over, so each tick has one final decision."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from sqlalchemy import text
+
+from taskstream.core import streams
+from taskstream.core.protocol import Keys
+from taskstream.core.store.port import DecisionRow
+from taskstream.core.store.sql import SqlStore
+from taskstream.scheduler import decide
+from taskstream.scheduler.advance import Fenced
+from taskstream.scheduler.decide import NOT_FINAL
+from taskstream.scheduler.leader import LeaderLease
+from taskstream.scheduler.service import Scheduler, SchedulerConfig
+from tests.integration.harness import Harness, until
+from tests.integration.outages import waiting
+
+M0 = 1_780_000_020_000
+"""A whole minute (epoch ms), so `every: 1m` fires at M0 + k minutes."""
+TASKS = (
+    "tasks:\n  - {id: minutely, agent: echo, schedule: {every: 1m}, window: 1h}\n"
+    "  - {id: gated, agent: echo, schedule: {every: 1m}, window: 1h, depends_on: [feed]}\n"
+)
+
+
+@pytest.fixture
+def h(store: SqlStore, redis: streams.Redis, keys: Keys) -> Harness:
+    return Harness(store, redis, keys)
+
+
+def _scheduler(h: Harness, name: str) -> Scheduler:
+    lease = LeaderLease(h.redis, h.keys, name, lease_ms=10_000)
+    return Scheduler(h.store, h.outbox, h.clock, SchedulerConfig(), leader=lease)
+
+
+async def _handover(h: Harness) -> tuple[Scheduler, int, Scheduler]:
+    """`old` leads and decides up to M0 - 1; its lease lapses (a pause), `new` takes it and
+    makes one step at M0 + 1 s. Returns the old leader and its stale token, and the new one."""
+    await h.apply(TASKS)
+    old, new = _scheduler(h, "old"), _scheduler(h, "new")
+    h.clock.set(M0 - 1)
+    await old._step()
+    stale = old._token
+    assert stale is not None
+    await h.redis.delete(h.keys.leader)  # what time does to a lease nobody renewed
+    h.clock.set(M0 + 1000)
+    await new._step()
+    assert new._token is not None and new._token > stale
+    return old, stale, new
+
+
+async def _final(h: Harness, task_id: str) -> list[tuple[str, str | None]]:
+    rows = await h.store.decisions(task_id, limit=20)
+    return [
+        (d.decision, d.instance_id)
+        for d in rows
+        if d.fire_time_ms == M0 and d.decision not in NOT_FINAL
+    ]
+
+
+async def test_the_old_leader_records_no_decision_for_a_tick_the_new_one_decided(
+    h: Harness,
+) -> None:
+    old, stale, _ = await _handover(h)
+
+    with pytest.raises(Fenced):
+        await old.run_pass(stale)  # it resumes where it paused, still holding its token
+
+    [row] = [r for r in await h.store.list_instances(limit=10) if r.task_id == "minutely"]
+    assert await _final(h, "minutely") == [(decide.SHOULD_RUN, row.id)]
+
+
+async def test_the_old_leader_records_nothing_for_a_waiting_tick_either(h: Harness) -> None:
+    """A tick waiting for its marker is recorded as waiting by the new leader only."""
+    old, stale, _ = await _handover(h)
+    waiting = [d.decision for d in await h.store.decisions("gated", limit=20)]
+
+    with pytest.raises(Fenced):
+        await old.run_pass(stale)
+
+    assert [d.decision for d in await h.store.decisions("gated", limit=20)] == waiting
+    assert waiting == [decide.WAIT_DEP]
+
+
+async def test_a_leader_that_took_over_decides_as_before(h: Harness) -> None:
+    """Taking the tasks over does not stop the new leader's own records or cursor moves."""
+    _, _, new = await _handover(h)
+    h.clock.set(M0 + 61_000)
+
+    await new._step()
+
+    rows = await h.store.decisions("minutely", limit=20)
+    fires = [d.fire_time_ms for d in rows if d.decision not in NOT_FINAL]
+    assert fires == [M0, M0 + 60_000]
+    assert await h.store.get_cursor("minutely") == M0 + 60_000
+
+
+def _row(fire_ms: int) -> DecisionRow:
+    return DecisionRow("minutely", fire_ms, decide.SHOULD_RUN, "every rule passed", {}, None, 0)
+
+
+async def test_an_old_leaders_record_waits_for_a_takeover_in_progress_and_is_refused(
+    outage_server: Harness,
+) -> None:
+    """The token is read with a lock (MariaDB): a record that read it without one would see
+    the old token while the new leader's takeover is uncommitted, and be written after it."""
+    h = outage_server
+    await h.apply(TASKS)
+    await h.store.claim_cursors(5)
+    async with h.store.engine.connect() as conn:
+        await conn.execute(text("UPDATE task_definitions SET cursor_token = 6"))  # uncommitted
+        record = asyncio.create_task(h.store.record_decision(_row(M0), token=5))
+        await until(lambda: waiting(conn, "SELECT task_definitions.cursor_token%"))
+        await conn.commit()
+
+    assert await record is False
+    assert await h.store.decisions("minutely", limit=10) == []
