@@ -168,3 +168,16 @@ async def test_decision_records_are_fenced_by_the_leader_token(store: SqlStore) 
 
     fires = [d.fire_time_ms for d in await store.decisions("report", limit=10)]
     assert fires == [1_000, 3_000, 4_000, 5_000]
+
+
+async def test_a_task_applied_after_a_takeover_is_fenced_from_older_leaders(
+    store: SqlStore,
+) -> None:
+    await store.upsert_definitions([DefinitionRecord("report", {"id": "report"}, "h")])
+    await store.claim_cursors(5)
+
+    await store.upsert_definitions([DefinitionRecord("late", {"id": "late"}, "h")])
+
+    assert not await store.record_decision(_decision(1_000, task_id="late"), token=4)
+    assert await store.record_decision(_decision(2_000, task_id="late"), token=5)
+    assert not await store.set_cursor("late", 2_000, token=4)

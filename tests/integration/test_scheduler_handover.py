@@ -27,6 +27,7 @@ TASKS = (
     "tasks:\n  - {id: minutely, agent: echo, schedule: {every: 1m}, window: 1h}\n"
     "  - {id: gated, agent: echo, schedule: {every: 1m}, window: 1h, depends_on: [feed]}\n"
 )
+LATE = "tasks:\n  - {id: late, agent: echo, schedule: {every: 1m}}\n"
 
 
 @pytest.fixture
@@ -101,8 +102,8 @@ async def test_a_leader_that_took_over_decides_as_before(h: Harness) -> None:
     assert await h.store.get_cursor("minutely") == M0 + 60_000
 
 
-def _row(fire_ms: int) -> DecisionRow:
-    return DecisionRow("minutely", fire_ms, decide.SHOULD_RUN, "every rule passed", {}, None, 0)
+def _row(fire_ms: int, task_id: str = "minutely") -> DecisionRow:
+    return DecisionRow(task_id, fire_ms, decide.SHOULD_RUN, "every rule passed", {}, None, 0)
 
 
 async def test_an_old_leaders_record_waits_for_a_takeover_in_progress_and_is_refused(
@@ -121,3 +122,22 @@ async def test_an_old_leaders_record_waits_for_a_takeover_in_progress_and_is_ref
 
     assert await record is False
     assert await h.store.decisions("minutely", limit=10) == []
+
+
+async def test_a_task_applied_during_a_takeover_gets_the_new_leaders_token(
+    outage_server: Harness,
+) -> None:
+    """An apply that read the newest token without a lock, while a takeover was uncommitted,
+    would give the new task the old leader's token, and the old leader could decide it."""
+    h = outage_server
+    await h.apply(TASKS)
+    await h.store.claim_cursors(5)
+    async with h.store.engine.connect() as conn:
+        await conn.execute(text("UPDATE task_definitions SET cursor_token = 6"))  # uncommitted
+        applied = asyncio.create_task(h.apply(LATE))
+        await until(lambda: waiting(conn, "SELECT task_definitions.cursor_token%"))
+        await conn.commit()
+    await applied
+
+    assert not await h.store.record_decision(_row(M0, "late"), token=5)
+    assert not await h.store.set_cursor("late", M0, token=5)

@@ -33,6 +33,7 @@ async def upsert(conn: AsyncConnection, records: list[DefinitionRecord]) -> dict
     ids = sorted({r.task_id for r in records})
     stmt = select(defs.c.task_id, defs.c.spec, defs.c.spec_hash).where(defs.c.task_id.in_(ids))
     stored = {row.task_id: (row.spec, row.spec_hash) for row in await conn.execute(stmt)}
+    token = await _newest_token(conn) if len(stored) < len(ids) else None
     outcome: dict[str, str] = {}
     for record in records:
         spec = codec.dumps(record.spec, what=f"spec of task {record.task_id!r}")
@@ -44,6 +45,7 @@ async def upsert(conn: AsyncConnection, records: list[DefinitionRecord]) -> dict
                     spec=spec,
                     spec_hash=record.spec_hash,
                     paused=record.paused,
+                    cursor_token=token,
                     created_at_ms=db_now_ms(),
                     updated_at_ms=db_now_ms(),
                 )
@@ -60,6 +62,16 @@ async def upsert(conn: AsyncConnection, records: list[DefinitionRecord]) -> dict
             outcome[record.task_id] = outcome.get(record.task_id) or "updated"
         stored[record.task_id] = (spec, record.spec_hash)
     return outcome
+
+
+async def _newest_token(conn: AsyncConnection) -> int | None:
+    """The newest leader token on any task, for a task created now: a leader older than the
+    one that took every task over records nothing for it either. Read under a shared lock on
+    every definition, so a takeover in progress (`claim_cursors`) commits first."""
+    # Every row, not MAX(): PostgreSQL locks no rows under an aggregate.
+    tokens = select(defs.c.cursor_token).with_for_update(read=True)
+    held = [int(t) for t in (await conn.execute(tokens)).scalars() if t is not None]
+    return max(held, default=None)
 
 
 async def list_all(conn: AsyncConnection) -> list[DefinitionRecord]:
