@@ -36,9 +36,10 @@ from taskstream.core.store.port import (
     Store,
 )
 
-EmitOutcome = Literal["published", "duplicate", "unpublished"]
+EmitOutcome = Literal["published", "duplicate", "unpublished", "fenced"]
 """`unpublished`: the instance was created (PENDING) but its entry could not be added to a
-stream (Redis failed); the reconciler publishes it once it is older than its grace."""
+stream (Redis failed); the reconciler publishes it once it is older than its grace.
+`fenced`: nothing was written, a scheduler newer than the emitting one leads its task."""
 MAX_BATCH = 200
 """Instances per group-committed batch (one chunk of the store's batch statements)."""
 
@@ -56,6 +57,7 @@ class Emitted:
 class _Emit:
     new: NewInstance
     now_ms: int
+    token: int | None
     done: asyncio.Future[Emitted] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
@@ -70,7 +72,7 @@ class Outbox:
         self._writer: asyncio.Task[None] | None = None
         self._log = get_logger(role="outbox")
 
-    async def emit(self, new: NewInstance, *, now_ms: int) -> Emitted:
+    async def emit(self, new: NewInstance, *, now_ms: int, token: int | None = None) -> Emitted:
         """Create the instance and publish it. A duplicate dedupe key publishes nothing, even
         when the existing row is still PENDING: its creator is publishing it right now, or
         crashed, and then the reconciler publishes it once it is older than its grace.
@@ -78,8 +80,9 @@ class Outbox:
         Raises when the instance could not be created (nothing was written: emitting again is
         safe). Once it is created, a failed XADD does not raise: the outcome says
         `unpublished`, so the caller records the instance it made instead of trying again
-        and finding it a duplicate."""
-        item = _Emit(new, now_ms)
+        and finding it a duplicate. `token`: the emitting scheduler's leader-lease token;
+        the instance is then created only while its task holds no newer token."""
+        item = _Emit(new, now_ms, token)
         item.done.add_done_callback(mark_retrieved)
         self._queue.append(item)
         if self._writer is None or self._writer.done():
@@ -117,7 +120,9 @@ class Outbox:
                 continue
             batch, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
             try:
-                created = await self.store.create_instances([item.new for item in batch])
+                created = await self.store.create_instances(
+                    [item.new for item in batch], tokens=[item.token for item in batch]
+                )
             except Exception as exc:  # every caller of the batch learns of it
                 _fail(batch, exc)
                 continue
@@ -167,7 +172,9 @@ class Outbox:
                     error=str(exc)[:300],
                 )
         for item, c in zip(batch, created, strict=True):
-            if not c.created:
+            if c.fenced:
+                item.done.set_result(Emitted("fenced", c.instance_id))
+            elif not c.created:
                 await self._answer_duplicate(item, c.instance_id)
             elif published:
                 item.done.set_result(Emitted("published", c.instance_id, status))

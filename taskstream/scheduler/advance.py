@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from taskstream.core.errors import QueueUnavailable, TaskstreamError
+from taskstream.core.errors import QueueUnavailable
 from taskstream.core.logging import get_logger
 from taskstream.core.outbox import Outbox
 from taskstream.core.preconditions import Check
@@ -45,6 +45,7 @@ from taskstream.scheduler.hold import (
     is_held,
     released,
 )
+from taskstream.scheduler.leader import Fenced
 from taskstream.scheduler.recall import RECALL_LIMIT, TaskState, recall
 from taskstream.scheduler.replace import cancel_previous
 from taskstream.scheduler.ticks import Trigger, fire_times, is_fire_time, next_fire
@@ -53,10 +54,6 @@ MAX_TICKS_PER_PASS = 1000
 """Bound on fire times one pass decides per task; older ones wait for the next pass."""
 MISSED_ROWS = 100
 """Missed fire times recorded one by one before an outage is summarised instead."""
-
-
-class Fenced(TaskstreamError):
-    """Another scheduler holds the lease now: this one must stop deciding."""
 
 
 class Advancer:
@@ -284,7 +281,7 @@ class Advancer:
         """Emit the tick's instance; the decision as emitting it turned out is kept in `state`
         until it is recorded."""
         decision, instance_id = await emit_tick(
-            self._store, self._outbox, spec, fire_ms, decision, now_ms
+            self._store, self._outbox, spec, fire_ms, decision, now_ms, token=self._token
         )
         state.emitted[fire_ms] = (decision, instance_id)
         return decision, instance_id

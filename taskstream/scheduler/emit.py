@@ -20,6 +20,7 @@ from taskstream.core.states import Status
 from taskstream.core.store.port import DecisionRow, NewInstance, Store
 from taskstream.scheduler.decide import MISSED, SHOULD_RUN, SKIP_DUPLICATED, Decision
 from taskstream.scheduler.instances import SCHEDULED, new_instance, tick_instance_id
+from taskstream.scheduler.leader import Fenced
 
 EXISTS = "an instance with this dedupe key exists"
 _DIGEST_LEN = 24
@@ -29,11 +30,21 @@ RECENT_DECISIONS = 50
 
 
 async def emit_tick(
-    store: Store, outbox: Outbox, spec: TaskSpec, fire_ms: int, decision: Decision, now_ms: int
+    store: Store,
+    outbox: Outbox,
+    spec: TaskSpec,
+    fire_ms: int,
+    decision: Decision,
+    now_ms: int,
+    *,
+    token: int | None = None,
 ) -> tuple[Decision, str]:
     """Emit the tick's instance; returns the decision as emitting it turned out (a duplicate
-    is `skip_duplicated`; an instance created but not published says so) and the instance."""
-    emitted = await outbox.emit(new_instance(spec, fire_ms), now_ms=now_ms)
+    is `skip_duplicated`; an instance created but not published says so) and the instance.
+    `Fenced`, with nothing created, when a leader newer than `token` has taken the task."""
+    emitted = await outbox.emit(new_instance(spec, fire_ms), now_ms=now_ms, token=token)
+    if emitted.outcome == "fenced":
+        raise Fenced(f"instances of {spec.id} are created under a newer leader token")
     if emitted.outcome == "duplicate":
         details = {**decision.details, "existing_status": str(emitted.status)}
         if await _unrecorded(store, spec.id, fire_ms, emitted.instance_id):

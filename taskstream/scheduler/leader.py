@@ -2,9 +2,10 @@
 
 The lease is one Redis key holding `owner|token`, set with a TTL by one Lua script (the Redis
 server's clock, so host clock skew cannot stretch it). Each new holder gets a fencing token
-from a counter that only grows; the scheduler conditions its cursor writes on that token, so a
-stale leader (paused past its lease) has its writes rejected and steps down. Correctness never
-depends on the lease: the store's UNIQUE dedupe key makes a double fire harmless.
+from a counter that only grows; the scheduler conditions its cursor writes, decision records and
+instance creations on that token, so a stale leader (paused past its lease) has its writes
+rejected (`Fenced`) and steps down. The store's UNIQUE dedupe key makes a double fire harmless
+even without the lease.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from taskstream.core import streams
+from taskstream.core.errors import TaskstreamError
 from taskstream.core.protocol import Keys
 
 _ACQUIRE: Final = """
@@ -41,6 +43,10 @@ if cur and cur == ARGV[1] then
 end
 return 0
 """
+
+
+class Fenced(TaskstreamError):
+    """Another scheduler holds the lease now: this one must stop deciding."""
 
 
 class LeaderLease:

@@ -24,10 +24,10 @@ from taskstream.core.outbox import Outbox
 from taskstream.core.preconditions import Check
 from taskstream.core.spec import TaskSpec
 from taskstream.core.store.port import Store
-from taskstream.scheduler.advance import Advancer, Fenced
+from taskstream.scheduler.advance import Advancer
 from taskstream.scheduler.hold import UpstreamHolds
 from taskstream.scheduler.instances import new_instance, trigger_of
-from taskstream.scheduler.leader import LeaderLease
+from taskstream.scheduler.leader import Fenced, LeaderLease
 from taskstream.scheduler.ticks import Trigger
 
 __all__ = ["Scheduler", "SchedulerConfig", "new_instance", "trigger_of"]

@@ -12,7 +12,13 @@ import pytest
 from taskstream.core.errors import InvalidTransition
 from taskstream.core.states import Status
 from taskstream.core.store import sql_templates as templates
-from taskstream.core.store.port import CasResult, CreateResult, DispatchRequest, NewInstance
+from taskstream.core.store.port import (
+    CasResult,
+    CreateResult,
+    DefinitionRecord,
+    DispatchRequest,
+    NewInstance,
+)
 from taskstream.core.store.sql import SqlStore
 from tests.contract.conftest import Advance, MakeNew, trail
 from tests.support.statements import calls, statements
@@ -173,3 +179,31 @@ async def test_dispatch_many_rejects_bad_requests_before_any_sql(
         )
     row = await store.get_instance("inst-x")
     assert row is not None and row.status is Status.PENDING
+
+
+async def test_instances_of_a_stale_leader_are_fenced(store: SqlStore, make_new: MakeNew) -> None:
+    await store.upsert_definitions([DefinitionRecord("report", {"id": "report"}, "h")])
+    await store.claim_cursors(5)
+    other = dataclasses.replace(make_new("undefined"), task_id="undefined")
+    news = [make_new("stale"), make_new("current"), make_new("manual"), other]
+
+    results = await store.create_instances(news, tokens=[4, 5, None, 4])
+
+    assert [(r.created, r.fenced, r.instance_id) for r in results] == [
+        (False, True, "inst-stale"),
+        (True, False, "inst-current"),
+        (True, False, "inst-manual"),
+        (True, False, "inst-undefined"),  # no definition holds a token to fence it with
+    ]
+    assert await store.get_instance("inst-stale") is None
+    assert await store.history("inst-stale") == []
+    one = await store.create_instance(make_new("one"), token=4)
+    assert (one.created, one.fenced, await store.get_instance("inst-one")) == (False, True, None)
+    assert (await store.create_instance(make_new("newer"), token=6)).created
+
+
+async def test_create_instances_wants_one_token_per_instance(
+    store: SqlStore, make_new: MakeNew
+) -> None:
+    with pytest.raises(ValueError, match="one token"):
+        await store.create_instances([make_new("a"), make_new("b")], tokens=[1])

@@ -10,13 +10,15 @@ import pytest
 from sqlalchemy import text
 
 from taskstream.core import streams
+from taskstream.core.clock import FixedClock
 from taskstream.core.protocol import Keys
+from taskstream.core.states import Status
 from taskstream.core.store.port import DecisionRow
 from taskstream.core.store.sql import SqlStore
 from taskstream.scheduler import decide
-from taskstream.scheduler.advance import Fenced
 from taskstream.scheduler.decide import NOT_FINAL
-from taskstream.scheduler.leader import LeaderLease
+from taskstream.scheduler.instances import new_instance
+from taskstream.scheduler.leader import Fenced, LeaderLease
 from taskstream.scheduler.service import Scheduler, SchedulerConfig
 from tests.integration.harness import Harness, until
 from tests.integration.outages import waiting
@@ -27,6 +29,10 @@ TASKS = (
     "tasks:\n  - {id: minutely, agent: echo, schedule: {every: 1m}, window: 1h}\n"
     "  - {id: gated, agent: echo, schedule: {every: 1m}, window: 1h, depends_on: [feed]}\n"
 )
+CLOSES = (
+    "tasks:\n  - {id: closes, agent: echo, schedule: {every: 1m}, window: 30s,"
+    " catchup: {enabled: false}}\n"
+)
 LATE = "tasks:\n  - {id: late, agent: echo, schedule: {every: 1m}}\n"
 
 
@@ -35,9 +41,9 @@ def h(store: SqlStore, redis: streams.Redis, keys: Keys) -> Harness:
     return Harness(store, redis, keys)
 
 
-def _scheduler(h: Harness, name: str) -> Scheduler:
+def _scheduler(h: Harness, name: str, clock: FixedClock | None = None) -> Scheduler:
     lease = LeaderLease(h.redis, h.keys, name, lease_ms=10_000)
-    return Scheduler(h.store, h.outbox, h.clock, SchedulerConfig(), leader=lease)
+    return Scheduler(h.store, h.outbox, clock or h.clock, SchedulerConfig(), leader=lease)
 
 
 async def _handover(h: Harness) -> tuple[Scheduler, int, Scheduler]:
@@ -141,3 +147,52 @@ async def test_a_task_applied_during_a_takeover_gets_the_new_leaders_token(
 
     assert not await h.store.record_decision(_row(M0, "late"), token=5)
     assert not await h.store.set_cursor("late", M0, token=5)
+
+
+async def test_the_old_leader_creates_no_instance_for_a_tick_the_new_one_skipped(
+    h: Harness,
+) -> None:
+    """Paused past its lease in the middle of a pass, the old leader resumes with the time it
+    read before the pause (the tick still in its window) and would run the tick; the new
+    leader, later, found the window closed and, with catch-up off, recorded it missed. That
+    stands: no run is created, and so none runs after its window."""
+    await h.apply(CLOSES)
+    paused_clock = FixedClock(M0 - 1)
+    old = _scheduler(h, "old", paused_clock)
+    await old._step()
+    stale = old._token
+    assert stale is not None
+    await h.redis.delete(h.keys.leader)
+    new = _scheduler(h, "new")
+    h.clock.set(M0 + 40_000)  # the 30 s window has closed
+    await new._step()
+    paused_clock.set(M0 + 1000)
+
+    with pytest.raises(Fenced):
+        await old.run_pass(stale)
+
+    [row] = await h.store.list_instances(limit=10)  # the record of the missed tick alone
+    assert (row.status, row.dedupe_key.startswith("missed:")) == (Status.SKIPPED, True)
+    decisions = await h.store.decisions("closes", limit=10)
+    assert [(d.decision, d.instance_id) for d in decisions] == [(decide.MISSED, row.id)]
+
+
+async def test_an_old_leaders_instance_waits_for_a_takeover_in_progress_and_is_not_created(
+    outage_server: Harness,
+) -> None:
+    """The creation reads the token with a lock too (MariaDB): without it, it would see the
+    old token while the takeover is uncommitted and create the instance after it."""
+    h = outage_server
+    await h.apply(TASKS)
+    await h.store.claim_cursors(5)
+    [spec] = [s for s in await h.definitions() if s.id == "minutely"]
+    new = new_instance(spec, M0)
+    async with h.store.engine.connect() as conn:
+        await conn.execute(text("UPDATE task_definitions SET cursor_token = 6"))  # uncommitted
+        creating = asyncio.create_task(h.store.create_instances([new], tokens=[5]))
+        await until(lambda: waiting(conn, "SELECT task_definitions.task_id%"))
+        await conn.commit()
+
+    [result] = await creating
+    assert (result.created, result.fenced) == (False, True)
+    assert await h.store.get_instance(new.id) is None

@@ -86,15 +86,20 @@ class Store(Protocol):
 
     # instances
     async def create_instance(
-        self, new: NewInstance, *, skipped: str | None = None
+        self, new: NewInstance, *, skipped: str | None = None, token: int | None = None
     ) -> CreateResult:
         """Insert `new` as PENDING with its history row; with `skipped` (a reason) move it on
-        to SKIPPED in the same transaction, so it is never seen PENDING."""
+        to SKIPPED in the same transaction, so it is never seen PENDING. With `token` (the
+        creating scheduler's leader-lease token) nothing is written when the task holds a
+        newer token: the result is `fenced`."""
         ...
 
-    async def create_instances(self, news: Sequence[NewInstance]) -> list[CreateResult]:
+    async def create_instances(
+        self, news: Sequence[NewInstance], *, tokens: Sequence[int | None] | None = None
+    ) -> list[CreateResult]:
         """`create_instance` for many, in request order, normally in one transaction. A later
-        request with the dedupe key (or id) of an earlier one is its duplicate."""
+        request with the dedupe key (or id) of an earlier one is its duplicate. `tokens`, one
+        per instance (None: no leader), fence them as `create_instance`'s `token` does."""
         ...
 
     async def dispatch_many(self, requests: Sequence[DispatchRequest]) -> dict[str, CasResult]:

@@ -111,10 +111,13 @@ class DecisionRow:
 
 @dataclass(frozen=True, slots=True)
 class CreateResult:
-    """`created` is False when the dedupe key already existed; `instance_id` is the row's id."""
+    """`created` is False when the dedupe key already existed (`instance_id` names that row),
+    or when the request was `fenced`: its creator's leader token is older than the one its
+    task holds, so nothing was written (`instance_id` is the requested id)."""
 
     created: bool
     instance_id: str
+    fenced: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,16 +45,19 @@ class OutboxMethods:
         raise NotImplementedError
 
     async def create_instance(
-        self, new: NewInstance, *, skipped: str | None = None
+        self, new: NewInstance, *, skipped: str | None = None, token: int | None = None
     ) -> CreateResult:
         """Insert a PENDING row and its first history row; with `skipped` (a reason) also move
         it to SKIPPED, in the same transaction. When the dedupe key (or id) is taken, nothing
         is written and the existing row's id is returned with created=False. Safe under
-        concurrent inserts: the UNIQUE index decides, each try is a fresh transaction."""
+        concurrent inserts: the UNIQUE index decides, each try is a fresh transaction. With a
+        leader `token`, nothing is written when the task holds a newer one (`fenced`)."""
         last: ConstraintViolation | None = None
         for _ in range(_CREATE_TRIES):
             try:
                 async with self._write() as conn:
+                    if token is not None and await _fenced(CoreRunner(conn), [new], [token]):
+                        return CreateResult(created=False, instance_id=new.id, fenced=True)
                     await rows.insert_instance(conn, new)
                     await rows.append_history(
                         conn, new.id, src=None, dst=Status.PENDING, owner=None, reason=new.reason
@@ -70,16 +73,25 @@ class OutboxMethods:
                 return CreateResult(created=False, instance_id=existing)
         raise StoreError(f"instance {new.id!r} could not be inserted: {last}") from last
 
-    async def create_instances(self, news: Sequence[NewInstance]) -> list[CreateResult]:
+    async def create_instances(
+        self, news: Sequence[NewInstance], *, tokens: Sequence[int | None] | None = None
+    ) -> list[CreateResult]:
         """`create_instance` for many, in request order, in one transaction when no concurrent
-        writer takes one of the keys between the check and the insert (else one by one)."""
+        writer takes one of the keys between the check and the insert (else one by one).
+        `tokens[i]`: the leader token of `news[i]`'s creator, or None (see the port)."""
         if not news:
             return []
+        fences = list(tokens) if tokens is not None else [None] * len(news)
+        if len(fences) != len(news):
+            raise ValueError("create_instances: one token (or None) per instance")
         try:
             async with self._hot() as run:
-                return await create_many(run, news)
+                return await create_many(run, news, fences)
         except ConstraintViolation:
-            return [await self.create_instance(new) for new in news]
+            return [
+                await self.create_instance(new, token=token)
+                for new, token in zip(news, fences, strict=True)
+            ]
 
     async def dispatch_many(self, requests: Sequence[DispatchRequest]) -> dict[str, CasResult]:
         """CAS each row `src` -> DISPATCHED at its attempt, in one transaction (see the port)."""
@@ -121,16 +133,40 @@ async def _taken(run: Runner, news: Sequence[NewInstance]) -> tuple[dict[str, st
     return by_key, ids
 
 
+async def _fenced(
+    run: Runner, news: Sequence[NewInstance], tokens: Sequence[int | None]
+) -> set[int]:
+    """Positions in `news` whose creator's leader token (`tokens`, None: no leader) is older
+    than the token its task holds: a newer scheduler leads, so they are not created. The
+    tokens are read under a shared lock (`sql_templates.leader_tokens`)."""
+    fenced_tasks = sorted({n.task_id for n, t in zip(news, tokens, strict=True) if t is not None})
+    if not fenced_tasks:
+        return set()
+    held: dict[str, int] = {}
+    for part in q.chunks(fenced_tasks):
+        for m in await run.rows(*templates.bind_leader_tokens(part)):
+            if m["cursor_token"] is not None:
+                held[str(m["task_id"])] = int(m["cursor_token"])
+    return {
+        i
+        for i, (n, t) in enumerate(zip(news, tokens, strict=True))
+        if t is not None and held.get(n.task_id, t) > t
+    }
+
+
 def _split(
-    news: Sequence[NewInstance], by_key: dict[str, str], ids: set[str]
+    news: Sequence[NewInstance], by_key: dict[str, str], ids: set[str], fenced: set[int]
 ) -> tuple[list[CreateResult], list[NewInstance]]:
     """Results in request order and the instances to insert. Like sequential
-    `create_instance` calls: a taken key names its row, else a taken id names itself."""
+    `create_instance` calls: a fenced request writes nothing, a taken key names its row, else
+    a taken id names itself."""
     results: list[CreateResult] = []
     fresh: list[NewInstance] = []
     keys, used_ids = dict(by_key), set(ids)
-    for new in news:
-        if new.dedupe_key in keys:
+    for i, new in enumerate(news):
+        if i in fenced:
+            results.append(CreateResult(created=False, instance_id=new.id, fenced=True))
+        elif new.dedupe_key in keys:
             results.append(CreateResult(created=False, instance_id=keys[new.dedupe_key]))
         elif new.id in used_ids:
             results.append(CreateResult(created=False, instance_id=new.id))
@@ -142,10 +178,14 @@ def _split(
     return results, fresh
 
 
-async def create_many(run: Runner, news: Sequence[NewInstance]) -> list[CreateResult]:
-    """Insert the PENDING rows of `news` whose key and id are free, with their history rows;
-    results in request order. A key taken concurrently raises `ConstraintViolation`."""
-    results, fresh = _split(news, *await _taken(run, news))
+async def create_many(
+    run: Runner, news: Sequence[NewInstance], tokens: Sequence[int | None]
+) -> list[CreateResult]:
+    """Insert the PENDING rows of `news` whose key and id are free and that are not fenced by
+    their creator's leader token (`tokens`), with their history rows; results in request
+    order. A key taken concurrently raises `ConstraintViolation`."""
+    fenced = await _fenced(run, news, tokens)
+    results, fresh = _split(news, *await _taken(run, news), fenced)
     # In key order, so two batches racing for the same keys wait instead of deadlocking.
     fresh.sort(key=lambda n: n.dedupe_key)
     values = [rows.instance_values(n) for n in fresh]

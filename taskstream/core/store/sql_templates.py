@@ -31,6 +31,7 @@ from taskstream.core.store.dbclock import db_now_ms
 from taskstream.core.store.sql_prepared import RowsTemplate, Template
 from taskstream.core.store.tables import INSTANCE_COLUMNS, OWNER_LEN, STATUS_LEN
 from taskstream.core.store.tables import instance_history as hist
+from taskstream.core.store.tables import task_definitions as defs
 from taskstream.core.store.tables import task_instances as inst
 
 _T = TypeVar("_T")
@@ -269,3 +270,18 @@ def bind_insert(rows: Sequence[Mapping[str, Any]]) -> tuple[RowsTemplate, list[d
         raise ValueError("bind_insert: rows set different columns")
     params = [{f"v_{c}": v for c, v in row.items()} for row in rows]
     return insert_row(tuple(rows[0])), params
+
+
+@lru_cache(maxsize=_CACHED_SHAPES)
+def leader_tokens(n: int) -> Template:
+    """(task_id, cursor_token) of `n` tasks (binds `task<k>`), read under a shared lock held
+    until commit, so a new leader's takeover (`claim_cursors`) waits for the transaction."""
+    tasks: list[BindParameter[Any]] = [bindparam(f"task{k}") for k in range(n)]
+    stmt = select(defs.c.task_id, defs.c.cursor_token).where(defs.c.task_id.in_(tasks))
+    return Template(stmt.with_for_update(read=True))
+
+
+def bind_leader_tokens(task_ids: Sequence[str]) -> Bound:
+    """`leader_tokens` for `task_ids`."""
+    full = padded(task_ids)
+    return leader_tokens(len(full)), {f"task{k}": t for k, t in enumerate(full)}
