@@ -251,7 +251,7 @@ class Advancer:
         if decision.runs:
             decision, instance_id = await self._run(spec, fire_ms, decision, now_ms, state)
         elif decision.decision == MISSED:
-            instance_id = await record_missed(self._store, spec, fire_ms)
+            instance_id = await record_missed(self._store, spec, fire_ms, token=self._token)
         await self._done(spec, fire_ms, decision, instance_id, now_ms, state)
 
     async def _done(

@@ -96,11 +96,17 @@ def unrecorded_own(created_reason: str, named: Sequence[str | None], instance_id
     return created_reason == SCHEDULED and instance_id not in named
 
 
-async def record_missed(store: Store, spec: TaskSpec, fire_ms: int) -> str:
+async def record_missed(
+    store: Store, spec: TaskSpec, fire_ms: int, *, token: int | None = None
+) -> str:
     """A missed fire time leaves a SKIPPED instance (reason `missed`) for the record, created
     SKIPPED in one transaction: a PENDING one would be published, and so run, by the
-    reconciler. A row an earlier version left PENDING is moved on too."""
-    created = await store.create_instance(missed_instance(spec, fire_ms), skipped=MISSED)
+    reconciler. A row an earlier version left PENDING is moved on too. `Fenced`, with
+    nothing created, when a leader newer than `token` has taken the task."""
+    new = missed_instance(spec, fire_ms)
+    created = await store.create_instance(new, skipped=MISSED, token=token)
+    if created.fenced:
+        raise Fenced(f"instances of {spec.id} are created under a newer leader token")
     if not created.created:
         await store.transition(created.instance_id, Status.PENDING, Status.SKIPPED, reason=MISSED)
     return created.instance_id

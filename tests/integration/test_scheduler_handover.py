@@ -196,3 +196,30 @@ async def test_an_old_leaders_instance_waits_for_a_takeover_in_progress_and_is_n
     [result] = await creating
     assert (result.created, result.fenced) == (False, True)
     assert await h.store.get_instance(new.id) is None
+
+
+async def test_the_old_leader_leaves_no_missed_record_beside_the_new_ones_run(
+    h: Harness,
+) -> None:
+    """The record of a missed tick (a SKIPPED instance) is an instance the scheduler creates
+    too: the old leader, deciding with a time at which the window had closed, creates none
+    for a tick the new leader ran."""
+    await h.apply(CLOSES)
+    paused_clock = FixedClock(M0 - 1)
+    old = _scheduler(h, "old", paused_clock)
+    await old._step()
+    stale = old._token
+    assert stale is not None
+    await h.redis.delete(h.keys.leader)
+    new = _scheduler(h, "new")
+    h.clock.set(M0 + 1000)
+    await new._step()
+    paused_clock.set(M0 + 40_000)
+
+    with pytest.raises(Fenced):
+        await old.run_pass(stale)
+
+    [row] = await h.store.list_instances(limit=10)
+    assert row.dedupe_key.startswith("closes:")
+    decisions = await h.store.decisions("closes", limit=10)
+    assert [(d.decision, d.instance_id) for d in decisions] == [(decide.SHOULD_RUN, row.id)]
