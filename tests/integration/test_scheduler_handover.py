@@ -46,17 +46,26 @@ def _scheduler(h: Harness, name: str, clock: FixedClock | None = None) -> Schedu
     return Scheduler(h.store, h.outbox, clock or h.clock, SchedulerConfig(), leader=lease)
 
 
-async def _handover(h: Harness) -> tuple[Scheduler, int, Scheduler]:
-    """`old` leads and decides up to M0 - 1; its lease lapses (a pause), `new` takes it and
-    makes one step at M0 + 1 s. Returns the old leader and its stale token, and the new one."""
-    await h.apply(TASKS)
-    old, new = _scheduler(h, "old"), _scheduler(h, "new")
+async def _handover(
+    h: Harness,
+    tasks: str = TASKS,
+    *,
+    new_at_ms: int = M0 + 1000,
+    old_clock: FixedClock | None = None,
+) -> tuple[Scheduler, int, Scheduler]:
+    """`old` (on `old_clock`, default the harness's) leads and decides up to M0 - 1; its lease
+    lapses (a pause), `new` takes it and makes one step at `new_at_ms`. Returns the old
+    leader and its stale token, and the new one."""
+    await h.apply(tasks)
+    old, new = _scheduler(h, "old", old_clock), _scheduler(h, "new")
     h.clock.set(M0 - 1)
+    if old_clock is not None:
+        old_clock.set(M0 - 1)
     await old._step()
     stale = old._token
     assert stale is not None
     await h.redis.delete(h.keys.leader)  # what time does to a lease nobody renewed
-    h.clock.set(M0 + 1000)
+    h.clock.set(new_at_ms)
     await new._step()
     assert new._token is not None and new._token > stale
     return old, stale, new
@@ -156,16 +165,9 @@ async def test_the_old_leader_creates_no_instance_for_a_tick_the_new_one_skipped
     read before the pause (the tick still in its window) and would run the tick; the new
     leader, later, found the window closed and, with catch-up off, recorded it missed. That
     stands: no run is created, and so none runs after its window."""
-    await h.apply(CLOSES)
     paused_clock = FixedClock(M0 - 1)
-    old = _scheduler(h, "old", paused_clock)
-    await old._step()
-    stale = old._token
-    assert stale is not None
-    await h.redis.delete(h.keys.leader)
-    new = _scheduler(h, "new")
-    h.clock.set(M0 + 40_000)  # the 30 s window has closed
-    await new._step()
+    # The new leader steps once the 30 s window has closed; the old one wakes before that.
+    old, stale, _ = await _handover(h, CLOSES, new_at_ms=M0 + 40_000, old_clock=paused_clock)
     paused_clock.set(M0 + 1000)
 
     with pytest.raises(Fenced):
@@ -204,16 +206,8 @@ async def test_the_old_leader_leaves_no_missed_record_beside_the_new_ones_run(
     """The record of a missed tick (a SKIPPED instance) is an instance the scheduler creates
     too: the old leader, deciding with a time at which the window had closed, creates none
     for a tick the new leader ran."""
-    await h.apply(CLOSES)
     paused_clock = FixedClock(M0 - 1)
-    old = _scheduler(h, "old", paused_clock)
-    await old._step()
-    stale = old._token
-    assert stale is not None
-    await h.redis.delete(h.keys.leader)
-    new = _scheduler(h, "new")
-    h.clock.set(M0 + 1000)
-    await new._step()
+    old, stale, _ = await _handover(h, CLOSES, old_clock=paused_clock)
     paused_clock.set(M0 + 40_000)
 
     with pytest.raises(Fenced):
