@@ -5,10 +5,11 @@ upstream breaker) kept until they are final, and every decision recorded with th
 A tick held back by an open breaker (`hold`) whose window closes while it waits goes to
 catch-up with the other late ticks, so the task's catch-up policy decides it.
 
-The task's cursor (last fire time fully decided) and every decision are written with the
-leader's fencing token; a rejected write means another scheduler leads now and raises
-`Fenced`. A new leader raises every cursor's token to its own before its first pass
-(`Store.claim_cursors`), so an old leader still in a pass records nothing after that.
+The task's cursor (last fire time fully decided), every decision and every instance made for
+a fire time are written with the leader's fencing token; a rejected write means another
+scheduler leads now and raises `Fenced`. A new leader raises every cursor's token to its own
+before its first pass (`Store.claim_cursors`), so an old leader still in a pass records and
+creates nothing after that.
 """
 
 from __future__ import annotations

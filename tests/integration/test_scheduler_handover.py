@@ -217,3 +217,26 @@ async def test_the_old_leader_leaves_no_missed_record_beside_the_new_ones_run(
     assert row.dedupe_key.startswith("closes:")
     decisions = await h.store.decisions("closes", limit=10)
     assert [(d.decision, d.instance_id) for d in decisions] == [(decide.SHOULD_RUN, row.id)]
+
+
+async def test_concurrent_applies_that_add_tasks_queue_instead_of_deadlocking(
+    outage_server: Harness,
+) -> None:
+    """Each apply reads the newest token under lock, then changes a task they share: with
+    shared locks, two applies holding theirs would each wait for the other to write."""
+    h = outage_server
+    await h.apply(TASKS)
+    await h.store.claim_cursors(5)
+
+    def applying(i: int) -> str:
+        return (
+            f"tasks:\n  - {{id: minutely, agent: echo, schedule: {{every: 1m}}, window: {i}m}}\n"
+            f"  - {{id: added{i}, agent: echo, schedule: {{every: 1m}}}}\n"
+        )
+
+    for round_ in range(5):
+        await asyncio.gather(*(h.apply(applying(10 * round_ + i + 1)) for i in range(4)))
+
+    specs = {s.id for s in await h.definitions()}
+    assert {f"added{10 * r + i + 1}" for r in range(5) for i in range(4)} <= specs
+    assert not await h.store.set_cursor("added1", M0, token=4)

@@ -244,8 +244,8 @@ class Store(Protocol):
 
     async def claim_cursors(self, token: int) -> int:
         """A new leader takes every task over: each cursor token below `token` becomes
-        `token`, so that older leaders' cursor writes and decision records are refused from
-        then on. Returns how many definitions changed hands."""
+        `token`, so that older leaders' cursor writes, decision records and instance creations
+        are refused from then on. Returns how many definitions changed hands."""
         ...
 
     # explain log

@@ -66,10 +66,13 @@ async def upsert(conn: AsyncConnection, records: list[DefinitionRecord]) -> dict
 
 async def _newest_token(conn: AsyncConnection) -> int | None:
     """The newest leader token on any task, for a task created now: a leader older than the
-    one that took every task over records nothing for it either. Read under a shared lock on
-    every definition, so a takeover in progress (`claim_cursors`) commits first."""
+    one that took every task over records nothing for it either. Read under an exclusive
+    lock on every definition, so a takeover in progress (`claim_cursors`) commits first.
+    Exclusive, not shared: the apply may update some of these rows next, and two applies (or
+    an apply and a takeover) each holding a shared lock and wanting to write would deadlock;
+    this way the second waits for the first."""
     # Every row, not MAX(): PostgreSQL locks no rows under an aggregate.
-    tokens = select(defs.c.cursor_token).with_for_update(read=True)
+    tokens = select(defs.c.cursor_token).with_for_update()
     held = [int(t) for t in (await conn.execute(tokens)).scalars() if t is not None]
     return max(held, default=None)
 
@@ -128,7 +131,8 @@ async def set_cursor(
 
 async def claim_cursors(conn: AsyncConnection, token: int) -> int:
     """Raise every cursor's token below `token` to it (a new leader taking the tasks over),
-    so that from this commit on `set_cursor` and `record_decision` refuse older tokens.
+    so that from this commit on `set_cursor`, `record_decision` and the creation of instances
+    (`sql_outbox`) refuse older tokens.
     Returns how many definitions changed hands."""
     stmt = (
         update(defs)
