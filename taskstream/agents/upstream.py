@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
@@ -56,6 +57,10 @@ DEFAULT_MAX_BODY_BYTES: Final = 4 * 1024 * 1024
 """Body bytes read per response; the rest is dropped and `truncated` set."""
 GUARD_DOWN_WAIT_MS: Final = 5_000
 """Deferral (ms) of a call whose limiter or breaker could not be reached."""
+STALE_WAIT_MS: Final = 1_000
+"""Deferral (ms) of a call whose admission went stale before its request was sent."""
+_HEADERS_OUT: Final = ("http11.send_request_headers.started", "http2.send_request_headers.started")
+"""httpcore trace events: the request's first bytes are about to go out."""
 
 _UPSTREAM_FAULTS = (
     httpx.NetworkError,
@@ -77,6 +82,30 @@ class UpstreamAccess(Protocol):
         """Report the outcome of a call that `acquire` admitted. For a failure that leaves the
         breaker open: the cool-down left (ms, >= 1), by which the run is deferred; else None."""
         ...
+
+    async def sending(self, name: str) -> bool:
+        """An admitted call to `name` is sending its request now (its hit in the limiter's
+        window moves to now). False when its admission went stale: it must not be sent."""
+        ...
+
+
+class _StaleAdmission(Exception):
+    """Raised from the trace hook to stop a request whose admission went stale before it was
+    sent; `request` turns it into `UpstreamDeferred`."""
+
+
+def _on_headers_out(
+    access: UpstreamAccess, upstream: str
+) -> Callable[[str, dict[str, Any]], Awaitable[None]]:
+    """An httpcore trace hook: when the request's headers are about to go out (after any
+    connection setup), tell `access` the call is sending, and stop it if its admission went
+    stale."""
+
+    async def trace(event: str, info: dict[str, Any]) -> None:
+        if event in _HEADERS_OUT and not await access.sending(upstream):
+            raise _StaleAdmission(upstream)
+
+    return trace
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,12 +180,16 @@ class UpstreamClient:
             response = await self._send(
                 method,
                 url,
-                (limit_s, cap),
+                (limit_s, cap, upstream),
                 headers=headers,
                 params=params,
                 json=json,
                 content=content,
             )
+        except _StaleAdmission:
+            # Not sent: nothing to record; the run is deferred and admitted anew.
+            self._log.info("upstream.admission_stale", **call.fields())
+            raise UpstreamDeferred(upstream or "", STALE_WAIT_MS) from None
         except Exception as exc:  # every failure to get an answer is classified
             raise await self._failed(call, exc, limit_s) from None
         elapsed_ms = round((time.monotonic() - started) * 1000)
@@ -220,11 +253,13 @@ class UpstreamClient:
         )
 
     async def _send(
-        self, method: str, url: str, limits: tuple[float, int], **kwargs: Any
+        self, method: str, url: str, limits: tuple[float, int, str | None], **kwargs: Any
     ) -> UpstreamResponse:
-        timeout_s, max_body_bytes = limits
+        timeout_s, max_body_bytes, upstream = limits
         client = self._client()
         request = client.build_request(method, url, timeout=httpx.Timeout(timeout_s), **kwargs)
+        if upstream is not None and self._access is not None:
+            request.extensions["trace"] = _on_headers_out(self._access, upstream)
         async with asyncio.timeout(timeout_s):
             response = await client.send(request, stream=True)
             try:

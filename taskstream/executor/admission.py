@@ -16,7 +16,7 @@ gate's default `BreakerConfig`."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from taskstream.core.definitions import UpstreamCache
 from taskstream.core.logging import get_logger
@@ -88,24 +88,52 @@ class UpstreamGate:
         A refusal hands back the half-open probes this call took for the upstreams before the
         refusing one: no call goes out, and a kept probe would refuse everyone else until its
         `probe_timeout_ms` passed."""
+        admitted = await self.admit_run(upstreams)
+        return admitted if isinstance(admitted, int) else None
+
+    async def admit_run(self, upstreams: Sequence[str]) -> int | RunUpstreams:
+        """`admit`, answering the run's `UpstreamAccess` when admitted (its first call to each
+        upstream uses this admission, and moves its hit to when it is sent)."""
         probes: list[str] = []
+        hits: dict[str, str] = {}
         for name in upstreams:
-            wait_ms, probe = await self._admit(name)
+            wait_ms, probe, hit = await self._admit(name)
             if wait_ms is not None:
                 for taken in probes:
                     await self._breakers.record(taken, Outcome.IGNORE, self.config(taken))
                 return wait_ms
             if probe:
                 probes.append(name)
-        return None
+            if hit is not None:
+                hits[name] = hit
+        return RunUpstreams(self, upstreams, hits)
 
     async def admit_one(self, name: str) -> int | None:
-        """Admit one call to `name`: None when it may go now (a breaker probe or a window slot
-        is taken), else the wait (ms, >= 1) before asking again."""
-        return (await self._admit(name))[0]
+        """`admit_call`'s wait alone."""
+        return (await self.admit_call(name))[0]
 
-    async def _admit(self, name: str) -> tuple[int | None, bool]:
-        """`admit_one`'s answer, and whether a half-open probe was taken for the call."""
+    async def admit_call(self, name: str) -> tuple[int | None, str | None]:
+        """Admit one call to `name`: None when it may go now (a breaker probe or a window slot
+        is taken), else the wait (ms, >= 1) before asking again; and the call's hit in the
+        window, if the upstream has a limit."""
+        wait_ms, _, hit = await self._admit(name)
+        return wait_ms, hit
+
+    async def restamp(self, name: str, hit: str) -> bool:
+        """The call of `hit` is being sent: move the hit to now (see `window`). False when it
+        is stale and the call must not go out. When the limiter cannot be reached the call
+        goes as admitted (its hit counts from its admission, as before re-stamping)."""
+        limits = self._limits.get(name)
+        if limits is None:
+            return True
+        try:
+            return await self._limiter.restamp(name, hit, limits.window_ms)
+        except GuardUnavailable as exc:
+            self._log.warning("upstream.restamp_failed", upstream=name, error=str(exc)[:300])
+            return True
+
+    async def _admit(self, name: str) -> tuple[int | None, bool, str | None]:
+        """`admit_call`'s answer, with whether a half-open probe was taken for the call."""
         await self._reload()
         cfg = self.config(name)
         decision = await self._breakers.admit(name, cfg)
@@ -113,10 +141,10 @@ class UpstreamGate:
         if not decision.allowed:
             wait_ms = refused_wait_ms(decision, cfg)
             self._log.info("upstream.breaker_refused", upstream=name, retry_after_ms=wait_ms)
-            return wait_ms, False
+            return wait_ms, False, None
         limits = self._limits.get(name)
         if limits is None:
-            return None, decision.probe
+            return None, decision.probe, None
         admission = await self._limiter.acquire(name, *limits)
         if not admission.allowed:
             self._log.info(
@@ -124,8 +152,8 @@ class UpstreamGate:
             )
             if decision.probe:  # hand the half-open probe slot back: no call goes out
                 await self._breakers.record(name, Outcome.IGNORE, cfg)
-            return max(1, admission.retry_after_ms), False
-        return None, decision.probe
+            return max(1, admission.retry_after_ms), False, None
+        return None, decision.probe, admission.member
 
     async def record_call(self, name: str, outcome: Outcome) -> int | None:
         """Record one call's `outcome` in `name`'s breaker. A failure that leaves the breaker
@@ -154,8 +182,9 @@ class UpstreamGate:
 
     def bind(self, admitted: Sequence[str]) -> RunUpstreams:
         """The gate as one run's `UpstreamAccess`; `admitted` are the upstreams `admit` has
-        already let this run call once."""
-        return RunUpstreams(self, admitted)
+        already let this run call once (with no hit to move when those calls are sent: use
+        `admit_run` for that)."""
+        return RunUpstreams(self, admitted, {})
 
 
 class RunUpstreams:
@@ -168,23 +197,40 @@ class RunUpstreams:
     admitted call is recorded in its breaker once.
     """
 
-    def __init__(self, gate: UpstreamGate, admitted: Sequence[str]) -> None:
+    def __init__(
+        self, gate: UpstreamGate, admitted: Sequence[str], hits: Mapping[str, str]
+    ) -> None:
+        """`hits`: the window hits of the admissions in `admitted`, by upstream."""
         self._gate = gate
         self._spare = set(admitted)
         self._called: set[str] = set()
         self._open: dict[str, int] = {}  # admitted calls not reported yet, by upstream
+        self._unsent: dict[str, list[str]] = {name: [hit] for name, hit in hits.items()}
 
     async def acquire(self, name: str) -> int | None:
         """Admit one call to `name` (the run's spare admission first); None or a wait (ms)."""
         self._called.add(name)
+        hit: str | None = None
         if name in self._spare:
             self._spare.discard(name)
             wait_ms = None
         else:
-            wait_ms = await self._gate.admit_one(name)
+            wait_ms, hit = await self._gate.admit_call(name)
         if wait_ms is None:
             self._open[name] = self._open.get(name, 0) + 1
+            if hit is not None:
+                self._unsent.setdefault(name, []).append(hit)
         return wait_ms
+
+    async def sending(self, name: str) -> bool:
+        """An admitted call to `name` is being sent now: move one of its unsent hits to now.
+        Any one keeps the count sound (each call sent has a hit at its send time; a hit of a
+        call that never went out only counts longer); the newest is the least likely to be
+        stale. False when that hit is stale: the call must not go out."""
+        unsent = self._unsent.get(name)
+        if not unsent:
+            return True
+        return await self._gate.restamp(name, unsent.pop())
 
     async def record(self, name: str, outcome: Outcome) -> int | None:
         """Record one admitted call's outcome in `name`'s breaker; for a failure that leaves

@@ -139,7 +139,7 @@ async def _admission(
 ) -> RunUpstreams | RunEnd:
     """The gate bound for the run when it may call its upstreams now; else how it ends."""
     try:
-        wait_ms = await gate.admit(upstreams) if upstreams else None
+        admitted = await gate.admit_run(upstreams) if upstreams else gate.bind(())
     except UNAVAILABLE as exc:
         # Admission cannot be decided: wait, as for a refusal, without spending an attempt.
         log.warning("upstream.admission_unavailable", error=str(exc)[:300])
@@ -147,9 +147,9 @@ async def _admission(
     except Exception as exc:  # an unexpected error: a retriable failure, attempts bound it
         log.error("upstream.admission_failed", error_type=type(exc).__name__)
         return failed(exc)
-    if wait_ms is not None:
-        return deferred(wait_ms)
-    return gate.bind(upstreams)
+    if isinstance(admitted, int):
+        return deferred(admitted)
+    return admitted
 
 
 async def _call(run: Run, ctx: AgentContext, params: BaseModel, timeout_s: float) -> RunEnd:

@@ -75,6 +75,12 @@ class Limiter(Protocol):
         """
         ...
 
+    async def restamp(self, name: str, member: str, window_ms: int) -> bool:
+        """The call of hit `member` (from its `Admission`) is being sent now: move the hit to
+        now when it is still in the `window_ms` window ending now, and say True; else (gone,
+        or older: stale) leave it and say False, and the call must not be sent."""
+        ...
+
     async def usage(self, name: str, window_ms: int) -> Usage:
         """Count upstream `name`'s hits in the window ending now, recording nothing.
 

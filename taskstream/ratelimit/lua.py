@@ -6,7 +6,10 @@ still share one timeline; scripts are atomic, so concurrent callers never interl
 
 Limiter: KEYS[1] is a sorted set of hits, score = hit time (ms), member = `<ms>:<token>` where
 the token is unique per call, so two hits in the same millisecond are two members. ARGV is
-(limit, window_ms, burst, token). Reply: {allowed 0|1, retry_after_ms, in_window}.
+(limit, window_ms, burst, token). Reply: {allowed 0|1, retry_after_ms, in_window}, and the
+hit's member when allowed. `LIMITER_RESTAMP` moves one hit to now: ARGV is (window_ms,
+member); reply 1 when the hit was still in the window ending now (and is now at now), 0 when
+it was not (gone, or older than the window: stale, left as it is).
 `LIMITER_USAGE` reads the same key without writing: ARGV is (window_ms,); reply
 {used, in_horizon, now_ms}, the hits in the window and in twice the window ending now.
 
@@ -55,9 +58,25 @@ end
 if wait > 0 then
   return {0, wait, in_window}
 end
-redis.call('ZADD', KEYS[1], now, now .. ':' .. ARGV[4])
+local member = now .. ':' .. ARGV[4]
+redis.call('ZADD', KEYS[1], now, member)
 redis.call('PEXPIRE', KEYS[1], horizon)
-return {1, 0, in_window + 1}
+return {1, 0, in_window + 1, member}
+"""
+
+LIMITER_RESTAMP: Final = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local window = tonumber(ARGV[1])
+local score = redis.call('ZSCORE', KEYS[1], ARGV[2])
+if not score or tonumber(score) <= now - window then
+  return 0
+end
+if tonumber(score) < now then
+  redis.call('ZADD', KEYS[1], now, ARGV[2])
+  redis.call('PEXPIRE', KEYS[1], 2 * window)
+end
+return 1
 """
 
 LIMITER_USAGE: Final = """

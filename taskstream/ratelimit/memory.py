@@ -5,6 +5,7 @@ loop. State lives in this object only; nothing is shared across processes."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from taskstream.core.clock import Clock
 from taskstream.ratelimit import breaker, window
@@ -15,29 +16,44 @@ from taskstream.ratelimit.window import Admission
 
 
 class MemoryLimiter:
-    """`Limiter` over per-name hit lists (UTC epoch ms), trimmed to the horizon on each call."""
+    """`Limiter` over per-name hits (member -> UTC epoch ms), trimmed to the horizon on each
+    call."""
 
     def __init__(self, clock: Clock, metrics: GuardMetrics = METRICS) -> None:
         self._clock = clock
         self._metrics = metrics
-        self._hits: dict[str, list[int]] = {}
+        self._hits: dict[str, dict[str, int]] = {}
+        self._made = 0
 
     async def acquire(self, name: str, limit: int, window_ms: int, burst: int = 0) -> Admission:
         now_ms = self._clock.now_ms()
         oldest_kept = now_ms - window.horizon_ms(window_ms)
-        hits = [t for t in self._hits.get(name, ()) if t > oldest_kept]
-        answer = window.decide(now_ms, hits, limit, window_ms, burst)
+        hits = {m: t for m, t in self._hits.get(name, {}).items() if t > oldest_kept}
+        answer = window.decide(now_ms, sorted(hits.values()), limit, window_ms, burst)
         if answer.allowed:
-            hits.append(now_ms)
+            self._made += 1
+            member = f"{now_ms}:{self._made}"
+            hits[member] = now_ms
+            answer = replace(answer, member=member)
         else:
             self._metrics.limiter_refused(name)
         self._hits[name] = hits
         return answer
 
+    async def restamp(self, name: str, member: str, window_ms: int) -> bool:
+        check_window_ms(window_ms)
+        now_ms = self._clock.now_ms()
+        hits = self._hits.get(name, {})
+        at = hits.get(member)
+        if at is None or at <= now_ms - window_ms:
+            return False
+        hits[member] = max(at, now_ms)
+        return True
+
     async def usage(self, name: str, window_ms: int) -> Usage:
         check_window_ms(window_ms)
         now_ms = self._clock.now_ms()
-        hits = self._hits.get(name, ())
+        hits = list(self._hits.get(name, {}).values())
         return Usage(
             used=sum(1 for t in hits if t > now_ms - window_ms),
             in_horizon=sum(1 for t in hits if t > now_ms - window.horizon_ms(window_ms)),

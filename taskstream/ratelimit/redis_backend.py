@@ -89,18 +89,26 @@ class RedisLimiter:
         self._token = token
         self._metrics = metrics
         self._script = redis.register_script(lua.LIMITER)
+        self._restamp = redis.register_script(lua.LIMITER_RESTAMP)
         self._usage = redis.register_script(lua.LIMITER_USAGE)
 
     async def acquire(self, name: str, limit: int, window_ms: int, burst: int = 0) -> Admission:
         check_limits(limit, window_ms, burst)
         async with _guarded("limiter", name):
-            allowed, retry_after_ms, in_window = await self._script(
+            allowed, retry_after_ms, in_window, *member = await self._script(
                 keys=[self._keys.limiter(name)],
                 args=[limit, window_ms, burst, self._token()],
             )
         if not allowed:
             self._metrics.limiter_refused(name)
-        return Admission(bool(allowed), int(retry_after_ms), int(in_window))
+        hit = _text(member[0]) if member else None
+        return Admission(bool(allowed), int(retry_after_ms), int(in_window), hit)
+
+    async def restamp(self, name: str, member: str, window_ms: int) -> bool:
+        check_window_ms(window_ms)
+        async with _guarded("limiter", name):
+            moved = await self._restamp(keys=[self._keys.limiter(name)], args=[window_ms, member])
+        return bool(moved)
 
     async def usage(self, name: str, window_ms: int) -> Usage:
         check_window_ms(window_ms)

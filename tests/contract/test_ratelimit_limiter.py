@@ -39,7 +39,8 @@ async def test_admits_up_to_the_limit_then_asks_to_wait_about_a_window(rig: Rig)
 async def test_rejected_calls_are_not_counted(rig: Rig) -> None:
     await _calls(rig, 10, limit=2, window_ms=MINUTE_MS)
     again = await rig.limiter.acquire("api", 5, MINUTE_MS)
-    assert again == Admission(allowed=True, retry_after_ms=0, in_window=3)
+    assert again == Admission(allowed=True, retry_after_ms=0, in_window=3, member=again.member)
+    assert again.member is not None
 
 
 async def test_names_are_limited_separately(rig: Rig) -> None:
@@ -89,3 +90,34 @@ async def test_concurrent_callers_share_one_limit(rig: Rig) -> None:
 
     results = await asyncio.gather(*(caller() for _ in range(4)))
     assert sum(sum(r) for r in results) == 20
+
+
+async def test_a_restamped_hit_counts_from_when_its_call_was_sent(rig: Rig) -> None:
+    """Admitted at t0 and sent 30 ms later: the hit leaves the 50 ms window at t0 + 80 ms,
+    not t0 + 50 ms."""
+    admitted = await rig.limiter.acquire("api", 1, 50)
+    t0 = await rig.now_ms()
+    assert admitted.allowed and admitted.member is not None
+    await rig.wait_until_ms(t0 + 30)
+    assert await rig.limiter.restamp("api", admitted.member, 50)
+    sent = await rig.now_ms()
+
+    refused = await rig.limiter.acquire("api", 1, 50)
+    assert not refused.allowed and refused.member is None
+    await rig.wait_until_ms(t0 + 52)
+    still = await rig.limiter.acquire("api", 1, 50)
+    if await rig.now_ms() < sent + 50:  # a slow Redis reply may already be past it
+        assert not still.allowed
+    await rig.wait_until_ms(sent + 51)
+    assert (await rig.limiter.acquire("api", 1, 50)).allowed
+
+
+async def test_a_hit_out_of_its_window_is_stale_and_left_alone(rig: Rig) -> None:
+    admitted = await rig.limiter.acquire("api", 1, 50)
+    t0 = await rig.now_ms()
+    assert admitted.member is not None
+    await rig.wait_until_ms(t0 + 51)
+
+    assert not await rig.limiter.restamp("api", admitted.member, 50)
+    assert not await rig.limiter.restamp("api", "0:unknown", 50)
+    assert (await rig.limiter.acquire("api", 1, 50)).allowed  # the stale hit did not move

@@ -13,7 +13,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from taskstream.agents.errors import UpstreamDeferred, UpstreamRejected, UpstreamUnavailable
-from taskstream.agents.upstream import GUARD_DOWN_WAIT_MS, UpstreamClient
+from taskstream.agents.upstream import GUARD_DOWN_WAIT_MS, STALE_WAIT_MS, UpstreamClient
 from taskstream.core import streams
 from taskstream.core.protocol import Keys
 from taskstream.core.store.sql import SqlStore
@@ -299,6 +299,9 @@ class DownGuard:
     async def record(self, name: str, outcome: Outcome) -> None:
         raise GuardUnavailable("redis down")
 
+    async def sending(self, name: str) -> bool:
+        return True
+
 
 async def test_an_unreachable_guard_defers_the_call() -> None:
     client = UpstreamClient(DownGuard(admits=False))
@@ -317,3 +320,55 @@ async def test_a_lost_breaker_record_keeps_the_calls_result() -> None:
         with pytest.raises(UpstreamRejected):
             await client.get(server.url("/missing"), upstream="api", headers={"x": "\n"})
         await client.aclose()
+
+
+async def _only_hit(redis: streams.Redis, keys: Keys) -> tuple[str, int]:
+    found: list[Any] = await redis.zrange(keys.limiter("api"), 0, -1, withscores=True)
+    [(member, score)] = found
+    return streams.as_text(member), int(score)
+
+
+async def _redis_now_ms(redis: streams.Redis) -> int:
+    seconds, micros = await redis.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+async def test_a_runs_admission_counts_from_when_its_first_call_is_sent(
+    limits: SqlStore, redis: streams.Redis, keys: Keys
+) -> None:
+    """The run is admitted before its agent starts; an agent that works 20 s before its
+    first call would otherwise have that call counted 20 s before it reached the upstream."""
+    access = await make_gate(limits, redis, keys).admit_run(["api"])
+    assert not isinstance(access, int)
+    member, admitted_at = await _only_hit(redis, keys)
+    await redis.zadd(keys.limiter("api"), {member: admitted_at - 20_000})  # the agent's 20 s
+    before = await _redis_now_ms(redis)
+    client = UpstreamClient(access)
+    async with Loopback(Reply(200)) as server:
+        await client.get(server.url(), upstream="api")
+    await client.aclose()
+
+    assert len(server.seen) == 1
+    assert (await _only_hit(redis, keys))[0] == member
+    assert (await _only_hit(redis, keys))[1] >= before
+
+
+async def test_a_call_whose_admission_went_stale_is_not_sent(
+    limits: SqlStore, redis: streams.Redis, keys: Keys
+) -> None:
+    """Sent more than a window (61.2 s, guard included) after its admission, the call could
+    meet a full window at the upstream: its slot may have been given again. It is deferred."""
+    access = await make_gate(limits, redis, keys).admit_run(["api"])
+    assert not isinstance(access, int)
+    member, admitted_at = await _only_hit(redis, keys)
+    stale_at = admitted_at - 62_000
+    await redis.zadd(keys.limiter("api"), {member: stale_at})
+    client = UpstreamClient(access)
+    async with Loopback(Reply(200)) as server:
+        with pytest.raises(UpstreamDeferred) as deferred:
+            await client.get(server.url(), upstream="api")
+    await client.aclose()
+
+    assert deferred.value.retry_after_ms == STALE_WAIT_MS
+    assert server.seen == []
+    assert await _only_hit(redis, keys) == (member, stale_at)
