@@ -303,14 +303,19 @@ class DownGuard:
         return True
 
 
-async def test_an_unreachable_guard_defers_the_call() -> None:
-    client = UpstreamClient(DownGuard(admits=False))
+async def _deferred_unsent(client: UpstreamClient) -> int:
+    """The wait (ms) of the `UpstreamDeferred` one call raises; fails if it reached the
+    server."""
     async with Loopback(Reply(200)) as server:
-        with pytest.raises(UpstreamDeferred) as refused:
+        with pytest.raises(UpstreamDeferred) as deferred:
             await client.get(server.url(), upstream="api")
         await client.aclose()
-    assert refused.value.retry_after_ms == GUARD_DOWN_WAIT_MS
     assert server.seen == []
+    return deferred.value.retry_after_ms
+
+
+async def test_an_unreachable_guard_defers_the_call() -> None:
+    assert await _deferred_unsent(UpstreamClient(DownGuard(admits=False))) == GUARD_DOWN_WAIT_MS
 
 
 async def test_a_lost_breaker_record_keeps_the_calls_result() -> None:
@@ -363,12 +368,6 @@ async def test_a_call_whose_admission_went_stale_is_not_sent(
     member, admitted_at = await _only_hit(redis, keys)
     stale_at = admitted_at - 62_000
     await redis.zadd(keys.limiter("api"), {member: stale_at})
-    client = UpstreamClient(access)
-    async with Loopback(Reply(200)) as server:
-        with pytest.raises(UpstreamDeferred) as deferred:
-            await client.get(server.url(), upstream="api")
-    await client.aclose()
 
-    assert deferred.value.retry_after_ms == STALE_WAIT_MS
-    assert server.seen == []
+    assert await _deferred_unsent(UpstreamClient(access)) == STALE_WAIT_MS
     assert await _only_hit(redis, keys) == (member, stale_at)
