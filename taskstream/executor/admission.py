@@ -83,17 +83,12 @@ class UpstreamGate:
         """The breaker settings `name` is admitted and recorded with (as last loaded)."""
         return self._configs.get(name, self._default)
 
-    async def admit(self, upstreams: Sequence[str]) -> int | None:
-        """None when the run may call every upstream now; else the wait (ms) before retrying.
-        A refusal hands back the half-open probes this call took for the upstreams before the
-        refusing one: no call goes out, and a kept probe would refuse everyone else until its
-        `probe_timeout_ms` passed."""
-        admitted = await self.admit_run(upstreams)
-        return admitted if isinstance(admitted, int) else None
-
     async def admit_run(self, upstreams: Sequence[str]) -> int | RunUpstreams:
-        """`admit`, answering the run's `UpstreamAccess` when admitted (its first call to each
-        upstream uses this admission, and moves its hit to when it is sent)."""
+        """The run's `UpstreamAccess` when it may call every upstream now (its first call to
+        each uses this admission, and moves its hit to when it is sent); else the wait (ms)
+        before retrying. A refusal hands back the half-open probes this call took for the
+        upstreams before the refusing one: no call goes out, and a kept probe would refuse
+        everyone else until its `probe_timeout_ms` passed."""
         probes: list[str] = []
         hits: dict[str, str] = {}
         for name in upstreams:
@@ -107,10 +102,6 @@ class UpstreamGate:
             if hit is not None:
                 hits[name] = hit
         return RunUpstreams(self, upstreams, hits)
-
-    async def admit_one(self, name: str) -> int | None:
-        """`admit_call`'s wait alone."""
-        return (await self.admit_call(name))[0]
 
     async def admit_call(self, name: str) -> tuple[int | None, str | None]:
         """Admit one call to `name`: None when it may go now (a breaker probe or a window slot
@@ -181,9 +172,10 @@ class UpstreamGate:
             self._log.warning("upstream.breaker", upstream=name, transition=transition)
 
     def bind(self, admitted: Sequence[str]) -> RunUpstreams:
-        """The gate as one run's `UpstreamAccess`; `admitted` are the upstreams `admit` has
-        already let this run call once (with no hit to move when those calls are sent: use
-        `admit_run` for that)."""
+        """The gate as one run's `UpstreamAccess`; `admitted` are the upstreams `admit_run` has
+        already let this run call once, with no hit to move when those calls are sent (a run
+        with no upstreams, or callers that admit calls one by one); `admit_run` binds a run's
+        own admission."""
         return RunUpstreams(self, admitted, {})
 
 

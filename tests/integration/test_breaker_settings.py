@@ -59,7 +59,7 @@ def gate(h: Harness) -> UpstreamGate:
 
 
 async def fail_once(g: UpstreamGate, name: str) -> int | None:
-    assert await g.admit_one(name) is None
+    assert (await g.admit_call(name))[0] is None
     return await g.record_call(name, Outcome.FAILURE)
 
 
@@ -72,7 +72,7 @@ async def test_the_gate_opens_after_the_configured_failures_for_the_configured_c
     assert (await breakers.state("llm")).status is BreakerStatus.CLOSED
     assert await fail_once(g, "llm") == COOLDOWN_MS  # opened by the 2nd failure: all of it left
     assert (await breakers.state("llm")).status is BreakerStatus.OPEN
-    wait_ms = await g.admit_one("llm")
+    wait_ms = (await g.admit_call("llm"))[0]
     assert wait_ms is not None and COOLDOWN_MS - SLACK_MS < wait_ms <= COOLDOWN_MS
     # An upstream stored without settings keeps the defaults: 2 failures leave it closed.
     for _ in range(2):

@@ -136,7 +136,7 @@ async def test_a_half_open_probe_refused_by_the_limiter_is_handed_back(
     opened = await breaker(redis, keys)
     assert opened.status is BreakerStatus.OPEN
     await RedisRig(redis, keys).wait_until_ms(opened.since_ms + 1)
-    assert await gate.admit_one("api") is not None  # the breaker lets a probe by; the window not
+    assert (await gate.admit_call("api"))[0] is not None  # a probe goes by; the window is full
     state = await breaker(redis, keys)
     assert (state.status, state.probes_admitted) == (BreakerStatus.HALF_OPEN, 0)
 
@@ -157,11 +157,11 @@ async def test_a_probe_taken_for_one_upstream_is_handed_back_when_the_next_refus
     opened = await breaker(redis, keys)
     assert opened.status is BreakerStatus.OPEN
     await RedisRig(redis, keys).wait_until_ms(opened.since_ms + 1)
-    assert await gate.admit_one("full") is None  # takes `full`'s only slot
-    assert await gate.admit(["api", "full"]) is not None
+    assert (await gate.admit_call("full"))[0] is None  # takes `full`'s only slot
+    assert isinstance(await gate.admit_run(["api", "full"]), int)
     state = await breaker(redis, keys)
     assert (state.status, state.probes_admitted) == (BreakerStatus.HALF_OPEN, 0)
-    assert await gate.admit_one("api") is None  # the probe is there to take
+    assert (await gate.admit_call("api"))[0] is None  # the probe is there to take
 
 
 async def test_check_false_returns_error_responses_but_still_records_them(
@@ -220,8 +220,8 @@ async def test_the_first_call_uses_the_runs_admission_and_later_ones_acquire(
     limits: SqlStore, redis: streams.Redis, keys: Keys
 ) -> None:
     gate = make_gate(limits, redis, keys)
-    assert await gate.admit(["api"]) is None  # the run-level admission: 1 of 2 slots
-    access = gate.bind(["api"])
+    access = await gate.admit_run(["api"])  # the run-level admission: 1 of 2 slots
+    assert not isinstance(access, int)
     client = UpstreamClient(access)
     async with Loopback(Reply(200)) as server:
         await client.get(server.url(), upstream="api")
@@ -239,8 +239,8 @@ async def test_settle_records_unused_upstreams_and_interrupted_calls(
     limits: SqlStore, redis: streams.Redis, keys: Keys
 ) -> None:
     gate = make_gate(limits, redis, keys)
-    assert await gate.admit(["api", "other"]) is None
-    access = gate.bind(["api", "other"])
+    access = await gate.admit_run(["api", "other"])
+    assert not isinstance(access, int)
     client = UpstreamClient(access)
     async with Loopback(Reply(200, hold=asyncio.Event())) as server:
         call = asyncio.create_task(client.get(server.url(), upstream="api"))
