@@ -33,6 +33,8 @@ CLOSES = (
     "tasks:\n  - {id: closes, agent: echo, schedule: {every: 1m}, window: 30s,"
     " catchup: {enabled: false}}\n"
 )
+TOKEN_READ = "SELECT task_definitions.task_id, task_definitions.cursor_token %"
+"""How a fenced write's locked read of its tasks' leader tokens starts (processlist)."""
 LATE = "tasks:\n  - {id: late, agent: echo, schedule: {every: 1m}}\n"
 
 
@@ -132,7 +134,7 @@ async def test_an_old_leaders_record_waits_for_a_takeover_in_progress_and_is_ref
     async with h.store.engine.connect() as conn:
         await conn.execute(text("UPDATE task_definitions SET cursor_token = 6"))  # uncommitted
         record = asyncio.create_task(h.store.record_decision(_row(M0), token=5))
-        await until(lambda: waiting(conn, "SELECT task_definitions.cursor_token%"))
+        await until(lambda: waiting(conn, TOKEN_READ))
         await conn.commit()
 
     assert await record is False
@@ -192,7 +194,7 @@ async def test_an_old_leaders_instance_waits_for_a_takeover_in_progress_and_is_n
     async with h.store.engine.connect() as conn:
         await conn.execute(text("UPDATE task_definitions SET cursor_token = 6"))  # uncommitted
         creating = asyncio.create_task(h.store.create_instances([new], tokens=[5]))
-        await until(lambda: waiting(conn, "SELECT task_definitions.task_id%"))
+        await until(lambda: waiting(conn, TOKEN_READ))
         await conn.commit()
 
     [result] = await creating

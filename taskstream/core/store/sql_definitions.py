@@ -7,12 +7,17 @@ insert, edit and pause even when two changes fall in the same millisecond.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from sqlalchemy import ColumnElement, case, func, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from taskstream.core.store import sql_codec as codec
+from taskstream.core.store import sql_queries as q
+from taskstream.core.store import sql_templates as templates
 from taskstream.core.store.dbclock import db_now_ms
 from taskstream.core.store.port import DecisionRow, DefinitionRecord
+from taskstream.core.store.sql_prepared import CoreRunner, Runner
 from taskstream.core.store.tables import task_definitions as defs
 from taskstream.core.store.tables import trigger_decisions as decs
 
@@ -142,16 +147,27 @@ async def claim_cursors(conn: AsyncConnection, token: int) -> int:
     return int((await conn.execute(stmt)).rowcount)
 
 
+async def newer_held(run: Runner, writes: Sequence[tuple[str, int]]) -> set[tuple[str, int]]:
+    """Of the (task id, leader token) pairs a writer is about to write under, those whose task
+    holds a newer token: a newer scheduler leads them, so the write is refused (a task with no
+    token, or not defined, fences nothing). The tokens are read under a shared lock held until
+    commit (`sql_templates.leader_tokens`), so a takeover in progress commits first and one
+    that comes later waits for this transaction."""
+    held: dict[str, int] = {}
+    for part in q.chunks(sorted({task_id for task_id, _ in writes})):
+        for m in await run.rows(*templates.bind_leader_tokens(part)):
+            if m["cursor_token"] is not None:
+                held[str(m["task_id"])] = int(m["cursor_token"])
+    return {(task_id, token) for task_id, token in writes if held.get(task_id, token) > token}
+
+
 async def record_decision(conn: AsyncConnection, row: DecisionRow, token: int | None) -> bool:
     """Append to the explain log; `decided_at_ms <= 0` means "now" on the database clock.
     With a `token` (the writer's leader-lease token) nothing is written, and False returned,
-    when the task's cursor holds a newer token. The token is read under a shared lock until
-    commit, so a new leader's `claim_cursors` waits for this record and then reads it back."""
-    if token is not None:
-        held_by = select(defs.c.cursor_token).where(defs.c.task_id == row.task_id)
-        held = (await conn.execute(held_by.with_for_update(read=True))).scalar_one_or_none()
-        if held is not None and held > token:
-            return False
+    when the task holds a newer token (`newer_held`), so a new leader's `claim_cursors` waits
+    for this record and then reads it back."""
+    if token is not None and await newer_held(CoreRunner(conn), [(row.task_id, token)]):
+        return False
     decided_at = row.decided_at_ms if row.decided_at_ms > 0 else db_now_ms()
     await conn.execute(
         insert(decs).values(

@@ -24,6 +24,7 @@ from taskstream.core.store import sql_instances as rows
 from taskstream.core.store import sql_queries as q
 from taskstream.core.store import sql_templates as templates
 from taskstream.core.store.port import CasResult, CreateResult, DispatchRequest, NewInstance
+from taskstream.core.store.sql_definitions import newer_held
 from taskstream.core.store.sql_engine import ConstraintViolation
 from taskstream.core.store.sql_prepared import CoreRunner, Runner
 
@@ -137,20 +138,15 @@ async def _fenced(
     run: Runner, news: Sequence[NewInstance], tokens: Sequence[int | None]
 ) -> set[int]:
     """Positions in `news` whose creator's leader token (`tokens`, None: no leader) is older
-    than the token its task holds: a newer scheduler leads, so they are not created. The
-    tokens are read under a shared lock (`sql_templates.leader_tokens`)."""
-    fenced_tasks = sorted({n.task_id for n, t in zip(news, tokens, strict=True) if t is not None})
-    if not fenced_tasks:
+    than the token its task holds (`sql_definitions.newer_held`): not to be created."""
+    writes = [(n.task_id, t) for n, t in zip(news, tokens, strict=True) if t is not None]
+    if not writes:
         return set()
-    held: dict[str, int] = {}
-    for part in q.chunks(fenced_tasks):
-        for m in await run.rows(*templates.bind_leader_tokens(part)):
-            if m["cursor_token"] is not None:
-                held[str(m["task_id"])] = int(m["cursor_token"])
+    newer = await newer_held(run, writes)
     return {
         i
         for i, (n, t) in enumerate(zip(news, tokens, strict=True))
-        if t is not None and held.get(n.task_id, t) > t
+        if t is not None and (n.task_id, t) in newer
     }
 
 
