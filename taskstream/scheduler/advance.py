@@ -175,7 +175,7 @@ class Advancer:
         if cursor == state.cursor:
             return
         if not await self._store.set_cursor(spec.id, cursor, token=token):
-            raise Fenced(f"cursor of {spec.id} was written under a newer leader token")
+            raise Fenced.refused("cursor", spec.id)
         state.cursor = cursor
         state.decided = {f for f in state.decided if f > cursor}
         state.emitted = {f: done for f, done in state.emitted.items() if f > cursor}
@@ -300,7 +300,7 @@ class Advancer:
             now_ms,
         )
         if not await record_decision(self._store, row, self._log, token=self._token):
-            raise Fenced(f"decisions of {spec.id} are recorded under a newer leader token")
+            raise Fenced.refused("decision", spec.id)
 
 
 def _why(decision: Decision) -> tuple[str, tuple[str, ...]]:

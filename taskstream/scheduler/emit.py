@@ -44,7 +44,7 @@ async def emit_tick(
     `Fenced`, with nothing created, when a leader newer than `token` has taken the task."""
     emitted = await outbox.emit(new_instance(spec, fire_ms), now_ms=now_ms, token=token)
     if emitted.outcome == "fenced":
-        raise Fenced(f"instances of {spec.id} are created under a newer leader token")
+        raise Fenced.refused("instance", spec.id)
     if emitted.outcome == "duplicate":
         details = {**decision.details, "existing_status": str(emitted.status)}
         if await _unrecorded(store, spec.id, fire_ms, emitted.instance_id):
@@ -106,7 +106,7 @@ async def record_missed(
     new = missed_instance(spec, fire_ms)
     created = await store.create_instance(new, skipped=MISSED, token=token)
     if created.fenced:
-        raise Fenced(f"instances of {spec.id} are created under a newer leader token")
+        raise Fenced.refused("instance", spec.id)
     if not created.created:
         await store.transition(created.instance_id, Status.PENDING, Status.SKIPPED, reason=MISSED)
     return created.instance_id

@@ -48,6 +48,12 @@ return 0
 class Fenced(TaskstreamError):
     """Another scheduler holds the lease now: this one must stop deciding."""
 
+    @classmethod
+    def refused(cls, what: str, task_id: str) -> Fenced:
+        """The error for a write (`what`: "cursor", "decision", "instance") of task `task_id`
+        that the store refused because a newer leader token holds the task."""
+        return cls(f"{what} of {task_id} refused: a newer leader token holds the task")
+
 
 class LeaderLease:
     """Acquire-or-renew and release of the scheduler lease for one owner."""
