@@ -7,9 +7,9 @@ still share one timeline; scripts are atomic, so concurrent callers never interl
 Limiter: KEYS[1] is a sorted set of hits, score = hit time (ms), member = `<ms>:<token>` where
 the token is unique per call, so two hits in the same millisecond are two members. ARGV is
 (limit, window_ms, burst, token). Reply: {allowed 0|1, retry_after_ms, in_window}, and the
-hit's member when allowed. `LIMITER_RESTAMP` moves one hit to now: ARGV is (window_ms,
-member); reply 1 when the hit was still in the window ending now (and is now at now), 0 when
-it was not (gone, or older than the window: stale, left as it is).
+hit's member when allowed. `LIMITER_RESTAMP` moves one hit to now (`window.restamped`):
+ARGV is (window_ms, member); reply 1 when the hit was still in the window ending now (and
+is now at now), 0 when it was not (gone, or older than the window: stale, left as it is).
 `LIMITER_USAGE` reads the same key without writing: ARGV is (window_ms,); reply
 {used, in_horizon, now_ms}, the hits in the window and in twice the window ending now.
 

@@ -42,12 +42,12 @@ class MemoryLimiter:
 
     async def restamp(self, name: str, member: str, window_ms: int) -> bool:
         check_window_ms(window_ms)
-        now_ms = self._clock.now_ms()
         hits = self._hits.get(name, {})
         at = hits.get(member)
-        if at is None or at <= now_ms - window_ms:
+        moved = None if at is None else window.restamped(at, self._clock.now_ms(), window_ms)
+        if moved is None:
             return False
-        hits[member] = max(at, now_ms)
+        hits[member] = moved
         return True
 
     async def usage(self, name: str, window_ms: int) -> Usage:

@@ -102,6 +102,15 @@ def limits_from_spec(spec: UpstreamLimit) -> Limits | None:
     return check_limits(spec.limit, window_ms, spec.burst or 0)
 
 
+def restamped(at_ms: int, now_ms: int, window_ms: int) -> int | None:
+    """Where a hit recorded at `at_ms` goes when its call is sent at `now_ms` (see
+    "Re-stamping" in the module doc): to `now_ms` (never earlier than it is) while it is in
+    the `window_ms` window ending now; None when it is stale and the call must not be sent."""
+    if at_ms <= now_ms - window_ms:
+        return None
+    return max(at_ms, now_ms)
+
+
 def guard_ms(window_ms: int) -> int:
     """The guard band (ms) of a `window_ms` window: `GUARD_PERCENT` of it rounded up, >= 1."""
     return max(1, -(-window_ms * GUARD_PERCENT // 100))

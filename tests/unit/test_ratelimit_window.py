@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from taskstream.core.errors import ConfigError
 from taskstream.core.spec_parts import UpstreamLimit
-from taskstream.ratelimit.window import Admission, Limits, decide, limits_from_spec
+from taskstream.ratelimit.window import Admission, Limits, decide, limits_from_spec, restamped
 
 
 def _yes(in_window: int) -> Admission:
@@ -131,3 +131,20 @@ def test_without_burst_it_is_a_plain_sliding_log(
         assert answer.allowed == (in_window < limit)
         if answer.allowed:
             hits.append(now)
+
+
+@pytest.mark.parametrize(
+    ("at_ms", "now_ms", "moved"),
+    [
+        (1_000, 1_000, 1_000),  # sent as admitted
+        (1_000, 1_030, 1_030),  # sent 30 ms later: counted from then
+        (1_000, 1_049, 1_049),  # the last moment in the 50 ms window
+        (1_000, 1_050, None),  # out of the window: stale
+        (1_000, 9_000, None),
+        (1_040, 1_030, 1_040),  # recorded later than "now": never moved earlier
+    ],
+)
+def test_restamped_moves_a_hit_to_its_send_time_while_in_the_window(
+    at_ms: int, now_ms: int, moved: int | None
+) -> None:
+    assert restamped(at_ms, now_ms, 50) == moved
