@@ -180,7 +180,8 @@ class UpstreamClient:
             response = await self._send(
                 method,
                 url,
-                (limit_s, cap, upstream),
+                upstream,
+                (limit_s, cap),
                 headers=headers,
                 params=params,
                 json=json,
@@ -253,9 +254,16 @@ class UpstreamClient:
         )
 
     async def _send(
-        self, method: str, url: str, limits: tuple[float, int, str | None], **kwargs: Any
+        self,
+        method: str,
+        url: str,
+        upstream: str | None,
+        limits: tuple[float, int],
+        **kwargs: Any,
     ) -> UpstreamResponse:
-        timeout_s, max_body_bytes, upstream = limits
+        """Send the request; with an `upstream`, tell the run's access when its headers go
+        out (`_on_headers_out`). `limits`: (total timeout in s, body bytes read)."""
+        timeout_s, max_body_bytes = limits
         client = self._client()
         request = client.build_request(method, url, timeout=httpx.Timeout(timeout_s), **kwargs)
         if upstream is not None and self._access is not None:
