@@ -142,12 +142,20 @@ def _plan_row(line: manual.PreviewLine) -> dict[str, Any]:
         shown = seen.get("maintenance") or seen.get("excluded_date") or seen["weekday"]
         row["excluded"], row["note"] = asdict(block), f"excluded: {block.rule} ({shown})"
     elif held is not None:
-        past = line.held_past_window
-        row["deferred"] = {**asdict(held), "past_window": past}
-        until = str(held.details.get("until_local", "never"))
-        when = until[11:16] if until[:10] == fire.local[:10] else until[:16]
-        row["note"] = f"deferred to {when}" + ("; after the window: skip_window" if past else "")
+        row["deferred"] = {**asdict(held), "past_window": line.held_past_window}
+        row["note"] = _held_note(held.details, fire.local, line.held_past_window)
     return row
+
+
+def _held_note(seen: dict[str, Any], fire_local: str, past: bool) -> str:
+    """`deferred to 10:00`, with the maintenance window that holds the start and what a hold
+    that ends too late turns into."""
+    until = str(seen.get("until_local", "never"))
+    when = until[11:16] if until[:10] == fire_local[:10] else until[:16]
+    if "maintenance" not in seen:
+        return f"deferred to {when}" + ("; after the window: skip_window" if past else "")
+    note = f"deferred to {when}, end of maintenance {seen['maintenance']}"
+    return note + ("; past catchup.max_delay: skip_calendar" if past else "")
 
 
 def _payload(text: str | None, limit_bytes: int) -> dict[str, Any] | None:

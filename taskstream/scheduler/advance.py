@@ -29,7 +29,13 @@ from taskstream.scheduler.catchup import (
     catchup_horizon_ms,
     plan_catchup,
 )
-from taskstream.scheduler.decide import MISSED, SKIP_WINDOW, Decision, decide_tick
+from taskstream.scheduler.decide import (
+    MISSED,
+    SKIP_WINDOW,
+    Decision,
+    decide_tick,
+    waits_for_maintenance,
+)
 from taskstream.scheduler.emit import (
     created_earlier,
     emit_tick,
@@ -95,9 +101,7 @@ class Advancer:
         held = await self._held_by(spec, now_ms) if due else {}
         window_ms = round(spec.window * 1000)
         closed = [
-            f
-            for f in due
-            if f + window_ms < now_ms and (f not in state.waiting or is_held(state.waiting[f]))
+            f for f in due if f + window_ms < now_ms and _late_when_closed(state.waiting.get(f))
         ]
         if closed:
             more = len(fires) == limit
@@ -143,7 +147,11 @@ class Advancer:
     ) -> None:
         """Ticks whose window closed before anyone decided them, or while an open breaker held
         them back, follow the catch-up policy (`plan_catchup` says what the arguments mean)."""
-        plan = plan_catchup(closed, now_ms, spec, newer_on_time=newer_on_time, later_ms=later_ms)
+        waits = {f: d for f, d in state.waiting.items() if waits_for_maintenance(d)}
+        starts = {f: d.until_ms for f, d in waits.items() if d.until_ms is not None}
+        plan = plan_catchup(
+            closed, now_ms, spec, newer_on_time=newer_on_time, later_ms=later_ms, starts_held=starts
+        )
         idle = [f for f, planned in plan.entries if not planned.runs and f not in state.emitted]
         own = await own_unrecorded(self._store, spec, idle)
         for fire, planned in plan.entries:
@@ -152,8 +160,9 @@ class Advancer:
                 await self._done(spec, fire, created_earlier(fire), own[fire], now_ms, state)
                 continue
             if planned.runs:
+                ready, previous = plan.require_ready, waits.get(fire)
                 decision = await self._decide(
-                    spec, fire, now_ms, held, catchup=True, ready=plan.require_ready
+                    spec, fire, now_ms, held, catchup=True, ready=ready, previous=previous
                 )
             await self._apply(spec, fire, decision, now_ms, state)
 
@@ -301,6 +310,13 @@ class Advancer:
         )
         if not await record_decision(self._store, row, self._log, token=self._token):
             raise Fenced.refused("decision", spec.id)
+
+
+def _late_when_closed(waiting: Decision | None) -> bool:
+    """Whether a tick whose window has closed goes to catch-up: one nobody decided yet, or one
+    that waited for an open breaker or a maintenance window (not for its dependencies, nor for
+    `not_before`, which decide it themselves)."""
+    return waiting is None or is_held(waiting) or waits_for_maintenance(waiting)
 
 
 def _why(decision: Decision) -> tuple[str, tuple[str, ...]]:

@@ -43,7 +43,8 @@ class CalendarBlock:
 
 @dataclass(frozen=True, slots=True)
 class Deferral:
-    """A start held back by `not_before` / `off_peak`.
+    """A start held back by `not_before` / `off_peak`, or by a maintenance window
+    (`maintenance.maintenance_wait`).
 
     `until_ms` is the earliest allowed start (UTC epoch ms, always later than the instant
     asked about), or None when no local time of day satisfies both rules together.
@@ -65,11 +66,16 @@ def local_iso(epoch_ms: int, zone: ZoneInfo) -> str:
 
 
 def calendar_block(
-    rules: TaskSpec | Calendar, at_ms: int, timezone: str | None = None
+    rules: TaskSpec | Calendar,
+    at_ms: int,
+    timezone: str | None = None,
+    *,
+    maintenance: bool = True,
 ) -> CalendarBlock | None:
     """The first calendar rule that forbids a start at `at_ms`, or None when it is allowed.
 
-    Checked in order: weekend, excluded date, maintenance windows (in their listed order).
+    Checked in order: weekend, excluded date, maintenance windows (in their listed order; left
+    out with `maintenance=False`, for a task whose runs wait for a window's end instead).
     With a `TaskSpec` its calendar and timezone are used; with a bare `Calendar`, `timezone`
     names the zone (None is UTC). ValueError when both a spec and a timezone are given.
     """
@@ -95,12 +101,21 @@ def calendar_block(
         return CalendarBlock(
             "exclude_date", f"{day} is an excluded date", {**seen, "excluded_date": day}
         )
+    inside = maintenance_at(calendar, local) if maintenance else None
+    if inside is not None:
+        window, started_on = inside
+        shown = window_text(window)
+        found = {**seen, "maintenance": shown, "window_started": started_on.isoformat()}
+        return CalendarBlock("maintenance", f"inside maintenance window {shown}", found)
+    return None
+
+
+def maintenance_at(calendar: Calendar, local: datetime) -> tuple[MaintenanceWindow, date] | None:
+    """The first listed window whose occurrence contains `local`, with the date it started."""
     for window in calendar.maintenance:
         started_on = maintenance_day(window, local)
         if started_on is not None:
-            shown = _window_text(window)
-            found = {**seen, "maintenance": shown, "window_started": started_on.isoformat()}
-            return CalendarBlock("maintenance", f"inside maintenance window {shown}", found)
+            return window, started_on
     return None
 
 
@@ -121,7 +136,7 @@ def maintenance_day(window: MaintenanceWindow, local: datetime) -> date | None:
     return started if WEEKDAYS[started.weekday()] in window.days else None
 
 
-def _window_text(window: MaintenanceWindow) -> str:
+def window_text(window: MaintenanceWindow) -> str:
     days = "" if window.days is None else " on " + ",".join(window.days)
     return f"{window.start:%H:%M}-{window.end:%H:%M}{days}"
 

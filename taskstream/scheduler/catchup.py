@@ -7,7 +7,9 @@ Each missed fire time gets one decision, checked in this order:
 2. older than `catchup.max_delay` (`now - fire > max_delay`) -> `missed`; the caller records
    it as a SKIPPED instance with reason `missed`.
 3. the calendar forbids its fire time -> `skip_calendar` (so `latest` picks the newest tick
-   that may run at all, not one the calendar would then drop).
+   that may run at all, not one the calendar would then drop). A maintenance window does not
+   forbid it: with catch-up enabled a run waits for the window's end (`decide_tick` holds
+   the start), so only weekends and excluded dates count here.
 4. selection among the rest: `mode: latest` runs only the newest (with its own scheduled_for
    and business date) and marks the older ones `coalesced`; `mode: all` runs each, but at most
    `max_burst` of them: the newest `max_burst` run, the older excess is `coalesced`.
@@ -26,13 +28,21 @@ range instead. All instants are UTC epoch milliseconds.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Final
 
 from taskstream.core.spec import TaskSpec
 from taskstream.scheduler.calendar import calendar_block
-from taskstream.scheduler.decide import COALESCED, MISSED, SHOULD_RUN, SKIP_CALENDAR, Decision
+from taskstream.scheduler.decide import (
+    COALESCED,
+    MISSED,
+    SHOULD_RUN,
+    SKIP_CALENDAR,
+    START_GRACE_MS,
+    Decision,
+)
 from taskstream.scheduler.ticks import Trigger, fire_times
 
 DEFAULT_MAX_BURST: Final = 100
@@ -113,6 +123,7 @@ def plan_catchup(
     max_burst: int = DEFAULT_MAX_BURST,
     newer_on_time: bool = False,
     later_ms: Sequence[int] = (),
+    starts_held: Mapping[int, int] = MappingProxyType({}),
 ) -> CatchupPlan:
     """Decide every fire time in `missed_ms` (strictly ascending, each with its trigger window
     closed at `now_ms`) per `spec.catchup`; see the module docstring for the order. With
@@ -124,12 +135,17 @@ def plan_catchup(
     counts them: `latest` runs only the newest of the whole backlog, `all` its newest
     `max_burst`, however many chunks it takes.
 
+    `starts_held`: fire time -> the instant (ms) a maintenance window held its start until.
+    Such a tick decided up to `START_GRACE_MS` after that instant is not `missed` for it, when
+    the instant itself was within `max_delay` (the scheduler wakes a little after it).
+
     ValueError when `max_burst < 1`, the times are not ascending, or one is still on time.
     """
     _check_missed(missed_ms, now_ms, _ms(spec.window), max_burst)
-    gates = [_gate(fire_ms, now_ms, spec) for fire_ms in missed_ms]
+    gates = [_gate(fire_ms, now_ms, spec, starts_held.get(fire_ms)) for fire_ms in missed_ms]
     eligible = [i for i, gate in enumerate(gates) if gate is None]
-    later = [f for f in later_ms if _gate(f, now_ms, spec) is None][-max_burst:]
+    later = [f for f in later_ms if _gate(f, now_ms, spec, starts_held.get(f)) is None]
+    later = later[-max_burst:]
     latest = spec.catchup.mode == "latest"
     keep = (0 if newer_on_time or later else 1) if latest else max_burst - len(later)
     running = eligible[-keep:] if keep else []
@@ -190,15 +206,17 @@ def _seen(fire_ms: int, now_ms: int, spec: TaskSpec) -> dict[str, Any]:
     }
 
 
-def _gate(fire_ms: int, now_ms: int, spec: TaskSpec) -> Decision | None:
+def _gate(fire_ms: int, now_ms: int, spec: TaskSpec, held_ms: int | None) -> Decision | None:
     """`missed` or `skip_calendar` for one fire time, or None when it may be selected."""
     policy, seen = spec.catchup, _seen(fire_ms, now_ms, spec)
     if not policy.enabled:
         return Decision(MISSED, "catch-up is disabled", seen)
-    if now_ms - fire_ms > _ms(policy.max_delay):
+    reach_ms = fire_ms + _ms(policy.max_delay)
+    held_due = held_ms is not None and held_ms <= reach_ms and now_ms <= held_ms + START_GRACE_MS
+    if now_ms > reach_ms and not held_due:
         late = now_ms - fire_ms
         return Decision(MISSED, f"late by {late} ms, older than catchup.max_delay", seen)
-    block = calendar_block(spec, fire_ms)
+    block = calendar_block(spec, fire_ms, maintenance=False)
     if block is not None:
         seen["calendar"] = {**block.details, "rule": block.rule, "checked": "fire"}
         return Decision(SKIP_CALENDAR, f"calendar: {block.reason}", seen)

@@ -9,7 +9,11 @@
    (admitted by `catchup.plan_catchup`) is bounded by `fire + max(window, catchup.max_delay)`
    and is `missed` past it.
 2. calendar: the fire time, and the start instant when it is later, must not fall on a weekend
-   (when disallowed), an excluded date or inside a maintenance window (`skip_calendar`).
+   (when disallowed), an excluded date or inside a maintenance window (`skip_calendar`). With
+   catch-up enabled a maintenance window does not skip the tick: a start inside one is
+   `deferred` to the window's end, as long as that end is within the catch-up reach
+   (`fire + max(window, catchup.max_delay)`), else `skip_calendar`. Once its trigger window
+   has closed, such a tick is a late one and the catch-up policy decides it with the others.
 3. deferral: `not_before` / `off_peak` may hold the start (`deferred`, re-decide at `until_ms`)
    as long as the held start is still inside the window; else `skip_window`.
 4. overlap with a still-active previous instance: `forbid` skips (`skip_overlap`), `allow`
@@ -33,7 +37,13 @@ from types import MappingProxyType
 from typing import Any, Final, Literal
 
 from taskstream.core.spec import TaskSpec
-from taskstream.scheduler.calendar import calendar_block, defer_until, local_iso, zone_of
+from taskstream.scheduler.calendar import (
+    calendar_block,
+    defer_until,
+    local_iso,
+    zone_of,
+)
+from taskstream.scheduler.maintenance import maintenance_hold
 
 SHOULD_RUN: Final = "should_run"
 SKIP_WINDOW: Final = "skip_window"
@@ -189,7 +199,7 @@ def _window(tick: _Tick) -> _Step:
         seen = {"max_delay_ms": round(catchup.max_delay * 1000), "catchup_enabled": catchup.enabled}
         if not catchup.enabled:
             return _Step(seen, MISSED, "catch-up is disabled")
-        if tick.closed:
+        if tick.closed and not _held_start_due(tick):
             return _Step(seen, MISSED, "older than catchup.max_delay")
         return _Step(seen)
     if not tick.closed or _held_start_due(tick):
@@ -215,15 +225,38 @@ def _held_start_due(tick: _Tick) -> bool:
 
 
 def _calendar(tick: _Tick) -> _Step:
+    waits = tick.spec.catchup.enabled
     instants = [("fire", tick.facts.fire_ms)]
     if tick.start_ms != tick.facts.fire_ms:
         instants.append(("start", tick.start_ms))
     for label, at_ms in instants:
-        block = calendar_block(tick.spec, at_ms)
+        block = calendar_block(tick.spec, at_ms, maintenance=not waits)
         if block is not None:
             seen = {"calendar": {**block.details, "rule": block.rule, "checked": label}}
             return _Step(seen, SKIP_CALENDAR, f"calendar: {block.reason}")
-    return _Step({"calendar": None})
+    return _maintenance(tick) if waits else _Step({"calendar": None})
+
+
+def _maintenance(tick: _Tick) -> _Step:
+    """A start inside a maintenance window waits for its end, within the catch-up reach."""
+    hold = maintenance_hold(tick.spec, tick.facts.fire_ms, tick.start_ms)
+    if hold is None:
+        return _Step({"calendar": None})
+    checked = "fire" if tick.start_ms == tick.facts.fire_ms else "start"
+    held = hold.held
+    seen = {"calendar": {**held.details, "rule": "maintenance", "checked": checked}}
+    if hold.past_reach:
+        reason = f"calendar: {held.reason}, which is past the catch-up reach (max_delay)"
+        return _Step(seen, SKIP_CALENDAR, reason)
+    return _Step(seen, DEFERRED, f"calendar: {held.reason}", held.until_ms)
+
+
+def waits_for_maintenance(decision: Decision | None) -> bool:
+    """True for a tick deferred to the end of a maintenance window (not a `not_before` hold)."""
+    if decision is None or decision.decision != DEFERRED:
+        return False
+    calendar = decision.details.get("calendar")
+    return isinstance(calendar, Mapping) and calendar.get("rule") == "maintenance"
 
 
 def _deferral(tick: _Tick) -> _Step:
@@ -293,18 +326,3 @@ _RULES: Final[tuple[Callable[[_Tick], _Step], ...]] = (
     _overlap,
     _dependencies,
 )
-
-
-def decide_window(fire_ms: int, now_ms: int, window_ms: int) -> Decision:
-    """The window rule alone, as the scheduler loop applies it before catch-up is wired in:
-    run while `now_ms <= fire_ms + window_ms` (ms); later than that the tick was `missed`."""
-    late_ms = max(0, now_ms - fire_ms)
-    details = {
-        "fire_time_ms": fire_ms,
-        "now_ms": now_ms,
-        "late_ms": late_ms,
-        "window_ms": window_ms,
-    }
-    if late_ms > window_ms:
-        return Decision(MISSED, f"late by {late_ms} ms, window is {window_ms} ms", details)
-    return Decision(SHOULD_RUN, "inside the trigger window", details)

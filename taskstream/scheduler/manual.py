@@ -20,9 +20,15 @@ from taskstream.core.outbox import Emitted, Outbox
 from taskstream.core.spec import TaskSpec
 from taskstream.core.store.port import DecisionRow, NewInstance, Store
 from taskstream.scheduler import decide
-from taskstream.scheduler.calendar import CalendarBlock, Deferral, calendar_block, defer_until
+from taskstream.scheduler.calendar import (
+    CalendarBlock,
+    Deferral,
+    calendar_block,
+    defer_until,
+)
 from taskstream.scheduler.hold import HELD_BY
 from taskstream.scheduler.instances import new_instance, trigger_of
+from taskstream.scheduler.maintenance import maintenance_hold
 from taskstream.scheduler.ticks import PlannedFire, Trigger, fire_times, plan
 
 DEFAULT_BACKFILL_LIMIT: Final = 1000
@@ -67,8 +73,11 @@ class BackfillResult:
 @dataclass(frozen=True, slots=True)
 class PreviewLine:
     """One line of `taskstream plan`: a planned fire, the calendar rule that would skip it
-    (`excluded`), and the `not_before` / `off_peak` hold of its start (`deferral`);
-    `held_past_window` when that hold ends after fire time + window (`skip_window`)."""
+    (`excluded`), and the hold of its start (`deferral`): a maintenance window it waits out
+    (`details["maintenance"]` set; catch-up enabled) or `not_before` / `off_peak`.
+    `held_past_window` when that hold ends too late: after fire time + window for
+    `not_before` / `off_peak` (`skip_window`), past the catch-up reach for a maintenance
+    window (`skip_calendar`)."""
 
     fire: PlannedFire
     excluded: CalendarBlock | None = None
@@ -234,12 +243,20 @@ def preview(spec: TaskSpec, *, from_ms: int, to_ms: int, limit: int) -> list[Pre
         if fire.at_ms is None:
             lines.append(PreviewLine(fire))
             continue
-        block = calendar_block(spec, fire.at_ms)
-        held = None if block is not None else defer_until(spec, fire.at_ms)
-        closes_ms = fire.at_ms + round(spec.window * 1000)
-        past = held is not None and (held.until_ms is None or held.until_ms > closes_ms)
+        block = calendar_block(spec, fire.at_ms, maintenance=not spec.catchup.enabled)
+        held, past = (None, False) if block is not None else _preview_hold(spec, fire.at_ms)
         lines.append(PreviewLine(fire, block, held, past))
     return lines
+
+
+def _preview_hold(spec: TaskSpec, fire_ms: int) -> tuple[Deferral | None, bool]:
+    """The hold of a start at `fire_ms` (ms) and whether it ends too late (see `PreviewLine`)."""
+    waits = maintenance_hold(spec, fire_ms, fire_ms)
+    if waits is not None:
+        return waits.held, waits.past_reach
+    held = defer_until(spec, fire_ms)
+    closes_ms = fire_ms + round(spec.window * 1000)
+    return held, held is not None and (held.until_ms is None or held.until_ms > closes_ms)
 
 
 async def _first_at_or_after(store: Store, task_id: str, at_ms: int) -> int | None:
@@ -303,6 +320,8 @@ def rule_of(decision: str, details: Mapping[str, Any]) -> tuple[str | None, dict
         rule = f"calendar ({calendar.get('rule')})"
     elif decision == decide.SKIP_WINDOW and details.get("deferral"):
         rule = "not_before / off_peak (start held past the window)"
+    elif decision == decide.DEFERRED and isinstance(calendar, Mapping):
+        rule, saw = "calendar (maintenance: start held until its end)", {"calendar": calendar}
     elif decision == decide.DEFERRED and details.get(HELD_BY):
         rule, saw = "upstream breaker (open)", {HELD_BY: details[HELD_BY]}
     return rule, saw

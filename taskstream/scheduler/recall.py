@@ -57,7 +57,8 @@ def _until_ms(row: DecisionRow) -> int | None:
     held = details.get(HELD_BY)
     if isinstance(held, Mapping) and held:
         return min(int(v) for v in held.values())
-    deferral = details.get("deferral")
+    # A not_before / off_peak hold keeps its start in "deferral", a maintenance one in "calendar".
+    deferral = details.get("deferral") or details.get("calendar")
     if row.decision == DEFERRED and isinstance(deferral, Mapping):
         until = deferral.get("until_ms")
         return int(until) if isinstance(until, int) else None

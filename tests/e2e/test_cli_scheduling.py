@@ -32,6 +32,18 @@ tasks:
     schedule: {cron: "0 9 * * *", timezone: Europe/Berlin}
     calendar: {exclude_dates: [2024-12-25, 2026-12-25]}
 """
+MAINTENANCE = """
+tasks:
+  - id: backup
+    agent: echo
+    schedule: {cron: "30 1 * * *", timezone: Europe/Berlin}
+    calendar: {maintenance: [{start: "01:00", end: "02:00", days: [sun]}]}
+  - id: backup-strict
+    agent: echo
+    schedule: {cron: "30 1 * * *", timezone: Europe/Berlin}
+    calendar: {maintenance: [{start: "01:00", end: "02:00", days: [sun]}]}
+    catchup: {enabled: false}
+"""
 CHRISTMAS_9H_MS = 1_798_185_600_000  # 2026-12-25T09:00:00+01:00
 
 
@@ -104,6 +116,24 @@ def test_plan_marks_the_berlin_dst_gap_and_runs_nothing(cli: Cli) -> None:
 def test_plan_shows_calendar_exclusions(cli: Cli) -> None:
     out = cli("plan", "report", "--from", "2026-12-24", "--to", "2026-12-26").stdout
     assert "excluded: exclude_date (2026-12-25)" in out
+
+
+def test_plan_shows_a_start_held_until_maintenance_ends_or_skipped(cli: Cli) -> None:
+    """2026-12-06 is a Sunday: its 01:30 run waits for 02:00 with catch-up, else is skipped."""
+    (cli.cwd / "maintenance.yaml").write_text(MAINTENANCE)
+    cli("tasks", "apply", "maintenance.yaml")
+    span = ("--from", "2026-12-05", "--to", "2026-12-07")
+    out = cli("plan", "backup", *span).stdout
+    assert "deferred to 02:00, end of maintenance 01:00-02:00 on sun" in out
+    assert "2 fire time(s)" in out
+    plan = cli.json("plan", "backup", *span)
+    assert isinstance(plan, dict)
+    held = [f["deferred"] for f in plan["fires"]]
+    assert [h is not None for h in held] == [False, True]
+    assert held[1]["until_ms"] == 1_796_518_800_000  # 2026-12-06T02:00:00+01:00
+    assert held[1]["past_window"] is False
+    strict = cli("plan", "backup-strict", *span).stdout
+    assert "excluded: maintenance (01:00-02:00 on sun)" in strict
 
 
 def test_explain_names_the_rule_that_skipped_a_tick_and_what_it_saw(cli: Cli) -> None:

@@ -10,7 +10,12 @@ import pytest
 
 from taskstream.core.spec import TaskSpec
 from taskstream.core.spec_parts import Calendar
-from taskstream.scheduler.calendar import allowed_ranges, calendar_block, defer_until
+from taskstream.scheduler.calendar import (
+    allowed_ranges,
+    calendar_block,
+    defer_until,
+)
+from taskstream.scheduler.maintenance import maintenance_wait
 
 NEW_YORK = "America/New_York"
 TOKYO = "Asia/Tokyo"
@@ -111,6 +116,76 @@ def test_a_bare_calendar_takes_its_timezone() -> None:
     assert calendar_block(calendar, friday_night_ny) is not None  # UTC: already Saturday
     with pytest.raises(ValueError, match="bare Calendar"):
         calendar_block(NO_WEEKEND, friday_night_ny, NEW_YORK)
+
+
+def windows(tz: str, *ranges: tuple[str, str]) -> TaskSpec:
+    return spec(tz, calendar={"maintenance": [{"start": a, "end": b} for a, b in ranges]})
+
+
+BERLIN_NIGHT = windows(BERLIN, ("01:00", "02:30"))
+"""Berlin's clocks jump from 02:00 to 03:00 on 2026-03-29 and show 02:00-03:00 twice on
+2026-10-25 (CEST, UTC+2, then CET, UTC+1)."""
+
+
+@pytest.mark.parametrize(
+    ("task", "at_ms", "until_ms"),
+    [
+        (NOON, at(NEW_YORK, 2026, 6, 5, 11, 59), None),
+        (NOON, at(NEW_YORK, 2026, 6, 5, 12, 0), at(NEW_YORK, 2026, 6, 5, 13, 0)),
+        (NOON, at(NEW_YORK, 2026, 6, 5, 12, 59, 59, 999_000), at(NEW_YORK, 2026, 6, 5, 13, 0)),
+        (NOON, at(NEW_YORK, 2026, 6, 5, 13, 0), None),
+        # Past midnight, on the day the window started on only.
+        (SAT_NIGHT, at(NEW_YORK, 2026, 3, 7, 23, 30), at(NEW_YORK, 2026, 3, 8, 1, 30)),
+        (SAT_NIGHT, at(NEW_YORK, 2026, 3, 8, 1, 0), at(NEW_YORK, 2026, 3, 8, 1, 30)),
+        (SAT_NIGHT, at(NEW_YORK, 2026, 3, 8, 23, 30), None),
+        # Windows that overlap or touch are waited out together.
+        (
+            windows(TOKYO, ("09:00", "10:00"), ("09:30", "11:00")),
+            at(TOKYO, 2026, 6, 5, 9, 15),
+            at(TOKYO, 2026, 6, 5, 11, 0),
+        ),
+        (
+            windows(TOKYO, ("09:00", "10:00"), ("10:00", "10:30")),
+            at(TOKYO, 2026, 6, 5, 9, 15),
+            at(TOKYO, 2026, 6, 5, 10, 30),
+        ),
+        # An end inside the DST gap: the first instant after it (03:00 CEST).
+        (BERLIN_NIGHT, at(BERLIN, 2026, 3, 29, 1, 30), utc(2026, 3, 29, 1, 0)),
+        # An end the clocks show twice: its next showing.
+        (BERLIN_NIGHT, utc(2026, 10, 24, 23, 30), utc(2026, 10, 25, 0, 30)),  # 01:30 CEST
+        (BERLIN_NIGHT, utc(2026, 10, 25, 1, 15), utc(2026, 10, 25, 1, 30)),  # 02:15 CET
+    ],
+)
+def test_maintenance_wait(task: TaskSpec, at_ms: int, until_ms: int | None) -> None:
+    held = maintenance_wait(task, at_ms)
+    assert (None if held is None else held.until_ms) == until_ms
+
+
+def test_windows_that_cover_every_hour_leave_no_start() -> None:
+    always = windows(TOKYO, ("00:00", "12:00"), ("12:00", "00:00"))
+    held = maintenance_wait(always, at(TOKYO, 2026, 6, 5, 9, 0))
+    assert held is not None and held.until_ms is None
+    assert "leave no start" in held.reason
+
+
+def test_maintenance_wait_reports_the_values_it_saw() -> None:
+    held = maintenance_wait(SAT_NIGHT, utc(2026, 3, 8, 4, 0))
+    assert held is not None
+    assert held.details == {
+        "at_ms": utc(2026, 3, 8, 4, 0),
+        "timezone": NEW_YORK,
+        "local_time": "2026-03-07T23:00:00.000-05:00",
+        "maintenance": "23:00-01:30 on sat",
+        "window_started": "2026-03-07",
+        "until_ms": at(NEW_YORK, 2026, 3, 8, 1, 30),
+        "until_local": "2026-03-08T01:30:00.000-05:00",
+    }
+
+
+def test_a_block_can_leave_maintenance_out() -> None:
+    noon = at(NEW_YORK, 2026, 6, 5, 12, 0)
+    assert calendar_block(NOON, noon, maintenance=False) is None
+    assert (block := calendar_block(NOON, noon)) and block.rule == "maintenance"
 
 
 NOT_BEFORE = spec(TOKYO, not_before="07:30")

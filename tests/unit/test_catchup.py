@@ -13,7 +13,13 @@ from taskstream.scheduler.catchup import (
     catchup_horizon_ms,
     plan_catchup,
 )
-from taskstream.scheduler.decide import COALESCED, MISSED, SHOULD_RUN, SKIP_CALENDAR
+from taskstream.scheduler.decide import (
+    COALESCED,
+    MISSED,
+    SHOULD_RUN,
+    SKIP_CALENDAR,
+    START_GRACE_MS,
+)
 
 MIN = 60_000
 HOUR = 60 * MIN
@@ -79,22 +85,48 @@ def test_latest_keeps_the_newest_ticks_own_time_and_names_it() -> None:
     )
 
 
+def tokyo(**fields: Any) -> TaskSpec:
+    base = {
+        "id": "nightly",
+        "agent": "echo",
+        "schedule": {"every": "1h", "timezone": "Asia/Tokyo"},
+        "window": "1m",
+        "catchup": {"max_delay": "1d"},
+    }
+    return TaskSpec.model_validate(base | fields)
+
+
 def test_the_calendar_decides_before_latest_picks() -> None:
-    task = TaskSpec.model_validate(
-        {
-            "id": "nightly",
-            "agent": "echo",
-            "schedule": {"every": "1h", "timezone": "Asia/Tokyo"},
-            "window": "1m",
-            "calendar": {"maintenance": [{"start": "09:00", "end": "10:00"}]},
-            "catchup": {"max_delay": "1d"},
-        }
-    )
-    # T0 is 09:00 in Tokyo: the newest tick is inside maintenance, so the one before runs.
-    missed = [T0 - HOUR, T0]
+    task = tokyo(calendar={"exclude_dates": ["2026-05-28"]})
+    # T0 - 1 h is 2026-05-28 08:00 in Tokyo (excluded); T0 - 10 h is 05-27 23:00 (allowed).
+    missed = [T0 - 10 * HOUR, T0 - HOUR]
     got = plan_catchup(missed, T0 + 2 * HOUR, task)
     assert [d.decision for _, d in got.entries] == [SHOULD_RUN, SKIP_CALENDAR]
-    assert got.entries[1][1].details["calendar"]["maintenance"] == "09:00-10:00"
+    assert got.entries[1][1].details["calendar"]["excluded_date"] == "2026-05-28"
+
+
+def test_a_maintenance_window_does_not_skip_a_catchup_tick() -> None:
+    """T0 is 09:00 in Tokyo, inside maintenance: with catch-up the run waits for the window's
+    end (`decide_tick` holds its start), so `latest` still picks the newest tick."""
+    task = tokyo(calendar={"maintenance": [{"start": "09:00", "end": "10:00"}]})
+    got = plan_catchup([T0 - HOUR, T0], T0 + 2 * HOUR, task)
+    assert [d.decision for _, d in got.entries] == [COALESCED, SHOULD_RUN]
+    off = tokyo(
+        calendar={"maintenance": [{"start": "09:00", "end": "10:00"}]}, catchup={"enabled": False}
+    )
+    assert decisions([T0 - HOUR, T0], T0 + 2 * HOUR, off) == [MISSED, MISSED]
+
+
+def test_a_start_held_to_max_delay_is_not_missed_when_decided_just_after() -> None:
+    task = spec(max_delay="10m")
+    fire = T0
+    reach = fire + 10 * MIN
+    late = reach + START_GRACE_MS
+    assert decisions([fire], late, task) == [MISSED]
+    assert decisions([fire], late, task, starts_held={fire: reach}) == [SHOULD_RUN]
+    assert decisions([fire], late + 1, task, starts_held={fire: reach}) == [MISSED]
+    # A hold that ended past max_delay gives no grace.
+    assert decisions([fire], late, task, starts_held={fire: reach + 1}) == [MISSED]
 
 
 def test_only_if_ready_asks_the_caller_to_require_readiness() -> None:

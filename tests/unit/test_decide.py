@@ -25,6 +25,7 @@ from taskstream.scheduler.decide import (
     Decision,
     TickFacts,
     decide_tick,
+    waits_for_maintenance,
 )
 
 BERLIN = "Europe/Berlin"
@@ -56,6 +57,9 @@ def spec(**fields: Any) -> TaskSpec:
 BASE = spec()
 EXCLUDED = spec(calendar={"exclude_dates": ["2026-06-05"]})
 MAINTENANCE = spec(calendar={"maintenance": [{"start": "09:05", "end": "10:00"}]})
+MAINTENANCE_NO_CATCHUP = spec(
+    calendar={"maintenance": [{"start": "09:05", "end": "10:00"}]}, catchup={"enabled": False}
+)
 NOT_BEFORE_905 = spec(not_before="09:05")
 NOT_BEFORE_930 = spec(not_before="09:30")
 NEVER = spec(not_before="07:30", off_peak={"start": "01:00", "end": "05:00"})
@@ -94,7 +98,10 @@ def facts(**fields: Any) -> TickFacts:
         # 2. calendar, at the fire time and at a later start
         pytest.param(EXCLUDED, facts(), FIRE, SKIP_CALENDAR, id="excluded-date"),
         pytest.param(MAINTENANCE, facts(), FIRE, SHOULD_RUN, id="fire-before-maintenance"),
-        pytest.param(MAINTENANCE, facts(), FIRE + 6 * MIN, SKIP_CALENDAR, id="start-in-maint"),
+        pytest.param(MAINTENANCE, facts(), FIRE + 6 * MIN, DEFERRED, id="start-in-maint-waits"),
+        pytest.param(
+            MAINTENANCE_NO_CATCHUP, facts(), FIRE + 6 * MIN, SKIP_CALENDAR, id="start-in-maint"
+        ),
         # 3. deferral
         pytest.param(NOT_BEFORE_905, facts(), FIRE, DEFERRED, id="held-inside-window"),
         pytest.param(NOT_BEFORE_905, facts(), FIRE + 5 * MIN, SHOULD_RUN, id="hold-over"),
@@ -254,12 +261,95 @@ def test_replace_names_the_instance_to_cancel() -> None:
 
 
 def test_skip_calendar_says_which_instant_it_checked() -> None:
-    late_start = decide_tick(facts(), MAINTENANCE, FIRE + 6 * MIN)
+    late_start = decide_tick(facts(), MAINTENANCE_NO_CATCHUP, FIRE + 6 * MIN)
     assert late_start.details["calendar"]["checked"] == "start"
     assert late_start.details["calendar"]["maintenance"] == "09:05-10:00"
     on_date = decide_tick(facts(), EXCLUDED, FIRE)
     assert on_date.details["calendar"]["checked"] == "fire"
     assert on_date.details["calendar"]["excluded_date"] == "2026-06-05"
+
+
+def maintenance(start: str, end: str, **fields: Any) -> TaskSpec:
+    return spec(calendar={"maintenance": [{"start": start, "end": end}]}, **fields)
+
+
+def test_a_start_inside_maintenance_waits_for_its_end_with_catchup() -> None:
+    """09:00 fire inside 08:30-09:40 (window 10 min, max_delay 1 h by default): held until
+    09:40, past the trigger window but within the catch-up reach; decided again then."""
+    task = maintenance("08:30", "09:40")
+    held = decide_tick(facts(), task, FIRE)
+    assert (held.decision, held.until_ms, held.final) == (DEFERRED, berlin(9, 40), False)
+    assert held.details["calendar"] | {"at_ms": 0} == {
+        "at_ms": 0,
+        "timezone": BERLIN,
+        "local_time": "2026-06-05T09:00:00.000+02:00",
+        "maintenance": "08:30-09:40",
+        "window_started": "2026-06-05",
+        "until_ms": berlin(9, 40),
+        "until_local": "2026-06-05T09:40:00.000+02:00",
+        "rule": "maintenance",
+        "checked": "fire",
+    }
+    assert held.reason == (
+        "calendar: inside maintenance window 08:30-09:40, start held until its end"
+    )
+    assert waits_for_maintenance(held)
+    assert not waits_for_maintenance(decide_tick(facts(), NOT_BEFORE_905, FIRE))
+    # Its window has closed by then: it is decided again as a catch-up tick, and runs.
+    again = facts(catchup=True, previous=DEFERRED, previous_until_ms=held.until_ms)
+    assert decide_tick(again, task, berlin(9, 40)).runs
+
+
+@pytest.mark.parametrize(
+    ("task", "decision"),
+    [
+        pytest.param(maintenance("08:30", "10:00"), DEFERRED, id="ends-at-the-reach"),
+        pytest.param(maintenance("08:30", "10:01"), SKIP_CALENDAR, id="ends-past-the-reach"),
+        pytest.param(
+            maintenance("08:30", "10:01", catchup={"max_delay": "2h"}), DEFERRED, id="longer-reach"
+        ),
+        pytest.param(
+            maintenance("08:30", "10:01", window="2h", catchup={"max_delay": "5m"}),
+            DEFERRED,
+            id="the-window-is-the-reach",
+        ),
+        pytest.param(
+            maintenance("08:30", "09:40", catchup={"enabled": False}),
+            SKIP_CALENDAR,
+            id="catchup-off-skips",
+        ),
+    ],
+)
+def test_a_maintenance_wait_is_bounded_by_the_catchup_reach(task: TaskSpec, decision: str) -> None:
+    got = decide_tick(facts(), task, FIRE)
+    assert got.decision == decision, got.reason
+    assert got.details["calendar"]["rule"] == "maintenance"
+
+
+def test_a_held_start_at_the_reach_still_runs_when_decided_just_after() -> None:
+    """Maintenance ends exactly at fire + max_delay: the scheduler wakes a little later."""
+    task = maintenance("08:30", "10:00")
+    held = decide_tick(facts(), task, FIRE)
+    again = facts(catchup=True, previous=DEFERRED, previous_until_ms=held.until_ms)
+    assert decide_tick(again, task, berlin(10, 0) + START_GRACE_MS).runs
+    late = decide_tick(again, task, berlin(10, 0) + START_GRACE_MS + 1)
+    assert late.decision == MISSED
+    assert decide_tick(facts(catchup=True), task, berlin(10, 0) + 20).decision == MISSED
+
+
+def test_a_maintenance_wait_keeps_the_weekend_and_excluded_dates() -> None:
+    """Only maintenance windows wait: an excluded date still skips, at the fire or the start."""
+    task = spec(
+        calendar={
+            "exclude_dates": ["2026-06-05"],
+            "maintenance": [{"start": "08:00", "end": "10:00"}],
+        }
+    )
+    assert decide_tick(facts(), task, FIRE).decision == SKIP_CALENDAR
+    nights = spec(calendar={"maintenance": [{"start": "23:00", "end": "01:00"}]}, window="3h")
+    late = berlin(23, 30)
+    got = decide_tick(facts(fire_ms=late), nights, late)
+    assert (got.decision, got.until_ms) == (DEFERRED, berlin(1, 0, d=6))
 
 
 def test_should_run_carries_every_value_seen() -> None:

@@ -1,4 +1,4 @@
-"""Pure decisions: the trigger window and how a run's end maps to store writes."""
+"""Pure decisions: how a run's end maps to store writes."""
 
 from __future__ import annotations
 
@@ -20,24 +20,8 @@ from taskstream.executor.outcome import (
     succeeded,
 )
 from taskstream.executor.retry import Failure
-from taskstream.scheduler.decide import MISSED, SHOULD_RUN, decide_window
 
 POLICY = RetryPolicy(max_attempts=3, backoff=Backoff(base=1.0, factor=2.0, max=60.0), jitter=0)
-
-
-@pytest.mark.parametrize(
-    ("fire", "now", "window", "decision"),
-    [
-        (1000, 1000, 0, SHOULD_RUN),
-        (1000, 1500, 500, SHOULD_RUN),
-        (1000, 1501, 500, MISSED),
-        (1000, 900, 0, SHOULD_RUN),
-    ],
-)
-def test_window(fire: int, now: int, window: int, decision: str) -> None:
-    got = decide_window(fire, now, window)
-    assert got.decision == decision
-    assert got.details["window_ms"] == window
 
 
 @pytest.mark.parametrize(

@@ -40,10 +40,18 @@ def test_waiting_ticks_are_decided_again_when_their_decision_said() -> None:
             row(T, decide.DEFERRED, deferral={"until_ms": T + 5_000}, open_until_ms=T + 9_000),
             row(T + 1, decide.DEFERRED, **{HELD_BY: {"llm": T + 7_000, "db": T + 6_000}}),
             row(T + 2, decide.WAIT_DEP),
+            row(
+                T + 3,
+                decide.DEFERRED,
+                calendar={"rule": "maintenance", "until_ms": T + 3_600_000},
+                deferral=None,
+                open_until_ms=T + 9_000,
+            ),
         ]
     )
     assert {f: d.until_ms for f, d in waiting.items()} == {
         T: T + 5_000,
         T + 1: T + 6_000,
         T + 2: None,
+        T + 3: T + 3_600_000,  # the end of the maintenance window, not the trigger window
     }

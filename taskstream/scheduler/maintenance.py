@@ -1,0 +1,125 @@
+"""Waiting out a maintenance window (pure; DESIGN.md §2: "no start inside them; the run waits
+or is skipped per catch-up policy").
+
+With catch-up enabled, a start that falls inside a maintenance window is held until the window
+ends, and the tick is decided again then; with catch-up disabled it is skipped
+(`calendar.calendar_block`). The wait is bounded by the catch-up reach,
+`fire + max(window, catchup.max_delay)`: a window that ends later skips the tick, as the
+catch-up policy would skip a tick that late.
+
+- `maintenance_wait`: for an instant inside a window, the first instant after it outside every
+  window, following windows that touch or overlap.
+- `maintenance_hold`: that wait for one fire time and its start instant, and whether it ends
+  past the reach.
+
+Instants are UTC epoch milliseconds; windows are read in the task's timezone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import date, datetime, timedelta
+from typing import Any, Final
+from zoneinfo import ZoneInfo
+
+from taskstream.core.spec import TaskSpec
+from taskstream.core.spec_parts import Calendar, MaintenanceWindow
+from taskstream.scheduler.calendar import (
+    Deferral,
+    local_iso,
+    maintenance_at,
+    window_text,
+    zone_of,
+)
+from taskstream.scheduler.localtime import local_at, resolve
+
+MAINTENANCE_SCAN_MS: Final = 8 * 24 * 3_600_000
+"""How far `maintenance_wait` follows windows that touch or overlap before it gives up: a
+calendar whose windows cover a whole week leaves no start."""
+_MAX_STEPS: Final = 64
+
+
+@dataclass(frozen=True, slots=True)
+class MaintenanceHold:
+    """A start held by a maintenance window: the wait (`held.until_ms` None when no window
+    end comes within `MAINTENANCE_SCAN_MS`), and `past_reach` when it ends after the catch-up
+    reach, so the tick is skipped instead."""
+
+    held: Deferral
+    past_reach: bool
+
+
+def catchup_reach_ms(spec: TaskSpec, fire_ms: int) -> int:
+    """The last instant (ms) a tick fired at `fire_ms` may start, late or caught up."""
+    return fire_ms + round(max(spec.window, spec.catchup.max_delay) * 1000)
+
+
+def maintenance_hold(spec: TaskSpec, fire_ms: int, start_ms: int) -> MaintenanceHold | None:
+    """Whether a start at `start_ms` of the tick fired at `fire_ms` waits for a maintenance
+    window; None when it is outside every window or the task's catch-up is disabled."""
+    if not spec.catchup.enabled:
+        return None
+    held = maintenance_wait(spec, start_ms)
+    if held is None:
+        return None
+    until = held.until_ms
+    return MaintenanceHold(held, until is None or until > catchup_reach_ms(spec, fire_ms))
+
+
+def maintenance_wait(spec: TaskSpec, at_ms: int) -> Deferral | None:
+    """Whether a start at `at_ms` falls inside a maintenance window of `spec`; None when not.
+
+    Otherwise `until_ms` is the first instant after `at_ms` outside every window: the end of
+    the window's occurrence, followed through windows that touch or overlap it. An end in a
+    DST gap is the first instant after the gap; an end the clocks show twice is its first
+    showing after `at_ms`. `until_ms` is None when no such instant comes within
+    `MAINTENANCE_SCAN_MS`.
+    """
+    zone = zone_of(spec.timezone)
+    inside = maintenance_at(spec.calendar, local_at(at_ms, zone))
+    if inside is None:
+        return None
+    shown = window_text(inside[0])
+    seen: dict[str, Any] = {
+        "at_ms": at_ms,
+        "timezone": str(zone),
+        "local_time": local_iso(at_ms, zone),
+        "maintenance": shown,
+        "window_started": inside[1].isoformat(),
+    }
+    until_ms = _maintenance_end_ms(spec.calendar, zone, at_ms, inside)
+    if until_ms is None:
+        return Deferral(None, f"maintenance windows from {shown} leave no start", seen)
+    seen |= {"until_ms": until_ms, "until_local": local_iso(until_ms, zone)}
+    return Deferral(until_ms, f"inside maintenance window {shown}, start held until its end", seen)
+
+
+def _maintenance_end_ms(
+    calendar: Calendar,
+    zone: ZoneInfo,
+    at_ms: int,
+    inside: tuple[MaintenanceWindow, date] | None,
+) -> int | None:
+    until_ms = at_ms
+    for _ in range(_MAX_STEPS):
+        if inside is None:
+            return until_ms
+        ends = _occurrence_end_ms(*inside, zone, until_ms)
+        if ends is None or ends - at_ms > MAINTENANCE_SCAN_MS:
+            return None
+        until_ms = ends
+        inside = maintenance_at(calendar, local_at(until_ms, zone))
+    return None
+
+
+def _occurrence_end_ms(
+    window: MaintenanceWindow, started_on: date, zone: ZoneInfo, after_ms: int
+) -> int | None:
+    """The first instant after `after_ms` at which the occurrence of `window` that started on
+    `started_on` (local date) has ended."""
+    ends_on = started_on + timedelta(days=1) if window.end < window.start else started_on
+    resolved = resolve(datetime.combine(ends_on, window.end), zone)
+    later = [
+        ms for ms in (resolved.first_ms, resolved.second_ms) if ms is not None and ms > after_ms
+    ]
+    return min(later, default=None)

@@ -1,0 +1,140 @@
+"""Maintenance windows on real Redis and a real store, clock passed in: a start inside one
+waits for its end or is skipped, per the task's catch-up policy (DESIGN.md §2)."""
+
+from __future__ import annotations
+
+import pytest
+
+from taskstream.cli.explain_cmd import explain_data
+from taskstream.core import streams
+from taskstream.core.clock import FixedClock
+from taskstream.core.protocol import Keys
+from taskstream.core.store.port import DecisionRow
+from taskstream.core.store.sql import SqlStore
+from taskstream.scheduler import manual
+from taskstream.scheduler.service import Scheduler, SchedulerConfig
+from tests.integration.harness import Harness
+
+MIN = 60_000
+HOUR = 60 * MIN
+D0 = 1_780_000_000_000 - 1_780_000_000_000 % (24 * HOUR)
+"""A UTC midnight (2026-05-28); the tasks below keep 01:00-02:00 UTC for maintenance."""
+
+
+def task(schedule: str, **fields: str) -> str:
+    extra = "".join(f", {key}: {value}" for key, value in fields.items())
+    return (
+        "tasks:\n"
+        f"  - {{id: t, agent: echo, schedule: {schedule}, window: 5m{extra},\n"
+        '     calendar: {maintenance: [{start: "01:00", end: "02:00"}]}}\n'
+    )
+
+
+EVERY_10M = "{every: 10m, timezone: UTC}"
+DAILY_0130 = '{cron: "30 1 * * *", timezone: UTC}'
+
+
+@pytest.fixture
+def h(store: SqlStore, redis: streams.Redis, keys: Keys) -> Harness:
+    return Harness(store, redis, keys, FixedClock(D0 + 50 * MIN - 1))
+
+
+def scheduler(h: Harness) -> Scheduler:
+    return Scheduler(h.store, h.outbox, h.clock, SchedulerConfig())
+
+
+async def passes(h: Harness, s: Scheduler, until_ms: int, step_ms: int = MIN) -> None:
+    """A pass every `step_ms` up to and including `until_ms`."""
+    while h.clock.now_ms() < until_ms:
+        h.clock.set(min(until_ms, h.clock.now_ms() + step_ms))
+        await s.run_pass()
+
+
+async def runs(h: Harness) -> list[tuple[int, int]]:
+    """(fire time, when the scheduler made its run) of every instance, in minutes after D0,
+    the second read from the scheduler's clock in the tick's `should_run` record."""
+    found = []
+    for row in await h.store.list_instances(task_id="t"):
+        [made] = [d for d in await trail(h, row.scheduled_for_ms) if d.instance_id == row.id]
+        found.append(((row.scheduled_for_ms - D0) // MIN, (made.details["now_ms"] - D0) // MIN))
+    return sorted(found)
+
+
+async def trail(h: Harness, at: int) -> list[DecisionRow]:
+    """The decisions of one fire time: `at` minutes after D0, or an epoch ms."""
+    fire_ms = at if at > D0 else D0 + at * MIN
+    return await manual.decision_trail(h.store, "t", fire_ms)
+
+
+async def started(h: Harness, text: str) -> Scheduler:
+    await h.apply(text)
+    s = scheduler(h)
+    await s.run_pass()
+    return s
+
+
+async def test_a_daily_run_inside_maintenance_starts_when_it_ends(h: Harness) -> None:
+    s = await started(h, task(DAILY_0130))
+    await passes(h, s, D0 + 90 * MIN)
+    [held] = await trail(h, 90)
+    assert (held.decision, held.instance_id) == ("deferred", None)
+    assert (
+        held.reason == "calendar: inside maintenance window 01:00-02:00, start held until its end"
+    )
+    assert held.details["calendar"]["until_ms"] == D0 + 2 * HOUR
+    # The scheduler sleeps until the window ends, then the run starts: late, but once.
+    assert await s.run_pass() == D0 + 2 * HOUR
+    await passes(h, s, D0 + 2 * HOUR + 2 * MIN)
+    assert await runs(h) == [(90, 120)]
+    decided = (await trail(h, 90))[-1]
+    assert decided.decision == "should_run"
+    assert decided.details["catchup"] is True  # its 5 min window closed while it waited
+    spec = (await h.definitions())[0]
+    explained = explain_data(spec, None, D0 + 90 * MIN, await trail(h, 90))
+    assert explained["decisions"][0]["rule"] == "calendar (maintenance: start held until its end)"
+
+
+async def test_latest_coalesces_the_held_ticks_into_the_first_after_the_window(h: Harness) -> None:
+    s = await started(h, task(EVERY_10M))
+    await passes(h, s, D0 + 2 * HOUR + 5 * MIN)
+    # 00:50 ran before the window; 01:00 to 01:50 waited, then folded into the 02:00 tick.
+    assert await runs(h) == [(50, 50), (120, 120)]
+    for minute in range(60, 120, 10):
+        decisions = [d.decision for d in await trail(h, minute)]
+        assert decisions[0] == "deferred" and decisions[-1] == "coalesced", (minute, decisions)
+
+
+async def test_all_runs_every_held_tick_when_the_window_ends(h: Harness) -> None:
+    s = await started(h, task(EVERY_10M, catchup="{mode: all}"))
+    await passes(h, s, D0 + 2 * HOUR + 5 * MIN)
+    held = [(minute, 120) for minute in range(60, 120, 10)]
+    assert await runs(h) == [(50, 50), *held, (120, 120)]
+
+
+async def test_without_catchup_the_ticks_inside_maintenance_are_skipped(h: Harness) -> None:
+    s = await started(h, task(EVERY_10M, catchup="{enabled: false}"))
+    await passes(h, s, D0 + 2 * HOUR + 5 * MIN)
+    assert await runs(h) == [(50, 50), (120, 120)]
+    for minute in range(60, 120, 10):
+        [skipped] = await trail(h, minute)
+        assert skipped.decision == "skip_calendar"
+
+
+async def test_a_wait_past_max_delay_is_skipped(h: Harness) -> None:
+    s = await started(h, task(DAILY_0130, catchup="{max_delay: 20m}"))
+    await passes(h, s, D0 + 2 * HOUR + 2 * MIN)
+    assert await runs(h) == []
+    [skipped] = await trail(h, 90)
+    assert skipped.decision == "skip_calendar"
+    assert "past the catch-up reach" in skipped.reason
+
+
+async def test_a_new_scheduler_keeps_the_wait_of_the_one_before(h: Harness) -> None:
+    s = await started(h, task(DAILY_0130))
+    await passes(h, s, D0 + 95 * MIN)
+    # Another scheduler takes over mid-wait: it rebuilds the wait from the explain log.
+    other = scheduler(h)
+    assert await other.run_pass() == D0 + 2 * HOUR
+    await passes(h, other, D0 + 2 * HOUR + 2 * MIN)
+    assert await runs(h) == [(90, 120)]
+    assert [d.decision for d in await trail(h, 90)] == ["deferred", "should_run"]
