@@ -14,9 +14,9 @@ from taskstream.cli.sched_cmds import JSON_OPT, TASK_ARG, parse_instant, with_sp
 from taskstream.core.clock import SystemClock
 from taskstream.core.spec import TaskSpec, format_utc_ms
 from taskstream.core.store.port import DecisionRow
-from taskstream.scheduler import manual
 from taskstream.scheduler.calendar import local_iso, zone_of
 from taskstream.scheduler.decide import NOT_FINAL, SHOULD_RUN, SKIP_DUPLICATED
+from taskstream.scheduler.trail import decision_trail, nearest_decided_fire, rule_of
 
 
 def explain_cmd(
@@ -29,8 +29,8 @@ def explain_cmd(
     at_ms = None if at is None else parse_instant(at, name="--at", now_ms=SystemClock().now_ms())
 
     async def go(cluster: Cluster, spec: TaskSpec) -> dict[str, Any]:
-        fire_ms = await manual.nearest_decided_fire(cluster.store, task, at_ms)
-        trail = await manual.decision_trail(cluster.store, task, fire_ms)
+        fire_ms = await nearest_decided_fire(cluster.store, task, at_ms)
+        trail = await decision_trail(cluster.store, task, fire_ms)
         return explain_data(spec, at_ms, fire_ms, trail)
 
     data = with_spec(task, go)
@@ -59,7 +59,7 @@ def explain_data(
 
 
 def _trail_row(row: DecisionRow) -> dict[str, Any]:
-    rule, saw = manual.rule_of(row.decision, row.details)
+    rule, saw = rule_of(row.decision, row.details)
     return {
         **asdict(row),
         "rule": rule,

@@ -23,8 +23,8 @@ from taskstream.executor.service import Executor, ExecutorConfig, ExecutorDeps
 from taskstream.ratelimit.breaker import BreakerConfig, BreakerStatus, Outcome
 from taskstream.ratelimit.redis_backend import RedisBreakers, RedisLimiter
 from taskstream.runtime.upstream_holds import BreakerHolds
-from taskstream.scheduler import manual
 from taskstream.scheduler.service import Scheduler, SchedulerConfig
+from taskstream.scheduler.trail import decision_trail
 from tests.integration.harness import Harness, Running, until
 
 TASKS = """
@@ -127,7 +127,7 @@ async def test_the_scheduler_holds_ticks_for_the_configured_cool_down(h: Harness
     assert update.state.status is BreakerStatus.OPEN
     h.clock.set(H0)
     await s.run_pass()
-    [held] = await manual.decision_trail(h.store, "ping", H0)
+    [held] = await decision_trail(h.store, "ping", H0)
     assert held.decision == "deferred"
     until_ms = held.details["held_by"]["hook"]
     assert H0 < until_ms <= H0 + 500  # the stored 500 ms, not the default 30 s

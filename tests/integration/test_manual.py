@@ -16,6 +16,7 @@ from taskstream.core.specfile import parse_task_file_text
 from taskstream.core.store.port import DecisionRow
 from taskstream.core.store.sql import SqlStore
 from taskstream.scheduler import manual
+from taskstream.scheduler.trail import decision_trail, nearest_decided_fire
 
 TASKS = """
 tasks:
@@ -67,7 +68,7 @@ async def test_triggering_the_same_key_twice_creates_one_instance(
     rows = await outbox.store.list_instances(task_id="report")
     assert [(r.scheduled_for_ms, r.payload) for r in rows] == [(at_ms, {})]
     assert await outbox.redis.xlen(keys.stream(Priority.DEFAULT)) == 1
-    trail = await manual.decision_trail(outbox.store, "report", at_ms)
+    trail = await decision_trail(outbox.store, "report", at_ms)
     assert [(d.decision, d.reason) for d in trail] == [
         ("should_run", "manual trigger"),
         ("skip_duplicated", "manual trigger: an instance with this dedupe key exists"),
@@ -117,14 +118,14 @@ async def test_backfill_counts_published_duplicate_and_calendar_skipped(
     assert len(rows) == 5
     weekdays = {"2026-11-30", "2026-12-01", "2026-12-02", "2026-12-03", "2026-12-04"}
     assert {r.business_date for r in rows} == weekdays
-    saturday = await manual.decision_trail(outbox.store, "report", ms("2026-12-05T08:00:00Z"))
+    saturday = await decision_trail(outbox.store, "report", ms("2026-12-05T08:00:00Z"))
     assert [(d.decision, d.instance_id) for d in saturday] == [("skip_calendar", None)]
     assert saturday[0].details["calendar"]["rule"] == "weekend"
     assert saturday[0].details["calendar"]["weekday"] == "sat"
 
     again = await manual.backfill(outbox, spec, from_ms=MONDAY, to_ms=SUNDAY_NIGHT, now_ms=LATER)
     assert (again.published, again.duplicate, again.skipped_calendar) == (0, 5, 2)
-    monday = await manual.decision_trail(outbox.store, "report", ms("2026-11-30T08:00:00Z"))
+    monday = await decision_trail(outbox.store, "report", ms("2026-11-30T08:00:00Z"))
     assert [(d.decision, d.reason) for d in monday] == [
         ("should_run", "backfill"),
         ("skip_duplicated", "backfill: an instance with this dedupe key exists"),
@@ -159,7 +160,7 @@ async def test_backfill_while_redis_fails_counts_the_unpublished_runs(
         0,
         2,
     )
-    monday = await manual.decision_trail(outbox.store, "report", ms("2026-11-30T08:00:00Z"))
+    monday = await decision_trail(outbox.store, "report", ms("2026-11-30T08:00:00Z"))
     assert [(d.decision, d.details["outcome"]) for d in monday] == [("should_run", "unpublished")]
 
 
@@ -195,14 +196,14 @@ async def test_backfill_refuses_future_ranges_and_on_demand_tasks(
 async def test_the_nearest_decided_fire_time_is_found_on_either_side(
     store: SqlStore, specs: dict[str, TaskSpec]
 ) -> None:
-    assert await manual.nearest_decided_fire(store, "report", None) is None
+    assert await nearest_decided_fire(store, "report", None) is None
     base = ms("2026-12-01T08:00:00Z")
     fires = [base, base + 86_400_000, base + 3 * 86_400_000]
     for fire_ms in fires:
         row = DecisionRow("report", fire_ms, "missed", "late", {}, None, fire_ms + 1)
         await store.record_decision(row)
 
-    nearest = manual.nearest_decided_fire
+    nearest = nearest_decided_fire
     assert await nearest(store, "report", None) == fires[2]
     assert await nearest(store, "report", fires[1]) == fires[1]
     assert await nearest(store, "report", fires[1] + 3_600_000) == fires[1]
@@ -210,4 +211,4 @@ async def test_the_nearest_decided_fire_time_is_found_on_either_side(
     assert await nearest(store, "report", fires[1] + 86_400_000) == fires[2]  # a tie: later
     assert await nearest(store, "report", base - 10**9) == fires[0]
     assert await nearest(store, "report", fires[2] + 10**9) == fires[2]
-    assert await manual.decision_trail(store, "report", None) == []
+    assert await decision_trail(store, "report", None) == []

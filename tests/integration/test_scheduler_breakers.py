@@ -23,9 +23,9 @@ from taskstream.core.store.sql import SqlStore
 from taskstream.ratelimit.breaker import BreakerConfig, Outcome
 from taskstream.ratelimit.redis_backend import RedisBreakers
 from taskstream.runtime.upstream_holds import BreakerHolds
-from taskstream.scheduler import manual
 from taskstream.scheduler.hold import UpstreamHolds
 from taskstream.scheduler.service import Scheduler, SchedulerConfig, new_instance
+from taskstream.scheduler.trail import decision_trail
 from tests.integration.harness import Harness, until
 
 HOUR = 3_600_000
@@ -65,7 +65,7 @@ async def started(h: Harness, text: str, cfg: BreakerConfig) -> Scheduler:
 
 
 async def trail(h: Harness, task_id: str, fire_ms: int = H0) -> list[DecisionRow]:
-    return await manual.decision_trail(h.store, task_id, fire_ms)
+    return await decision_trail(h.store, task_id, fire_ms)
 
 
 async def instances(h: Harness, task_id: str) -> list[tuple[int, Status]]:

@@ -11,8 +11,8 @@ from taskstream.core.clock import FixedClock
 from taskstream.core.protocol import Keys
 from taskstream.core.store.port import DecisionRow
 from taskstream.core.store.sql import SqlStore
-from taskstream.scheduler import manual
 from taskstream.scheduler.service import Scheduler, SchedulerConfig
+from taskstream.scheduler.trail import decision_trail
 from tests.integration.harness import Harness
 
 MIN = 60_000
@@ -63,7 +63,7 @@ async def runs(h: Harness) -> list[tuple[int, int]]:
 async def trail(h: Harness, at: int) -> list[DecisionRow]:
     """The decisions of one fire time: `at` minutes after D0, or an epoch ms."""
     fire_ms = at if at > D0 else D0 + at * MIN
-    return await manual.decision_trail(h.store, "t", fire_ms)
+    return await decision_trail(h.store, "t", fire_ms)
 
 
 async def started(h: Harness, text: str) -> Scheduler:

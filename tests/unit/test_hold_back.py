@@ -19,7 +19,6 @@ from taskstream.ratelimit.breaker import (
 )
 from taskstream.ratelimit.memory import MemoryBreakers
 from taskstream.runtime.upstream_holds import BreakerHolds
-from taskstream.scheduler import manual
 from taskstream.scheduler.catchup import plan_catchup
 from taskstream.scheduler.decide import (
     COALESCED,
@@ -42,6 +41,7 @@ from taskstream.scheduler.hold import (
     is_held,
     released,
 )
+from taskstream.scheduler.trail import rule_of
 
 NOW = 1_780_000_000_000
 FIRE = NOW - 5_000
@@ -169,11 +169,11 @@ def test_a_late_held_tick_is_planned_like_any_late_tick(
 
 
 def test_explain_names_the_breaker_rule_for_a_hold() -> None:
-    assert manual.rule_of(HELD.decision, HELD.details) == (
+    assert rule_of(HELD.decision, HELD.details) == (
         "upstream breaker (open)",
         {HELD_BY: {"llm": NOW + 30_000}},
     )
-    assert manual.rule_of(NOT_BEFORE.decision, NOT_BEFORE.details)[0] == "not_before / off_peak"
+    assert rule_of(NOT_BEFORE.decision, NOT_BEFORE.details)[0] == "not_before / off_peak"
 
 
 # --- the breaker side: cool-down left, read on the breaker's own clock ------------------------
