@@ -43,6 +43,7 @@ from taskstream.scheduler.decide import (
     START_GRACE_MS,
     Decision,
 )
+from taskstream.scheduler.maintenance import catchup_reach_ms
 from taskstream.scheduler.ticks import Trigger, fire_times
 
 DEFAULT_MAX_BURST: Final = 100
@@ -137,7 +138,8 @@ def plan_catchup(
 
     `starts_held`: fire time -> the instant (ms) a maintenance window held its start until.
     Such a tick decided up to `START_GRACE_MS` after that instant is not `missed` for it, when
-    the instant itself was within `max_delay` (the scheduler wakes a little after it).
+    the instant itself was within the catch-up reach, `fire + max(window, max_delay)` (the
+    scheduler wakes a little after it).
 
     ValueError when `max_burst < 1`, the times are not ascending, or one is still on time.
     """
@@ -211,9 +213,13 @@ def _gate(fire_ms: int, now_ms: int, spec: TaskSpec, held_ms: int | None) -> Dec
     policy, seen = spec.catchup, _seen(fire_ms, now_ms, spec)
     if not policy.enabled:
         return Decision(MISSED, "catch-up is disabled", seen)
-    reach_ms = fire_ms + _ms(policy.max_delay)
-    held_due = held_ms is not None and held_ms <= reach_ms and now_ms <= held_ms + START_GRACE_MS
-    if now_ms > reach_ms and not held_due:
+    # A start held to within the reach (maintenance_hold's bound) is due at the hold's end.
+    held_due = (
+        held_ms is not None
+        and held_ms <= catchup_reach_ms(spec, fire_ms)
+        and now_ms <= held_ms + START_GRACE_MS
+    )
+    if now_ms > fire_ms + _ms(policy.max_delay) and not held_due:
         late = now_ms - fire_ms
         return Decision(MISSED, f"late by {late} ms, older than catchup.max_delay", seen)
     block = calendar_block(spec, fire_ms, maintenance=False)

@@ -129,6 +129,23 @@ def test_a_start_held_to_max_delay_is_not_missed_when_decided_just_after() -> No
     assert decisions([fire], late, task, starts_held={fire: reach + 1}) == [MISSED]
 
 
+def test_the_grace_follows_the_reach_when_the_window_is_longer_than_max_delay() -> None:
+    task = TaskSpec.model_validate(
+        {
+            "id": "poll",
+            "agent": "echo",
+            "schedule": {"every": "1m", "timezone": "UTC"},
+            "window": "2h",
+            "catchup": {"max_delay": "5m"},
+        }
+    )
+    held = T0 + 2 * HOUR  # the end of the window: the reach
+    late = held + START_GRACE_MS
+    assert decisions([T0], late, task, starts_held={T0: held}) == [SHOULD_RUN]
+    assert decisions([T0], late + 1, task, starts_held={T0: held}) == [MISSED]
+    assert decisions([T0], late, task) == [MISSED]
+
+
 def test_only_if_ready_asks_the_caller_to_require_readiness() -> None:
     ready = plan_catchup(minutes(T0, 2), T0 + 5 * MIN, spec(only_if_ready=True))
     assert ready.require_ready
