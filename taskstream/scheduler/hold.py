@@ -13,7 +13,8 @@ tick; once its window has closed it is a late tick, not a missed one, and the ta
 `catchup` policy decides it like a tick the scheduler was down for (run, `coalesced`, or
 `missed` past `max_delay` or with catch-up disabled). `released` marks the final decision of a
 tick that was held (`details["held_back_by"]` and its reason), so the explain log says why it
-ran late or not at all.
+ran late or not at all; likewise for a tick that waited for a maintenance window to end
+(`details["waited_for_maintenance"]`).
 
 All instants are UTC epoch milliseconds on the scheduler's clock; cool-downs arrive as
 durations measured on the breakers' own clock, so the two clocks never need to agree.
@@ -25,12 +26,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Final, Protocol
 
-from taskstream.scheduler.decide import DEFERRED, Decision
+from taskstream.scheduler.decide import DEFERRED, Decision, waits_for_maintenance
 
 HELD_BY: Final = "held_by"
 """Detail key of a held tick: `{upstream: until_ms}`, the instant each cool-down ends."""
 HELD_BACK_BY: Final = "held_back_by"
 """Detail key of the final decision of a tick that was held: the last `held_by` it saw."""
+WAITED_FOR_MAINTENANCE: Final = "waited_for_maintenance"
+"""Detail key of the final decision of a tick that waited for a maintenance window: the
+window and the instant it ended (`maintenance`, `until_ms`)."""
 
 
 class UpstreamHolds(Protocol):
@@ -74,9 +78,17 @@ def held_upstreams(decision: Decision) -> tuple[str, ...]:
 
 
 def released(previous: Decision | None, decision: Decision) -> Decision:
-    """The final `decision` of a tick whose `previous` decision held it back, saying so; any
-    other decision unchanged."""
-    if previous is None or not is_held(previous) or not decision.final:
+    """The final `decision` of a tick whose `previous` decision held it back (an open breaker,
+    a maintenance window), saying so; any other decision unchanged."""
+    if previous is None or not decision.final:
+        return decision
+    if waits_for_maintenance(previous):
+        calendar = previous.details["calendar"]
+        waited = {"maintenance": calendar["maintenance"], "until_ms": calendar["until_ms"]}
+        reason = f"{decision.reason} (after waiting for maintenance window {waited['maintenance']})"
+        details = {**decision.details, WAITED_FOR_MAINTENANCE: waited}
+        return replace(decision, reason=reason, details=details)
+    if not is_held(previous):
         return decision
     names = ", ".join(held_upstreams(previous))
     details = {**decision.details, HELD_BACK_BY: dict(previous.details[HELD_BY])}

@@ -89,6 +89,9 @@ async def test_a_daily_run_inside_maintenance_starts_when_it_ends(h: Harness) ->
     decided = (await trail(h, 90))[-1]
     assert decided.decision == "should_run"
     assert decided.details["catchup"] is True  # its 5 min window closed while it waited
+    assert decided.reason.endswith("(after waiting for maintenance window 01:00-02:00)")
+    waited = {"maintenance": "01:00-02:00", "until_ms": D0 + 2 * HOUR}
+    assert decided.details["waited_for_maintenance"] == waited
     spec = (await h.definitions())[0]
     explained = explain_data(spec, None, D0 + 90 * MIN, await trail(h, 90))
     assert explained["decisions"][0]["rule"] == "calendar (maintenance: start held until its end)"
@@ -100,8 +103,10 @@ async def test_latest_coalesces_the_held_ticks_into_the_first_after_the_window(h
     # 00:50 ran before the window; 01:00 to 01:50 waited, then folded into the 02:00 tick.
     assert await runs(h) == [(50, 50), (120, 120)]
     for minute in range(60, 120, 10):
-        decisions = [d.decision for d in await trail(h, minute)]
+        rows = await trail(h, minute)
+        decisions = [d.decision for d in rows]
         assert decisions[0] == "deferred" and decisions[-1] == "coalesced", (minute, decisions)
+        assert rows[-1].reason.endswith("(after waiting for maintenance window 01:00-02:00)")
 
 
 async def test_all_runs_every_held_tick_when_the_window_ends(h: Harness) -> None:

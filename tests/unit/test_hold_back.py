@@ -35,6 +35,7 @@ from taskstream.scheduler.decide import (
 from taskstream.scheduler.hold import (
     HELD_BACK_BY,
     HELD_BY,
+    WAITED_FOR_MAINTENANCE,
     held_upstreams,
     hold_back,
     hold_until,
@@ -138,6 +139,17 @@ def test_the_final_decision_of_a_held_tick_says_it_was_held() -> None:
 @pytest.mark.parametrize("previous", [None, NOT_BEFORE, Decision(WAIT_DEP, "waiting")])
 def test_ticks_that_were_not_held_are_unchanged(previous: Decision | None) -> None:
     assert released(previous, RUN) is RUN
+
+
+def test_the_final_decision_of_a_tick_that_waited_for_maintenance_says_so() -> None:
+    calendar = {"rule": "maintenance", "maintenance": "01:00-02:00", "until_ms": NOW}
+    waited = Decision(DEFERRED, "calendar: inside maintenance window", {"calendar": calendar}, NOW)
+    got = released(waited, RUN)
+    assert got.reason == "every rule passed (after waiting for maintenance window 01:00-02:00)"
+    assert got.details[WAITED_FOR_MAINTENANCE] == {"maintenance": "01:00-02:00", "until_ms": NOW}
+    folded = released(waited, Decision(COALESCED, "coalesced into a newer tick that is on time"))
+    assert folded.reason.endswith("(after waiting for maintenance window 01:00-02:00)")
+    assert released(waited, waited) is waited  # still waiting: not final
 
 
 def test_a_still_waiting_tick_is_not_released() -> None:
