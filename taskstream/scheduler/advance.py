@@ -107,7 +107,8 @@ class Advancer:
             more = len(fires) == limit
             later = backlog_after(trigger, fires[-1], now_ms, window_ms) if more else Backlog()
             # An older tick still waiting for its marker is not a newer tick on time.
-            newer = later.on_time or any(f > closed[-1] for f in set(due) - set(closed))
+            on_time = [f for f in set(due) - set(closed) if f > closed[-1]]
+            newer = min(on_time) if on_time else later.on_time_ms
             await self._catch_up(spec, closed, now_ms, state, held, newer, later.missed_ms)
         for fire in sorted(set(due) - set(closed)):
             previous = state.waiting.get(fire)
@@ -142,7 +143,7 @@ class Advancer:
         now_ms: int,
         state: TaskState,
         held: Mapping[str, int],
-        newer_on_time: bool,
+        newer_on_time: int | None,
         later_ms: list[int],
     ) -> None:
         """Ticks whose window closed before anyone decided them, or while an open breaker held

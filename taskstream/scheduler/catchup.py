@@ -86,10 +86,10 @@ def catchup_horizon_ms(spec: TaskSpec, now_ms: int) -> int:
 @dataclass(frozen=True, slots=True)
 class Backlog:
     """What lies past one chunk of a backlog: its next `LATER_SCAN` missed fire times (ms,
-    ascending) and whether a tick after the chunk is still on time."""
+    ascending) and the first tick after the chunk that is still on time (ms), if any."""
 
     missed_ms: list[int] = field(default_factory=list)
-    on_time: bool = False
+    on_time_ms: int | None = None
 
 
 LATER_SCAN: Final = 1000
@@ -101,8 +101,8 @@ def backlog_after(trigger: Trigger, last_ms: int, now_ms: int, window_ms: int) -
     (`window_ms`) closed by `now_ms` are missed, newer ones on time."""
     closes_by = now_ms - window_ms - 1
     missed = fire_times(trigger, last_ms, closes_by, limit=LATER_SCAN)
-    on_time = bool(fire_times(trigger, max(last_ms, closes_by), now_ms, limit=1))
-    return Backlog(missed, on_time)
+    on_time = fire_times(trigger, max(last_ms, closes_by), now_ms, limit=1)
+    return Backlog(missed, on_time[0] if on_time else None)
 
 
 def bound_missed(first_ms: int, last_ms: int, count: int | None) -> Decision:
@@ -122,14 +122,14 @@ def plan_catchup(
     spec: TaskSpec,
     *,
     max_burst: int = DEFAULT_MAX_BURST,
-    newer_on_time: bool = False,
+    newer_on_time: int | None = None,
     later_ms: Sequence[int] = (),
     starts_held: Mapping[int, int] = MappingProxyType({}),
 ) -> CatchupPlan:
     """Decide every fire time in `missed_ms` (strictly ascending, each with its trigger window
     closed at `now_ms`) per `spec.catchup`; see the module docstring for the order. With
-    `mode: latest` and `newer_on_time` (a newer tick of the task is still inside its window),
-    none of them runs: they are all coalesced into that newer tick.
+    `mode: latest` and `newer_on_time` (the fire time, ms, of a newer tick of the task that is
+    still inside its window), none of them runs: they are all coalesced into that newer tick.
 
     `later_ms`: the missed fire times newer than these that later chunks of the same backlog
     decide (ascending; at least `max_burst` of them, when there are that many). The burst
@@ -149,7 +149,8 @@ def plan_catchup(
     later = [f for f in later_ms if _gate(f, now_ms, spec, starts_held.get(f)) is None]
     later = later[-max_burst:]
     latest = spec.catchup.mode == "latest"
-    keep = (0 if newer_on_time or later else 1) if latest else max_burst - len(later)
+    newer = newer_on_time is not None
+    keep = (0 if newer or later else 1) if latest else max_burst - len(later)
     running = eligible[-keep:] if keep else []
     first_run = running[0] if running else len(missed_ms)
     into = _into(latest, [missed_ms[i] for i in running], later, newer_on_time=newer_on_time)
@@ -166,14 +167,15 @@ def plan_catchup(
 
 
 def _into(
-    latest: bool, running: list[int], later: list[int], *, newer_on_time: bool
+    latest: bool, running: list[int], later: list[int], *, newer_on_time: int | None
 ) -> tuple[str, dict[str, Any]]:
     """Why the ticks not run are coalesced, and into what (reason, details)."""
     if latest and running:
         into = running[-1]
         return f"coalesced into the newest missed tick {into}", {"coalesced_into_ms": into}
-    if latest and newer_on_time:
-        return "coalesced into a newer tick that is on time", {}
+    if latest and newer_on_time is not None:
+        reason = f"coalesced into the newer tick {newer_on_time}, which is on time"
+        return reason, {"coalesced_into_ms": newer_on_time}
     if latest:
         return "coalesced into a newer missed tick, decided later in this backlog", {}
     burst = len(running) + len(later)

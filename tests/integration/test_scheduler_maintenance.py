@@ -107,6 +107,8 @@ async def test_latest_coalesces_the_held_ticks_into_the_first_after_the_window(h
         decisions = [d.decision for d in rows]
         assert decisions[0] == "deferred" and decisions[-1] == "coalesced", (minute, decisions)
         assert rows[-1].reason.endswith("(after waiting for maintenance window 01:00-02:00)")
+        # Folded into the next tick, which itself waited (or, for 01:50, ran at 02:00).
+        assert rows[-1].details["coalesced_into_ms"] == D0 + (minute + 10) * MIN
 
 
 async def test_all_runs_every_held_tick_when_the_window_ends(h: Harness) -> None:

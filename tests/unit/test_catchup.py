@@ -236,8 +236,12 @@ def test_bound_missed_rejects_an_empty_range(first: int, last: int, count: int) 
 
 
 def test_latest_coalesces_everything_into_a_newer_tick_that_is_on_time() -> None:
-    late = plan_catchup(minutes(T0, 3), T0 + 5 * MIN, spec(), newer_on_time=True)
+    newer = T0 + 4 * MIN
+    late = plan_catchup(minutes(T0, 3), T0 + 5 * MIN, spec(), newer_on_time=newer)
     assert late.runs == []
     assert {d.decision for _, d in late.entries} == {"coalesced"}
-    every = plan_catchup(minutes(T0, 3), T0 + 5 * MIN, spec(mode="all"), newer_on_time=True)
+    for _, coalesced in late.entries:  # the explain log names the tick it was folded into
+        assert coalesced.details["coalesced_into_ms"] == newer
+        assert coalesced.reason == f"coalesced into the newer tick {newer}, which is on time"
+    every = plan_catchup(minutes(T0, 3), T0 + 5 * MIN, spec(mode="all"), newer_on_time=newer)
     assert len(every.runs) == 3
