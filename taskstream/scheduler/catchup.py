@@ -40,10 +40,10 @@ from taskstream.scheduler.decide import (
     MISSED,
     SHOULD_RUN,
     SKIP_CALENDAR,
-    START_GRACE_MS,
     Decision,
+    catchup_reach_ms,
+    held_start_due,
 )
-from taskstream.scheduler.maintenance import catchup_reach_ms
 from taskstream.scheduler.ticks import Trigger, fire_times
 
 DEFAULT_MAX_BURST: Final = 100
@@ -77,10 +77,7 @@ def catchup_horizon_ms(spec: TaskSpec, now_ms: int) -> int:
     Every earlier fire time is `missed` whatever the mode: `now - max(window, max_delay)`, or
     `now - window` when catch-up is disabled.
     """
-    reach_ms = _ms(spec.window)
-    if spec.catchup.enabled:
-        reach_ms = max(reach_ms, _ms(spec.catchup.max_delay))
-    return now_ms - reach_ms
+    return now_ms - (catchup_reach_ms(spec) if spec.catchup.enabled else _ms(spec.window))
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,9 +134,8 @@ def plan_catchup(
     `max_burst`, however many chunks it takes.
 
     `starts_held`: fire time -> the instant (ms) a maintenance window held its start until.
-    Such a tick decided up to `START_GRACE_MS` after that instant is not `missed` for it, when
-    the instant itself was within the catch-up reach, `fire + max(window, max_delay)` (the
-    scheduler wakes a little after it).
+    Such a tick is not `missed` once that start is due (`decide.held_start_due` within the
+    catch-up reach, `fire + max(window, max_delay)`: the scheduler wakes a little after it).
 
     ValueError when `max_burst < 1`, the times are not ascending, or one is still on time.
     """
@@ -215,12 +211,7 @@ def _gate(fire_ms: int, now_ms: int, spec: TaskSpec, held_ms: int | None) -> Dec
     policy, seen = spec.catchup, _seen(fire_ms, now_ms, spec)
     if not policy.enabled:
         return Decision(MISSED, "catch-up is disabled", seen)
-    # A start held to within the reach (maintenance_hold's bound) is due at the hold's end.
-    held_due = (
-        held_ms is not None
-        and held_ms <= catchup_reach_ms(spec, fire_ms)
-        and now_ms <= held_ms + START_GRACE_MS
-    )
+    held_due = held_start_due(held_ms, fire_ms + catchup_reach_ms(spec), now_ms)
     if now_ms > fire_ms + _ms(policy.max_delay) and not held_due:
         late = now_ms - fire_ms
         return Decision(MISSED, f"late by {late} ms, older than catchup.max_delay", seen)

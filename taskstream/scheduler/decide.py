@@ -169,11 +169,24 @@ def decide_tick(facts: TickFacts, spec: TaskSpec, now_ms: int) -> Decision:
     return Decision(SHOULD_RUN, "every rule passed", seen)
 
 
+def catchup_reach_ms(spec: TaskSpec) -> int:
+    """How long (ms) after its fire time a tick may still start once catch-up admits it (or
+    a maintenance window holds it): the larger of `window` and `catchup.max_delay`."""
+    return round(max(spec.window, spec.catchup.max_delay) * 1000)
+
+
+def held_start_due(until_ms: int | None, open_until_ms: int, now_ms: int) -> bool:
+    """A start held until `until_ms` (ms; None: not held), inside a window open until
+    `open_until_ms`, decided again at `now_ms`: due from the held start on, even a little past
+    the window's close (the scheduler wakes after the held start), within `START_GRACE_MS`."""
+    if until_ms is None or until_ms > open_until_ms:
+        return False
+    return until_ms <= now_ms <= open_until_ms + START_GRACE_MS
+
+
 def _open_until_ms(facts: TickFacts, spec: TaskSpec) -> int:
-    window_ms = round(spec.window * 1000)
-    if facts.catchup:
-        window_ms = max(window_ms, round(spec.catchup.max_delay * 1000))
-    return facts.fire_ms + window_ms
+    reach_ms = catchup_reach_ms(spec) if facts.catchup else round(spec.window * 1000)
+    return facts.fire_ms + reach_ms
 
 
 def _base_details(tick: _Tick) -> dict[str, Any]:
@@ -214,14 +227,13 @@ def _window(tick: _Tick) -> _Step:
 
 
 def _held_start_due(tick: _Tick) -> bool:
-    """A tick deferred to a start inside its window, decided again at that start: the
-    scheduler's wake-up may come a little after a start held until the window's last instant
-    (`not_before: 07:00` with a window ending at 07:00), within `START_GRACE_MS`."""
+    """A tick deferred to a start inside its window, decided again at that start
+    (`held_start_due`): a start held until the window's last instant (`not_before: 07:00` with
+    a window ending at 07:00) still runs when the scheduler wakes a little after it."""
     facts = tick.facts
-    until = facts.previous_until_ms
-    if facts.previous != DEFERRED or until is None or until > tick.open_until_ms:
+    if facts.previous != DEFERRED:
         return False
-    return until <= tick.now_ms <= tick.open_until_ms + START_GRACE_MS
+    return held_start_due(facts.previous_until_ms, tick.open_until_ms, tick.now_ms)
 
 
 def _calendar(tick: _Tick) -> _Step:
@@ -239,7 +251,8 @@ def _calendar(tick: _Tick) -> _Step:
 
 def _maintenance(tick: _Tick) -> _Step:
     """A start inside a maintenance window waits for its end, within the catch-up reach."""
-    hold = maintenance_hold(tick.spec, tick.facts.fire_ms, tick.start_ms)
+    reach_ms = tick.facts.fire_ms + catchup_reach_ms(tick.spec)
+    hold = maintenance_hold(tick.spec, tick.start_ms, reach_ms)
     if hold is None:
         return _Step({"calendar": None})
     checked = "fire" if tick.start_ms == tick.facts.fire_ms else "start"

@@ -42,28 +42,23 @@ _MAX_STEPS: Final = 64
 @dataclass(frozen=True, slots=True)
 class MaintenanceHold:
     """A start held by a maintenance window: the wait (`held.until_ms` None when no window
-    end comes within `MAINTENANCE_SCAN_MS`), and `past_reach` when it ends after the catch-up
-    reach, so the tick is skipped instead."""
+    end comes within `MAINTENANCE_SCAN_MS`), and `past_reach` when it ends after the last
+    instant the tick may start, so the tick is skipped instead."""
 
     held: Deferral
     past_reach: bool
 
 
-def catchup_reach_ms(spec: TaskSpec, fire_ms: int) -> int:
-    """The last instant (ms) a tick fired at `fire_ms` may start, late or caught up."""
-    return fire_ms + round(max(spec.window, spec.catchup.max_delay) * 1000)
-
-
-def maintenance_hold(spec: TaskSpec, fire_ms: int, start_ms: int) -> MaintenanceHold | None:
-    """Whether a start at `start_ms` of the tick fired at `fire_ms` waits for a maintenance
-    window; None when it is outside every window or the task's catch-up is disabled."""
+def maintenance_hold(spec: TaskSpec, start_ms: int, reach_ms: int) -> MaintenanceHold | None:
+    """Whether a start at `start_ms` waits for a maintenance window, for a tick that may start
+    until `reach_ms` (`fire + decide.catchup_reach_ms`); None when the start is outside every
+    window or the task's catch-up is disabled."""
     if not spec.catchup.enabled:
         return None
     held = maintenance_wait(spec, start_ms)
     if held is None:
         return None
-    until = held.until_ms
-    return MaintenanceHold(held, until is None or until > catchup_reach_ms(spec, fire_ms))
+    return MaintenanceHold(held, held.until_ms is None or held.until_ms > reach_ms)
 
 
 def maintenance_wait(spec: TaskSpec, at_ms: int) -> Deferral | None:
@@ -75,6 +70,8 @@ def maintenance_wait(spec: TaskSpec, at_ms: int) -> Deferral | None:
     showing after `at_ms`. `until_ms` is None when no such instant comes within
     `MAINTENANCE_SCAN_MS`.
     """
+    if not spec.calendar.maintenance:
+        return None
     zone = zone_of(spec.timezone)
     inside = maintenance_at(spec.calendar, local_at(at_ms, zone))
     if inside is None:

@@ -231,7 +231,7 @@ def preview(spec: TaskSpec, *, from_ms: int, to_ms: int, limit: int) -> list[Pre
 
 def _preview_hold(spec: TaskSpec, fire_ms: int) -> tuple[Deferral | None, bool]:
     """The hold of a start at `fire_ms` (ms) and whether it ends too late (see `PreviewLine`)."""
-    waits = maintenance_hold(spec, fire_ms, fire_ms)
+    waits = maintenance_hold(spec, fire_ms, fire_ms + decide.catchup_reach_ms(spec))
     if waits is not None:
         return waits.held, waits.past_reach
     held = defer_until(spec, fire_ms)
