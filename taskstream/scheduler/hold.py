@@ -83,8 +83,10 @@ def released(previous: Decision | None, decision: Decision) -> Decision:
     if previous is None or not decision.final:
         return decision
     if waits_for_maintenance(previous):
-        calendar = previous.details["calendar"]
-        waited = {"maintenance": calendar["maintenance"], "until_ms": calendar["until_ms"]}
+        waited = {
+            "maintenance": previous.details["calendar"]["maintenance"],
+            "until_ms": previous.until_ms,
+        }
         reason = f"{decision.reason} (after waiting for maintenance window {waited['maintenance']})"
         details = {**decision.details, WAITED_FOR_MAINTENANCE: waited}
         return replace(decision, reason=reason, details=details)
