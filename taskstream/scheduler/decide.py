@@ -16,8 +16,10 @@
    has closed, such a tick is a late one and the catch-up policy decides it with the others.
 3. deferral: `not_before` / `off_peak` may hold the start (`deferred`, re-decide at `until_ms`)
    as long as the held start is still inside the window; else `skip_window`.
-4. overlap with a still-active previous instance: `forbid` skips (`skip_overlap`), `allow`
+4. overlap with another still-active instance: `forbid` skips (`skip_overlap`), `allow`
    runs, `replace` runs with `details["replace"]` naming the instance the caller cancels.
+   `replace` only cancels an earlier run: when the active instance fires after this tick, the
+   newer run is kept and this tick is `skip_overlap`.
 5. dependencies: a failed precondition is `skip_dep`. Missing markers or unavailable checks wait
    (`wait_dep`, until the window closes: see 1); a catch-up tick checks them only under
    `catchup.only_if_ready` and is `skip_dep` at once when not ready.
@@ -93,10 +95,13 @@ class Decision:
 
 @dataclass(frozen=True, slots=True)
 class ActiveInstance:
-    """A previous instance of the same task that is still active (not settled)."""
+    """Another instance of the same task that is still active (not settled); its fire time
+    (`scheduled_for_ms`, epoch ms) when known. It may be newer than the tick being decided:
+    a manual trigger, or a later tick that ran while this one waited."""
 
     id: str
     status: str
+    scheduled_for_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,9 +294,19 @@ def _overlap(tick: _Tick) -> _Step:
     active, policy = tick.facts.active_instance, tick.spec.concurrency
     if active is None:
         return _Step({"overlap": None})
-    seen = {"overlap": {"policy": policy, "active_id": active.id, "active_status": active.status}}
+    overlap: dict[str, Any] = {
+        "policy": policy,
+        "active_id": active.id,
+        "active_status": active.status,
+    }
+    seen = {"overlap": overlap}
     if policy == "forbid":
         return _Step(seen, SKIP_OVERLAP, f"{active.id} is still {active.status} (forbid)")
+    newer = active.scheduled_for_ms is not None and active.scheduled_for_ms > tick.facts.fire_ms
+    if policy == "replace" and newer:
+        overlap["active_fire_ms"] = active.scheduled_for_ms
+        reason = f"{active.id}, a later run, is still {active.status} (replace keeps the newest)"
+        return _Step(seen, SKIP_OVERLAP, reason)
     return _Step(seen)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from taskstream.core.preconditions import Check, CheckResult, evaluate
 from taskstream.core.spec import TaskSpec
-from taskstream.core.store.port import Store
+from taskstream.core.store.port import InstanceRow, Store
 from taskstream.scheduler.decide import ActiveInstance, Decision, TickFacts
 from taskstream.scheduler.instances import business_date_of
 
@@ -26,9 +26,7 @@ async def tick_facts(
     every precondition counts as passed and no marker as missing."""
     active = None
     if spec.concurrency != "allow":
-        rows = await store.active_instances(spec.id, limit=3)
-        other = next((r for r in rows if r.scheduled_for_ms != fire_ms), None)
-        active = ActiveInstance(other.id, other.status.value) if other else None
+        active = _other_active(await store.active_instances(spec.id, limit=10), fire_ms)
     missing: tuple[str, ...] = ()
     results: dict[str, CheckResult] = dict.fromkeys(spec.preconditions, "pass")
     if ready and not (catchup and not spec.catchup.only_if_ready):
@@ -45,3 +43,15 @@ async def tick_facts(
         previous.decision if previous else None,
         previous.until_ms if previous else None,
     )
+
+
+def _other_active(rows: list[InstanceRow], fire_ms: int) -> ActiveInstance | None:
+    """The active instance a tick at `fire_ms` overlaps with, from `rows` (oldest fire time
+    first): the newest one that fires later when there is one, since `replace` must not
+    cancel a newer run; else the oldest earlier one."""
+    others = [r for r in rows if r.scheduled_for_ms != fire_ms]
+    later = [r for r in others if r.scheduled_for_ms > fire_ms]
+    other = later[-1] if later else next(iter(others), None)
+    if other is None:
+        return None
+    return ActiveInstance(other.id, other.status.value, other.scheduled_for_ms)

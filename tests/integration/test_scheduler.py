@@ -169,6 +169,45 @@ async def test_overlap_policies(
         assert rows[M0 + 120_000].status is Status.DISPATCHED
 
 
+REPLACE_DEPS = """
+tasks:
+  - id: job
+    agent: echo
+    schedule: {every: 1h}
+    window: 30m
+    concurrency: replace
+    depends_on: [raw.ready]
+"""
+
+
+async def test_replace_does_not_cancel_a_later_manual_run(
+    store: SqlStore, redis: streams.Redis, keys: Keys
+) -> None:
+    """The 01:00 tick waits for its marker; meanwhile an operator triggers the task by hand.
+    When the marker comes, the older tick gives way to the newer manual run instead of
+    cancelling it."""
+    hour = 3_600_000
+    h = Harness(store, redis, keys, FixedClock(DAY0 + 1))
+    await h.apply(REPLACE_DEPS)
+    s = make(h)
+    await s.run_pass()
+    h.clock.advance(hour)
+    await s.run_pass()
+    assert [d.decision for d in await store.decisions("job")] == ["wait_dep"]
+    h.clock.advance(60_000)
+    [spec] = await h.definitions()
+    manual_run = await manual.trigger(h.outbox, spec, now_ms=h.clock.now_ms())
+    await store.mark_ready("raw.ready", "2026-05-29")
+    h.clock.advance(5_000)
+    await s.run_pass()
+    tick = [d for d in await store.decisions("job") if d.fire_time_ms == DAY0 + hour]
+    assert [d.decision for d in tick] == ["wait_dep", "skip_overlap"]
+    last = tick[-1]
+    assert last.details["overlap"]["active_id"] == manual_run.instance_id
+    [row] = await store.list_instances()
+    assert (row.id, row.status) == (manual_run.instance_id, Status.DISPATCHED)
+
+
 async def test_replace_follows_a_previous_instance_claimed_during_the_cancel(
     store: SqlStore, redis: streams.Redis, keys: Keys, monkeypatch: pytest.MonkeyPatch
 ) -> None:

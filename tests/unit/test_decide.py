@@ -260,6 +260,22 @@ def test_replace_names_the_instance_to_cancel() -> None:
     assert "replace" not in decide_tick(facts(active_instance=ACTIVE), ALLOW, FIRE).details
 
 
+def test_replace_keeps_a_later_run_and_skips_the_older_tick() -> None:
+    """A tick decided after a later run started (a manual trigger, or a later tick that ran
+    while this one waited for its dependencies) must not cancel that newer run."""
+    later = ActiveInstance("i_later", "running", FIRE + MIN)
+    got = decide_tick(facts(active_instance=later), REPLACE, FIRE)
+    assert got.decision == SKIP_OVERLAP
+    assert "replace" not in got.details
+    assert got.details["overlap"]["active_fire_ms"] == FIRE + MIN
+    assert "i_later" in got.reason and "newest" in got.reason
+    earlier = ActiveInstance("i_earlier", "running", FIRE - MIN)
+    assert decide_tick(facts(active_instance=earlier), REPLACE, FIRE).details["replace"] == (
+        "i_earlier"
+    )
+    assert decide_tick(facts(active_instance=later), ALLOW, FIRE).runs
+
+
 def test_skip_calendar_says_which_instant_it_checked() -> None:
     late_start = decide_tick(facts(), MAINTENANCE_NO_CATCHUP, FIRE + 6 * MIN)
     assert late_start.details["calendar"]["checked"] == "start"
