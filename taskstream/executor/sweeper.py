@@ -224,9 +224,9 @@ class Sweeper:
         """Fail the instance as poison and dead-letter the entry. When the move to FAILED
         loses its CAS the row moved on meanwhile (a second delivery was claimed and runs, the
         run ended, another sweeper failed it): the entry is left, and False returned."""
-        if status is Status.PENDING:
-            # PENDING cannot fail: its entry is on the stream, so it moves on to DISPATCHED
-            # first, as a claim would (else the reconciler would publish it again).
+        if status in (Status.PENDING, Status.RETRYING):
+            # Its entry is on the stream, so the row moves on to DISPATCHED first, as a claim
+            # would: PENDING cannot fail, and the history should show the publish it missed.
             status = await seen_on_stream(self._store, instance_id, status, attempt) or status
         if not await self._fail_poison(instance_id, status, attempt, reason):
             self._log.info("entry.poison_lost", entry_id=d.entry_id, instance_id=instance_id)

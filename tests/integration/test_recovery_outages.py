@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 
 from taskstream.core import streams
-from taskstream.core.protocol import GROUP, Priority, WorkEntry
+from taskstream.core.outbox import row_entry
+from taskstream.core.protocol import GROUP, Priority
 from taskstream.core.states import FailClass, Status
-from taskstream.core.store.port import FinishRequest
+from taskstream.core.store.port import ClaimRequest, FinishRequest
 from taskstream.executor.heartbeat import Heartbeat
 from taskstream.scheduler.instances import new_instance
 from tests.integration.harness import T0, Harness, until
@@ -184,25 +185,25 @@ async def test_right_after_redis_failed_an_absent_liveness_key_does_not_end_a_ru
     assert (await sweeper.sweep_once()).get("timeout") == 1
 
 
-async def test_a_poison_entry_of_a_row_still_pending_fails_the_instance(outage: Harness) -> None:
-    """The row is still PENDING (the outbox's CAS to DISPATCHED never happened) and its entry
-    was delivered more than `max_deliveries` times to a consumer now gone: the instance goes
-    FAILED `poison` through DISPATCHED, rather than staying PENDING for the reconciler to
-    publish again."""
+@pytest.mark.parametrize("status", [Status.PENDING, Status.RETRYING])
+async def test_a_poison_entry_of_a_row_not_yet_dispatched_fails_the_instance(
+    outage: Harness, status: Status
+) -> None:
+    """The row is still PENDING or RETRYING (the outbox's CAS to DISPATCHED never happened)
+    and its entry was delivered more than `max_deliveries` times to a consumer now gone: the
+    instance goes FAILED `poison` through DISPATCHED (its entry was on the stream), rather
+    than staying for the reconciler to publish again."""
     h = outage
     spec = next(s for s in await h.definitions() if s.id == "quick")
     new = new_instance(spec, T0)
     await h.store.create_instance(new)
-    entry = WorkEntry(
-        instance_id=new.id,
-        task_id=new.task_id,
-        agent=new.agent,
-        attempt=0,
-        scheduled_for_ms=new.scheduled_for_ms,
-        emitted_at_ms=T0,
-        trace_id=new.trace_id,
-    )
-    await streams.publish(h.redis, h.keys, Priority.DEFAULT, entry)
+    if status is Status.RETRYING:  # attempt 1 ran and failed; its retry was published
+        await h.store.transition(new.id, Status.PENDING, Status.DISPATCHED, reason="t")
+        await h.store.claim_many([ClaimRequest(new.id, 0, 60)], owner="c0")
+        await h.store.transition(new.id, Status.RUNNING, Status.RETRYING, reason="t", attempt=1)
+    row = await h.store.get_instance(new.id)
+    assert row is not None and row.status is status
+    await streams.publish(h.redis, h.keys, Priority.DEFAULT, row_entry(row, T0))
     stream = h.keys.stream(Priority.DEFAULT)
     for _ in range(7):  # read from id 0: each is one more delivery
         await h.redis.xreadgroup(GROUP, "gone", {stream: "0" if _ else ">"})
@@ -212,7 +213,7 @@ async def test_a_poison_entry_of_a_row_still_pending_fails_the_instance(outage: 
     assert counts.get("poison") == 1
     row = await h.store.get_instance(new.id)
     assert row is not None and (row.status, row.fail_class) == (Status.FAILED, FailClass.POISON)
-    assert [x.to_status for x in await h.store.history(new.id)][-2:] == [
-        Status.DISPATCHED,
-        Status.FAILED,
+    assert [(x.from_status, x.to_status) for x in await h.store.history(new.id)][-2:] == [
+        (status, Status.DISPATCHED),
+        (Status.DISPATCHED, Status.FAILED),
     ]
