@@ -15,8 +15,8 @@ from taskstream.core.clock import SystemClock
 from taskstream.core.spec import TaskSpec, format_utc_ms
 from taskstream.core.store.port import DecisionRow
 from taskstream.scheduler.calendar import local_iso, zone_of
-from taskstream.scheduler.decide import NOT_FINAL, SHOULD_RUN, SKIP_DUPLICATED
 from taskstream.scheduler.trail import decision_trail, nearest_decided_fire, rule_of
+from taskstream.scheduler.verdict import NOT_FINAL, SHOULD_RUN, SKIP_DUPLICATED
 
 
 def explain_cmd(

@@ -29,13 +29,7 @@ from taskstream.scheduler.catchup import (
     catchup_horizon_ms,
     plan_catchup,
 )
-from taskstream.scheduler.decide import (
-    MISSED,
-    SKIP_WINDOW,
-    Decision,
-    decide_tick,
-    waits_for_maintenance,
-)
+from taskstream.scheduler.decide import decide_tick
 from taskstream.scheduler.emit import (
     created_earlier,
     emit_tick,
@@ -56,6 +50,7 @@ from taskstream.scheduler.leader import Fenced
 from taskstream.scheduler.recall import RECALL_LIMIT, TaskState, recall
 from taskstream.scheduler.replace import cancel_previous
 from taskstream.scheduler.ticks import Trigger, fire_times, is_fire_time, next_fire
+from taskstream.scheduler.verdict import MISSED, SKIP_WINDOW, Decision, waits_for_maintenance
 
 MAX_TICKS_PER_PASS = 1000
 """Bound on fire times one pass decides per task; older ones wait for the next pass."""

@@ -35,16 +35,9 @@ from typing import Any, Final
 
 from taskstream.core.spec import TaskSpec
 from taskstream.scheduler.calendar import calendar_block
-from taskstream.scheduler.decide import (
-    COALESCED,
-    MISSED,
-    SHOULD_RUN,
-    SKIP_CALENDAR,
-    Decision,
-    catchup_reach_ms,
-    held_start_due,
-)
+from taskstream.scheduler.decide import catchup_reach_ms, held_start_due
 from taskstream.scheduler.ticks import Trigger, fire_times
+from taskstream.scheduler.verdict import COALESCED, MISSED, SHOULD_RUN, SKIP_CALENDAR, Decision
 
 DEFAULT_MAX_BURST: Final = 100
 """Most catch-up runs of one backlog (per task), however many passes decide it."""

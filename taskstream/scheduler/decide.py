@@ -1,5 +1,5 @@
-"""Trigger decision for one tick (pure). Decision names are the explain log's vocabulary
-(DESIGN.md §7).
+"""Trigger decision for one tick (pure). Decision names, `Decision` and `TickFacts` are in
+`verdict`, the explain log's vocabulary (DESIGN.md §7).
 
 `decide_tick` evaluates the rules in this order and reports the first one that stops the tick:
 
@@ -33,10 +33,9 @@ when a start decided now would happen.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from types import MappingProxyType
-from typing import Any, Final, Literal
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final
 
 from taskstream.core.spec import TaskSpec
 from taskstream.scheduler.calendar import (
@@ -46,89 +45,22 @@ from taskstream.scheduler.calendar import (
     zone_of,
 )
 from taskstream.scheduler.maintenance import maintenance_hold
+from taskstream.scheduler.verdict import (
+    DEFERRED,
+    MISSED,
+    SHOULD_RUN,
+    SKIP_CALENDAR,
+    SKIP_DEP,
+    SKIP_OVERLAP,
+    SKIP_WINDOW,
+    WAIT_DEP,
+    Decision,
+    TickFacts,
+)
 
-SHOULD_RUN: Final = "should_run"
-SKIP_WINDOW: Final = "skip_window"
-SKIP_CALENDAR: Final = "skip_calendar"
-SKIP_OVERLAP: Final = "skip_overlap"
-SKIP_DEP: Final = "skip_dep"
-SKIP_DUPLICATED: Final = "skip_duplicated"
-MISSED: Final = "missed"
-COALESCED: Final = "coalesced"
-DEFERRED: Final = "deferred"
-WAIT_DEP: Final = "wait_dep"
 START_GRACE_MS: Final = 5_000
 """How long after its window closed a tick deferred to a start inside the window may still
 start: the scheduler wakes at that start, a little after it."""
-NOT_FINAL: Final = frozenset({DEFERRED, WAIT_DEP})
-"""Decisions after which the tick is decided again later; every other one is final."""
-
-CheckResult = Literal["pass", "fail", "unavailable"]
-_CHECK_RESULTS: Final = frozenset({"pass", "fail", "unavailable"})
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """What to do with one fire time, why (`reason` names the rule), and the values it saw.
-
-    `until_ms` is set on the non-final decisions: for `deferred` the instant to decide again
-    (the held start); for `wait_dep` the instant the window closes. Decide a waiting tick again
-    (with `TickFacts.previous="wait_dep"`) on each pass or when a marker appears; once the
-    window has closed it becomes `skip_dep` if still not ready.
-    """
-
-    decision: str
-    reason: str
-    details: dict[str, Any] = field(default_factory=dict)
-    until_ms: int | None = None
-
-    @property
-    def runs(self) -> bool:
-        """True for `should_run`: the caller creates the instance."""
-        return self.decision == SHOULD_RUN
-
-    @property
-    def final(self) -> bool:
-        """False for `wait_dep` and `deferred`, which are decided again later."""
-        return self.decision not in NOT_FINAL
-
-
-@dataclass(frozen=True, slots=True)
-class ActiveInstance:
-    """Another instance of the same task that is still active (not settled); its fire time
-    (`scheduled_for_ms`, epoch ms) when known. It may be newer than the tick being decided:
-    a manual trigger, or a later tick that ran while this one waited."""
-
-    id: str
-    status: str
-    scheduled_for_ms: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class TickFacts:
-    """What the caller gathered about one tick before deciding it.
-
-    `missing_markers`: `depends_on` markers not set for this tick's business date.
-    `preconditions`: results by check name; a declared check with no result is `unavailable`.
-    `catchup`: the tick was admitted by the catch-up policy after its window closed.
-    `previous`: the tick's last decision when it was non-final (`wait_dep`, `deferred`), else
-    None (first decision); `previous_until_ms` the instant that decision held it until.
-    """
-
-    fire_ms: int
-    active_instance: ActiveInstance | None = None
-    missing_markers: tuple[str, ...] = ()
-    preconditions: Mapping[str, CheckResult] = field(default_factory=lambda: MappingProxyType({}))
-    catchup: bool = False
-    previous: str | None = None
-    previous_until_ms: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.previous is not None and self.previous not in NOT_FINAL:
-            raise ValueError(f"previous must be None, wait_dep or deferred, got {self.previous!r}")
-        bad = {k: v for k, v in self.preconditions.items() if v not in _CHECK_RESULTS}
-        if bad:
-            raise ValueError(f"precondition results must be pass|fail|unavailable, got {bad}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,14 +199,6 @@ def _maintenance(tick: _Tick) -> _Step:
         reason = f"calendar: {held.reason}, which is past the catch-up reach (max_delay)"
         return _Step(seen, SKIP_CALENDAR, reason)
     return _Step(seen, DEFERRED, f"calendar: {held.reason}", held.until_ms)
-
-
-def waits_for_maintenance(decision: Decision | None) -> bool:
-    """True for a tick deferred to the end of a maintenance window (not a `not_before` hold)."""
-    if decision is None or decision.decision != DEFERRED:
-        return False
-    calendar = decision.details.get("calendar")
-    return isinstance(calendar, Mapping) and calendar.get("rule") == "maintenance"
 
 
 def _deferral(tick: _Tick) -> _Step:

@@ -18,9 +18,9 @@ from taskstream.core.outbox import Outbox
 from taskstream.core.spec import MAX_DEDUPE_KEY_LEN, TaskSpec, instance_id_for
 from taskstream.core.states import Status
 from taskstream.core.store.port import DecisionRow, NewInstance, Store
-from taskstream.scheduler.decide import MISSED, SHOULD_RUN, SKIP_DUPLICATED, Decision
 from taskstream.scheduler.instances import SCHEDULED, new_instance, tick_instance_id
 from taskstream.scheduler.leader import Fenced
+from taskstream.scheduler.verdict import MISSED, SHOULD_RUN, SKIP_DUPLICATED, Decision
 
 EXISTS = "an instance with this dedupe key exists"
 _DIGEST_LEN = 24

@@ -7,8 +7,8 @@ from __future__ import annotations
 from taskstream.core.preconditions import Check, CheckResult, evaluate
 from taskstream.core.spec import TaskSpec
 from taskstream.core.store.port import InstanceRow, Store
-from taskstream.scheduler.decide import ActiveInstance, Decision, TickFacts
 from taskstream.scheduler.instances import business_date_of
+from taskstream.scheduler.verdict import ActiveInstance, Decision, TickFacts
 
 
 async def tick_facts(

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Final, Protocol
 
-from taskstream.scheduler.decide import DEFERRED, Decision, waits_for_maintenance
+from taskstream.scheduler.verdict import DEFERRED, Decision, waits_for_maintenance
 
 HELD_BY: Final = "held_by"
 """Detail key of a held tick: `{upstream: until_ms}`, the instant each cool-down ends."""

@@ -18,7 +18,7 @@ from taskstream.core.errors import TaskstreamError
 from taskstream.core.outbox import Emitted, Outbox
 from taskstream.core.spec import TaskSpec
 from taskstream.core.store.port import DecisionRow, NewInstance
-from taskstream.scheduler import decide
+from taskstream.scheduler import decide, verdict
 from taskstream.scheduler.calendar import (
     CalendarBlock,
     Deferral,
@@ -101,10 +101,10 @@ async def trigger(
         "payload_override": payload is not None,
         "outcome": emitted.outcome,
     }
-    decision, reason = decide.SHOULD_RUN, "manual trigger"
+    decision, reason = verdict.SHOULD_RUN, "manual trigger"
     if emitted.outcome == "duplicate":
         details["existing_status"] = None if emitted.status is None else emitted.status.value
-        decision, reason = decide.SKIP_DUPLICATED, f"manual trigger: {_EXISTS}"
+        decision, reason = verdict.SKIP_DUPLICATED, f"manual trigger: {_EXISTS}"
     await outbox.store.record_decision(
         DecisionRow(spec.id, fire_ms, decision, reason, details, emitted.instance_id, now_ms)
     )
@@ -170,7 +170,7 @@ async def backfill(
     times = backfill_times(spec, from_ms=from_ms, to_ms=to_ms, now_ms=now_ms, limit=limit)
     blocks = {at_ms: calendar_block(spec, at_ms) for at_ms in times}
     news = {at: _instance(spec, at, "backfill", None) for at, b in blocks.items() if b is None}
-    counts = {decide.SHOULD_RUN: 0, decide.SKIP_DUPLICATED: 0, decide.SKIP_CALENDAR: 0}
+    counts = {verdict.SHOULD_RUN: 0, verdict.SKIP_DUPLICATED: 0, verdict.SKIP_CALENDAR: 0}
     ids: list[str] = []
     unpublished = 0
     for fire_ms in times:
@@ -186,9 +186,9 @@ async def backfill(
             ids.append(row.instance_id)
     return BackfillResult(
         tuple(times),
-        counts[decide.SHOULD_RUN] - unpublished,
-        counts[decide.SKIP_DUPLICATED],
-        counts[decide.SKIP_CALENDAR],
+        counts[verdict.SHOULD_RUN] - unpublished,
+        counts[verdict.SKIP_DUPLICATED],
+        counts[verdict.SKIP_CALENDAR],
         tuple(ids),
         unpublished,
     )
@@ -199,7 +199,7 @@ def _calendar_row(spec: TaskSpec, fire_ms: int, block: CalendarBlock, now_ms: in
     seen: dict[str, Any] = {"fire_time_ms": fire_ms, "now_ms": now_ms, "backfill": True}
     seen["calendar"] = {**block.details, "rule": block.rule, "checked": "fire"}
     reason = f"backfill: calendar: {block.reason}"
-    return DecisionRow(spec.id, fire_ms, decide.SKIP_CALENDAR, reason, seen, None, now_ms)
+    return DecisionRow(spec.id, fire_ms, verdict.SKIP_CALENDAR, reason, seen, None, now_ms)
 
 
 async def _emit_row(outbox: Outbox, spec: TaskSpec, new: NewInstance, now_ms: int) -> DecisionRow:
@@ -208,10 +208,10 @@ async def _emit_row(outbox: Outbox, spec: TaskSpec, new: NewInstance, now_ms: in
     emitted = await outbox.emit(new, now_ms=now_ms)
     seen: dict[str, Any] = {"fire_time_ms": fire_ms, "now_ms": now_ms, "backfill": True}
     seen |= {"dedupe_key": new.dedupe_key, "outcome": emitted.outcome}
-    decision, reason = decide.SHOULD_RUN, "backfill"
+    decision, reason = verdict.SHOULD_RUN, "backfill"
     if emitted.outcome == "duplicate":
         seen["existing_status"] = None if emitted.status is None else emitted.status.value
-        decision, reason = decide.SKIP_DUPLICATED, f"backfill: {_EXISTS}"
+        decision, reason = verdict.SKIP_DUPLICATED, f"backfill: {_EXISTS}"
     return DecisionRow(spec.id, fire_ms, decision, reason, seen, emitted.instance_id, now_ms)
 
 

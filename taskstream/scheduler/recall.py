@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from taskstream.core.store.port import DecisionRow
-from taskstream.scheduler.decide import DEFERRED, NOT_FINAL, Decision
 from taskstream.scheduler.hold import HELD_BY
+from taskstream.scheduler.verdict import DEFERRED, NOT_FINAL, Decision
 
 RECALL_LIMIT = 5000
 """Most decision rows read back per task; ticks beyond them are decided again."""

@@ -8,25 +8,25 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from taskstream.core.store.port import DecisionRow, Store
-from taskstream.scheduler import decide
+from taskstream.scheduler import verdict
 from taskstream.scheduler.hold import HELD_BY
 
 _TRAIL_LIMIT: Final = 1000
 """Most decision rows read for one tick."""
 _DEP_VALUES: Final = ("depends_on", "markers_missing", "preconditions")
 _RULE_VALUES: Final[Mapping[str, tuple[str, tuple[str, ...]]]] = {
-    decide.SKIP_WINDOW: ("window", ("late_ms", "window_ms", "open_until_ms", "deferral")),
-    decide.MISSED: (
+    verdict.SKIP_WINDOW: ("window", ("late_ms", "window_ms", "open_until_ms", "deferral")),
+    verdict.MISSED: (
         "window / catch-up",
         ("late_ms", "window_ms", "max_delay_ms", "catchup_enabled", "count", "first_fire_ms"),
     ),
-    decide.SKIP_CALENDAR: ("calendar", ("calendar",)),
-    decide.DEFERRED: ("not_before / off_peak", ("deferral",)),
-    decide.SKIP_OVERLAP: ("overlap", ("overlap",)),
-    decide.SKIP_DEP: ("dependencies", _DEP_VALUES),
-    decide.WAIT_DEP: ("dependencies", _DEP_VALUES),
-    decide.SKIP_DUPLICATED: ("dedupe", ("dedupe_key", "existing_status")),
-    decide.COALESCED: ("catch-up", ("mode", "coalesced_into_ms", "max_burst", "oldest_run_ms")),
+    verdict.SKIP_CALENDAR: ("calendar", ("calendar",)),
+    verdict.DEFERRED: ("not_before / off_peak", ("deferral",)),
+    verdict.SKIP_OVERLAP: ("overlap", ("overlap",)),
+    verdict.SKIP_DEP: ("dependencies", _DEP_VALUES),
+    verdict.WAIT_DEP: ("dependencies", _DEP_VALUES),
+    verdict.SKIP_DUPLICATED: ("dedupe", ("dedupe_key", "existing_status")),
+    verdict.COALESCED: ("catch-up", ("mode", "coalesced_into_ms", "max_burst", "oldest_run_ms")),
 }
 """The rule behind each decision name and the detail keys holding the values it saw."""
 
@@ -88,12 +88,12 @@ def rule_of(decision: str, details: Mapping[str, Any]) -> tuple[str | None, dict
     rule, keys = _RULE_VALUES.get(decision, (None, ()))
     saw = {key: details[key] for key in keys if key in details}
     calendar = details.get("calendar")
-    if decision == decide.SKIP_CALENDAR and isinstance(calendar, Mapping):
+    if decision == verdict.SKIP_CALENDAR and isinstance(calendar, Mapping):
         rule = f"calendar ({calendar.get('rule')})"
-    elif decision == decide.SKIP_WINDOW and details.get("deferral"):
+    elif decision == verdict.SKIP_WINDOW and details.get("deferral"):
         rule = "not_before / off_peak (start held past the window)"
-    elif decision == decide.DEFERRED and isinstance(calendar, Mapping):
+    elif decision == verdict.DEFERRED and isinstance(calendar, Mapping):
         rule, saw = "calendar (maintenance: start held until its end)", {"calendar": calendar}
-    elif decision == decide.DEFERRED and details.get(HELD_BY):
+    elif decision == verdict.DEFERRED and details.get(HELD_BY):
         rule, saw = "upstream breaker (open)", {HELD_BY: details[HELD_BY]}
     return rule, saw

@@ -15,11 +15,11 @@ from taskstream.core.protocol import Keys
 from taskstream.core.states import Status
 from taskstream.core.store.port import DecisionRow
 from taskstream.core.store.sql import SqlStore
-from taskstream.scheduler import decide
-from taskstream.scheduler.decide import NOT_FINAL
+from taskstream.scheduler import verdict
 from taskstream.scheduler.instances import new_instance
 from taskstream.scheduler.leader import Fenced, LeaderLease
 from taskstream.scheduler.service import Scheduler, SchedulerConfig
+from taskstream.scheduler.verdict import NOT_FINAL
 from tests.integration.harness import Harness, until
 from tests.integration.outages import waiting
 
@@ -91,7 +91,7 @@ async def test_the_old_leader_records_no_decision_for_a_tick_the_new_one_decided
         await old.run_pass(stale)  # it resumes where it paused, still holding its token
 
     [row] = [r for r in await h.store.list_instances(limit=10) if r.task_id == "minutely"]
-    assert await _final(h, "minutely") == [(decide.SHOULD_RUN, row.id)]
+    assert await _final(h, "minutely") == [(verdict.SHOULD_RUN, row.id)]
 
 
 async def test_the_old_leader_records_nothing_for_a_waiting_tick_either(h: Harness) -> None:
@@ -103,7 +103,7 @@ async def test_the_old_leader_records_nothing_for_a_waiting_tick_either(h: Harne
         await old.run_pass(stale)
 
     assert [d.decision for d in await h.store.decisions("gated", limit=20)] == waiting
-    assert waiting == [decide.WAIT_DEP]
+    assert waiting == [verdict.WAIT_DEP]
 
 
 async def test_a_leader_that_took_over_decides_as_before(h: Harness) -> None:
@@ -120,7 +120,7 @@ async def test_a_leader_that_took_over_decides_as_before(h: Harness) -> None:
 
 
 def _row(fire_ms: int, task_id: str = "minutely") -> DecisionRow:
-    return DecisionRow(task_id, fire_ms, decide.SHOULD_RUN, "every rule passed", {}, None, 0)
+    return DecisionRow(task_id, fire_ms, verdict.SHOULD_RUN, "every rule passed", {}, None, 0)
 
 
 async def test_an_old_leaders_record_waits_for_a_takeover_in_progress_and_is_refused(
@@ -178,7 +178,7 @@ async def test_the_old_leader_creates_no_instance_for_a_tick_the_new_one_skipped
     [row] = await h.store.list_instances(limit=10)  # the record of the missed tick alone
     assert (row.status, row.dedupe_key.startswith("missed:")) == (Status.SKIPPED, True)
     decisions = await h.store.decisions("closes", limit=10)
-    assert [(d.decision, d.instance_id) for d in decisions] == [(decide.MISSED, row.id)]
+    assert [(d.decision, d.instance_id) for d in decisions] == [(verdict.MISSED, row.id)]
 
 
 async def test_an_old_leaders_instance_waits_for_a_takeover_in_progress_and_is_not_created(
@@ -218,7 +218,7 @@ async def test_the_old_leader_leaves_no_missed_record_beside_the_new_ones_run(
     [row] = await h.store.list_instances(limit=10)
     assert row.dedupe_key.startswith("closes:")
     decisions = await h.store.decisions("closes", limit=10)
-    assert [(d.decision, d.instance_id) for d in decisions] == [(decide.SHOULD_RUN, row.id)]
+    assert [(d.decision, d.instance_id) for d in decisions] == [(verdict.SHOULD_RUN, row.id)]
 
 
 async def test_concurrent_applies_that_add_tasks_queue_instead_of_deadlocking(

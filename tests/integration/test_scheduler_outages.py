@@ -19,7 +19,7 @@ from taskstream.core.store.port import InstanceRow
 from taskstream.core.store.sql import SqlStore
 from taskstream.core.store.sql_engine import make_engine
 from taskstream.core.store.urls import normalize_url
-from taskstream.scheduler import decide
+from taskstream.scheduler import verdict
 from taskstream.scheduler.emit import missed_instance
 from taskstream.scheduler.leader import LeaderLease
 from taskstream.scheduler.service import Scheduler, SchedulerConfig
@@ -147,7 +147,7 @@ async def test_a_tick_whose_instance_could_not_be_created_runs_at_the_next_pass(
 
     row = await _the_instance(h)
     assert row.status is Status.DISPATCHED
-    assert await _decisions(h) == [(decide.SHOULD_RUN, row.id)]
+    assert await _decisions(h) == [(verdict.SHOULD_RUN, row.id)]
     assert await _entries(h) == 1
 
 
@@ -167,7 +167,7 @@ async def test_a_tick_whose_entry_could_not_be_added_is_recorded_as_run_and_repu
 
     row = await _the_instance(h)
     assert row.status is Status.PENDING
-    assert await _decisions(h) == [(decide.SHOULD_RUN, row.id)]
+    assert await _decisions(h) == [(verdict.SHOULD_RUN, row.id)]
     [record] = await h.store.decisions("minutely", limit=1)
     assert record.details["outcome"] == "unpublished"
     assert await _entries(h) == 0
@@ -178,7 +178,7 @@ async def test_a_tick_whose_entry_could_not_be_added_is_recorded_as_run_and_repu
     assert counts["republished"] == 1
     assert await _entries(h) == 1
     assert (await _the_instance(h)).status is Status.DISPATCHED
-    assert await _decisions(h) == [(decide.SHOULD_RUN, row.id)]
+    assert await _decisions(h) == [(verdict.SHOULD_RUN, row.id)]
 
 
 async def test_a_tick_whose_decision_could_not_be_recorded_is_recorded_once_as_run(
@@ -195,7 +195,7 @@ async def test_a_tick_whose_decision_could_not_be_recorded_is_recorded_once_as_r
     await scheduler.run_pass()
 
     row = await _the_instance(h)
-    assert await _decisions(h) == [(decide.SHOULD_RUN, row.id)]
+    assert await _decisions(h) == [(verdict.SHOULD_RUN, row.id)]
     assert await _entries(h) == 1
 
 
@@ -213,7 +213,7 @@ async def test_a_waiting_tick_whose_record_failed_is_recorded_at_the_next_pass(
     await scheduler.run_pass()
     await scheduler.run_pass()
 
-    assert await _decisions(h) == [(decide.WAIT_DEP, None)]
+    assert await _decisions(h) == [(verdict.WAIT_DEP, None)]
 
 
 async def test_a_pass_ends_only_after_every_task_ended_even_when_one_failed(
@@ -246,7 +246,7 @@ async def test_a_pass_ends_only_after_every_task_ended_even_when_one_failed(
         await passing
 
     gated = await h.store.decisions("gated", limit=10)
-    assert [(d.fire_time_ms, d.decision) for d in gated] == [(M0, decide.SHOULD_RUN)]
+    assert [(d.fire_time_ms, d.decision) for d in gated] == [(M0, verdict.SHOULD_RUN)]
 
 
 async def test_after_a_failed_cursor_write_the_next_wake_is_the_next_fire_time(
@@ -266,7 +266,7 @@ async def test_after_a_failed_cursor_write_the_next_wake_is_the_next_fire_time(
 
     assert next_due == M0 + 60_000
     row = await _the_instance(h)
-    assert await _decisions(h) == [(decide.SHOULD_RUN, row.id)]
+    assert await _decisions(h) == [(verdict.SHOULD_RUN, row.id)]
 
 
 async def test_a_tick_left_waiting_by_a_stopped_scheduler_keeps_waiting_for_its_marker(
@@ -280,12 +280,12 @@ async def test_a_tick_left_waiting_by_a_stopped_scheduler_keeps_waiting_for_its_
     await _scheduler(h, h.outbox).run_pass()
     h.clock.set(M0 + 1000)
     await _scheduler(h, h.outbox).run_pass()
-    assert await _decisions(h) == [(decide.WAIT_DEP, None)]
+    assert await _decisions(h) == [(verdict.WAIT_DEP, None)]
 
     h.clock.set(M0 + 6 * 60_000)  # the 5-minute window has closed
     await _scheduler(h, h.outbox).run_pass()
 
-    assert await _decisions(h) == [(decide.WAIT_DEP, None), (decide.SKIP_DEP, None)]
+    assert await _decisions(h) == [(verdict.WAIT_DEP, None), (verdict.SKIP_DEP, None)]
     assert await h.store.list_instances(limit=10) == []
 
 
@@ -302,7 +302,7 @@ async def test_a_successor_does_not_decide_again_a_tick_decided_past_the_cursor(
     await _scheduler(h, outbox).run_pass()
 
     row = await _the_instance(h)
-    assert await _decisions(h) == [(decide.SHOULD_RUN, row.id)]
+    assert await _decisions(h) == [(verdict.SHOULD_RUN, row.id)]
 
 
 async def test_a_replacing_run_that_could_not_be_created_leaves_the_previous_one_running(
@@ -344,7 +344,7 @@ async def test_a_late_tick_that_catch_up_deferred_runs_at_its_held_start(h: Harn
     await scheduler.run_pass()
 
     [row] = await h.store.list_instances(limit=10)
-    assert await _decisions(h) == [(decide.DEFERRED, None), (decide.SHOULD_RUN, row.id)]
+    assert await _decisions(h) == [(verdict.DEFERRED, None), (verdict.SHOULD_RUN, row.id)]
 
 
 async def test_a_missed_tick_left_pending_by_a_failed_pass_is_skipped(h: Harness) -> None:
@@ -363,7 +363,7 @@ async def test_a_missed_tick_left_pending_by_a_failed_pass_is_skipped(h: Harness
 
     [row] = await h.store.list_instances(limit=10)
     assert (row.status, row.dedupe_key.startswith("missed:")) == (Status.SKIPPED, True)
-    assert await _decisions(h) == [(decide.MISSED, row.id)]
+    assert await _decisions(h) == [(verdict.MISSED, row.id)]
 
 
 async def test_a_leader_whose_token_counter_redis_lost_schedules_again_at_once(
@@ -387,4 +387,4 @@ async def test_a_leader_whose_token_counter_redis_lost_schedules_again_at_once(
     assert (await h.store.get_cursor("minutely") or 0) >= M0
     assert lease.token is not None and lease.token > 1000
     row = await _the_instance(h)
-    assert await _decisions(h) == [(decide.SHOULD_RUN, row.id)]
+    assert await _decisions(h) == [(verdict.SHOULD_RUN, row.id)]

@@ -16,8 +16,8 @@ from taskstream.core.store.port import DecisionRow, InstanceRow, Store
 from taskstream.executor.retry import attempts_used
 from taskstream.ratelimit.breaker import BreakerStatus
 from taskstream.ratelimit.redis_backend import RedisBreakers
-from taskstream.scheduler.decide import COALESCED, DEFERRED, Decision
 from taskstream.scheduler.hold import held_upstreams
+from taskstream.scheduler.verdict import COALESCED, DEFERRED, Decision
 from tests.soak.outage_timeline import BreakerSeen
 
 WATCH_EVERY_S = 0.05

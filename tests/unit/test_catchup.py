@@ -13,13 +13,8 @@ from taskstream.scheduler.catchup import (
     catchup_horizon_ms,
     plan_catchup,
 )
-from taskstream.scheduler.decide import (
-    COALESCED,
-    MISSED,
-    SHOULD_RUN,
-    SKIP_CALENDAR,
-    START_GRACE_MS,
-)
+from taskstream.scheduler.decide import START_GRACE_MS
+from taskstream.scheduler.verdict import COALESCED, MISSED, SHOULD_RUN, SKIP_CALENDAR
 
 MIN = 60_000
 HOUR = 60 * MIN

@@ -9,7 +9,8 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from taskstream.core.spec import TaskSpec
-from taskstream.scheduler.decide import (
+from taskstream.scheduler.decide import START_GRACE_MS, decide_tick
+from taskstream.scheduler.verdict import (
     COALESCED,
     DEFERRED,
     MISSED,
@@ -19,12 +20,10 @@ from taskstream.scheduler.decide import (
     SKIP_DUPLICATED,
     SKIP_OVERLAP,
     SKIP_WINDOW,
-    START_GRACE_MS,
     WAIT_DEP,
     ActiveInstance,
     Decision,
     TickFacts,
-    decide_tick,
     waits_for_maintenance,
 )
 

@@ -20,18 +20,7 @@ from taskstream.ratelimit.breaker import (
 from taskstream.ratelimit.memory import MemoryBreakers
 from taskstream.runtime.upstream_holds import BreakerHolds
 from taskstream.scheduler.catchup import plan_catchup
-from taskstream.scheduler.decide import (
-    COALESCED,
-    DEFERRED,
-    MISSED,
-    SHOULD_RUN,
-    SKIP_DUPLICATED,
-    SKIP_WINDOW,
-    WAIT_DEP,
-    Decision,
-    TickFacts,
-    decide_tick,
-)
+from taskstream.scheduler.decide import decide_tick
 from taskstream.scheduler.hold import (
     HELD_BACK_BY,
     HELD_BY,
@@ -43,6 +32,17 @@ from taskstream.scheduler.hold import (
     released,
 )
 from taskstream.scheduler.trail import rule_of
+from taskstream.scheduler.verdict import (
+    COALESCED,
+    DEFERRED,
+    MISSED,
+    SHOULD_RUN,
+    SKIP_DUPLICATED,
+    SKIP_WINDOW,
+    WAIT_DEP,
+    Decision,
+    TickFacts,
+)
 
 NOW = 1_780_000_000_000
 FIRE = NOW - 5_000

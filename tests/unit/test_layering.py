@@ -38,6 +38,8 @@ PURE_MODULES = (
     "taskstream.core.spec",
     "taskstream.scheduler.ticks",
     "taskstream.scheduler.decide",
+    "taskstream.scheduler.verdict",
+    "taskstream.scheduler.maintenance",
     "taskstream.scheduler.localtime",
     "taskstream.scheduler.calendar",
     "taskstream.executor.outcome",

@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 
 from taskstream.core.spec import TaskSpec
 from taskstream.scheduler.calendar import calendar_block
-from taskstream.scheduler.decide import DEFERRED, SHOULD_RUN, SKIP_CALENDAR, TickFacts, decide_tick
+from taskstream.scheduler.decide import decide_tick
 from taskstream.scheduler.maintenance import maintenance_wait
+from taskstream.scheduler.verdict import DEFERRED, SHOULD_RUN, SKIP_CALENDAR, TickFacts
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 HOUR_MS = 3_600_000

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from taskstream.core.store.port import DecisionRow
-from taskstream.scheduler import decide
+from taskstream.scheduler import verdict
 from taskstream.scheduler.hold import HELD_BY
 from taskstream.scheduler.recall import recall
 
@@ -19,16 +19,16 @@ def row(fire_ms: int, decision: str, **details: Any) -> DecisionRow:
 def test_the_latest_row_of_each_tick_counts() -> None:
     decided, waiting = recall(
         [
-            row(T, decide.WAIT_DEP, open_until_ms=T + 300_000),
-            row(T, decide.SHOULD_RUN),
-            row(T + 60_000, decide.SKIP_OVERLAP),
-            row(T + 120_000, decide.WAIT_DEP, open_until_ms=T + 420_000),
+            row(T, verdict.WAIT_DEP, open_until_ms=T + 300_000),
+            row(T, verdict.SHOULD_RUN),
+            row(T + 60_000, verdict.SKIP_OVERLAP),
+            row(T + 120_000, verdict.WAIT_DEP, open_until_ms=T + 420_000),
         ]
     )
     assert decided == {T, T + 60_000}
     assert list(waiting) == [T + 120_000]
     assert (waiting[T + 120_000].decision, waiting[T + 120_000].until_ms) == (
-        decide.WAIT_DEP,
+        verdict.WAIT_DEP,
         T + 420_000,
     )
     assert not waiting[T + 120_000].final
@@ -37,12 +37,12 @@ def test_the_latest_row_of_each_tick_counts() -> None:
 def test_waiting_ticks_are_decided_again_when_their_decision_said() -> None:
     _, waiting = recall(
         [
-            row(T, decide.DEFERRED, deferral={"until_ms": T + 5_000}, open_until_ms=T + 9_000),
-            row(T + 1, decide.DEFERRED, **{HELD_BY: {"llm": T + 7_000, "db": T + 6_000}}),
-            row(T + 2, decide.WAIT_DEP),
+            row(T, verdict.DEFERRED, deferral={"until_ms": T + 5_000}, open_until_ms=T + 9_000),
+            row(T + 1, verdict.DEFERRED, **{HELD_BY: {"llm": T + 7_000, "db": T + 6_000}}),
+            row(T + 2, verdict.WAIT_DEP),
             row(
                 T + 3,
-                decide.DEFERRED,
+                verdict.DEFERRED,
                 calendar={"rule": "maintenance", "until_ms": T + 3_600_000},
                 deferral=None,
                 open_until_ms=T + 9_000,
