@@ -3,9 +3,13 @@ the test Redis, whose keys are deleted afterwards."""
 
 from __future__ import annotations
 
+import atexit
+import functools
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -33,6 +37,27 @@ def run_cli(
     )
 
 
+@functools.cache
+def _migrated_template() -> Path:
+    """A SQLite store that `taskstream migrate` made, once per test process (and removed at
+    its exit): each test copies it instead of paying a CLI process for its own migration.
+    Migrating itself is tested where it is the subject."""
+    folder = Path(tempfile.mkdtemp(prefix="taskstream-e2e-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TASKSTREAM_")}
+    env["TASKSTREAM_DATABASE_URL"] = f"sqlite:///{folder / 'store.db'}"
+    run_cli("migrate", env=env, check=True)
+    leftovers = sorted(p.name for p in folder.iterdir() if p.name != "store.db")
+    assert not leftovers, f"migrate left {leftovers} beside the store"
+    return folder / "store.db"
+
+
+def migrated_store(folder: Path) -> str:
+    """Put a migrated SQLite store in `folder` (`store.db`); returns its URL."""
+    shutil.copyfile(_migrated_template(), folder / "store.db")
+    return f"sqlite:///{folder / 'store.db'}"
+
+
 @dataclass(frozen=True)
 class Cli:
     """Runs `taskstream` in `cwd` against one namespace of the test Redis."""
@@ -54,13 +79,12 @@ def applied(tmp_path: Path, redis_url: str, files: Mapping[str, str]) -> Iterato
     namespace = "e2e" + uuid.uuid4().hex[:12]
     env = {k: v for k, v in os.environ.items() if not k.startswith("TASKSTREAM_")}
     env |= {
-        "TASKSTREAM_DATABASE_URL": f"sqlite:///{tmp_path / 'store.db'}",
+        "TASKSTREAM_DATABASE_URL": migrated_store(tmp_path),
         "TASKSTREAM_REDIS_URL": redis_url,
         "TASKSTREAM_NAMESPACE": namespace,
         "COLUMNS": "250",
     }
     run = Cli(tmp_path, env, redis_url, Keys(namespace=namespace))
-    run("migrate")
     for name, text in files.items():
         (tmp_path / name).write_text(text)
         run("tasks", "apply", name)

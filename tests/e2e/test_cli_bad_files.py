@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.cli_rig import Cli, applied, run_cli
+from tests.e2e.cli_rig import Cli, applied, migrated_store, run_cli
 
 NO_STORE = "mysql://root@127.0.0.1:1/taskstream"  # nothing listens on port 1
 ON_DEMAND = "tasks:\n  - id: od\n    agent: echo\n    payload: {n: 1}\n"
@@ -67,9 +67,8 @@ def test_a_bad_file_is_one_line_naming_it_before_the_store(
 
 
 def test_a_refused_apply_keeps_the_stored_definition(tmp_path: Path) -> None:
-    env = _env(f"sqlite:///{tmp_path / 'store.db'}")
+    env = _env(migrated_store(tmp_path))
     (tmp_path / "tasks.yaml").write_text(ON_DEMAND)
-    run_cli("migrate", env=env, cwd=tmp_path, check=True)
     run_cli("tasks", "apply", "tasks.yaml", env=env, cwd=tmp_path, check=True)
     before = run_cli("tasks", "list", "--json", env=env, cwd=tmp_path, check=True).stdout
     (tmp_path / "tasks.yaml").write_text(ON_DEMAND.replace("{n: 1}", BIG_PAYLOAD))

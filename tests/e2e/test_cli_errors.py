@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.cli_rig import run_cli
+from tests.e2e.cli_rig import migrated_store, run_cli
 
 DOWN = "redis://127.0.0.1:1/0"  # nothing listens on port 1
 
@@ -45,7 +45,7 @@ def test_an_invalid_setting_is_named_in_one_line(
 @pytest.mark.parametrize("command", [("dead", "list"), ("sweeper",)])
 def test_redis_down_is_one_line_and_exit_1(tmp_path: Path, command: tuple[str, ...]) -> None:
     env = _env(tmp_path, redis_url=DOWN)
-    assert run_cli("migrate", env=env).returncode == 0
+    migrated_store(tmp_path)
     out = run_cli(*command, env=env)
     assert out.returncode == 1
     assert out.stderr.startswith("error: redis unavailable: ConnectionError")
@@ -56,7 +56,7 @@ def test_status_with_redis_down_shows_the_stores_counts_and_exits_1(tmp_path: Pa
     """The store is the truth and still answers: `status` shows its counts, says Redis is
     unavailable (streams and upstreams unknown), and exits 1; `--json` carries the same."""
     env = _env(tmp_path, redis_url="redis://:hunter2@127.0.0.1:1/0")
-    assert run_cli("migrate", env=env).returncode == 0
+    migrated_store(tmp_path)
     out = run_cli("status", env=env)
     assert out.returncode == 1
     assert "redis unavailable: ConnectionError" in out.stdout

@@ -20,7 +20,7 @@ from taskstream.core.specfile import parse_task_file_text
 from taskstream.core.store.port import DecisionRow
 from taskstream.core.store.sql import SqlStore
 from taskstream.scheduler.calendar import calendar_block
-from tests.e2e.cli_rig import run_cli
+from tests.e2e.cli_rig import migrated_store, run_cli
 
 TASKS = """
 tasks:
@@ -67,7 +67,7 @@ class Cli:
 @pytest.fixture
 def cli(tmp_path: Path, redis_url: str) -> Iterator[Cli]:
     namespace = "e2e" + uuid.uuid4().hex[:12]
-    database_url = f"sqlite:///{tmp_path / 'store.db'}"
+    database_url = migrated_store(tmp_path)
     env = {k: v for k, v in os.environ.items() if not k.startswith("TASKSTREAM_")}
     env |= {
         "TASKSTREAM_DATABASE_URL": database_url,
@@ -77,7 +77,6 @@ def cli(tmp_path: Path, redis_url: str) -> Iterator[Cli]:
     }
     (tmp_path / "tasks.yaml").write_text(TASKS)
     run = Cli(tmp_path, env, database_url)
-    run("migrate")
     run("tasks", "apply", "tasks.yaml")
     yield run
     client = redis.Redis.from_url(redis_url)

@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 from taskstream.core.store.sql import SqlStore
-from tests.e2e.cli_rig import run_cli
+from tests.e2e.cli_rig import migrated_store, run_cli
 
 TASKS = """
 upstreams:
@@ -23,11 +23,10 @@ def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_apply_stores_upstream_limits(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'ts.db'}"
+    url = migrated_store(tmp_path)
     env = {k: v for k, v in os.environ.items() if not k.startswith("TASKSTREAM_")}
     env["TASKSTREAM_DATABASE_URL"] = url
     (tmp_path / "tasks.yaml").write_text(TASKS)
-    cli(env, "migrate")
     out = cli(env, "tasks", "apply", str(tmp_path / "tasks.yaml")).stdout
     assert "summarize: created" in out
     assert "upstream llm: created" in out
