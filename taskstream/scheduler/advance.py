@@ -109,10 +109,7 @@ class Advancer:
             previous = state.waiting.get(fire)
             # A tick catch-up admitted and then deferred keeps its catch-up window.
             late = previous is not None and previous.details.get("catchup") is True
-            ready = spec.catchup.only_if_ready if late else True
-            decision = await self._decide(
-                spec, fire, now_ms, held, catchup=late, ready=ready, previous=previous
-            )
+            decision = await self._decide(spec, fire, now_ms, held, catchup=late, previous=previous)
             await self._apply(spec, fire, decision, now_ms, state)
         last = due[-1] if due else cursor
         await self._move(spec, state, min([last, *(f - 1 for f in state.waiting)]), token)
@@ -156,9 +153,8 @@ class Advancer:
                 await self._done(spec, fire, created_earlier(fire), own[fire], now_ms, state)
                 continue
             if planned.runs:
-                ready, previous = plan.require_ready, waits.get(fire)
                 decision = await self._decide(
-                    spec, fire, now_ms, held, catchup=True, ready=ready, previous=previous
+                    spec, fire, now_ms, held, catchup=True, previous=waits.get(fire)
                 )
             await self._apply(spec, fire, decision, now_ms, state)
 
@@ -222,17 +218,10 @@ class Advancer:
         held: Mapping[str, int],
         *,
         catchup: bool = False,
-        ready: bool = True,
         previous: Decision | None = None,
     ) -> Decision:
         facts = await tick_facts(
-            self._store,
-            self._checks,
-            spec,
-            fire_ms,
-            catchup=catchup,
-            ready=ready,
-            previous=previous,
+            self._store, self._checks, spec, fire_ms, catchup=catchup, previous=previous
         )
         return hold_back(decide_tick(facts, spec, now_ms), held)
 

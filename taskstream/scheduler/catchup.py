@@ -16,8 +16,9 @@ Each missed fire time gets one decision, checked in this order:
 
 A `should_run` here is provisional: the caller decides each one again with
 `decide_tick(TickFacts(fire_ms, catchup=True, ...), spec, now_ms)`, which applies the start
-instant's calendar, deferral, overlap and, when `CatchupPlan.require_ready` is set
-(`only_if_ready`), dependencies: a catch-up tick that is not ready is `skip_dep`, never waits.
+instant's calendar, deferral, overlap and, with `only_if_ready` (or for a tick late only for
+a maintenance wait: `decide.readiness_checked`), dependencies: a catch-up tick that is not
+ready is `skip_dep`, never waits.
 
 Bounds: `plan_catchup` is O(n) in the fire times it is given and returns at most `max_burst`
 (default 100) runs, so a week of per-minute ticks cannot flood the queue. The expensive part
@@ -45,14 +46,10 @@ DEFAULT_MAX_BURST: Final = 100
 
 @dataclass(frozen=True, slots=True)
 class CatchupPlan:
-    """One decision per missed fire time, oldest first.
-
-    `require_ready` (the task's `only_if_ready`): the caller must gather marker and
-    precondition facts for the `should_run` entries and decide them with `decide_tick`.
-    """
+    """One decision per missed fire time, oldest first. The caller decides the `should_run`
+    entries again with `decide_tick`, with the facts it gathers for them."""
 
     entries: tuple[tuple[int, Decision], ...]
-    require_ready: bool
 
     @property
     def runs(self) -> list[int]:
@@ -152,7 +149,7 @@ def plan_catchup(
             seen = _seen(fire_ms, now_ms, spec)
             decision = Decision(COALESCED, into[0], seen | into[1])
         entries.append((fire_ms, decision))
-    return CatchupPlan(tuple(entries), spec.catchup.only_if_ready)
+    return CatchupPlan(tuple(entries))
 
 
 def _into(

@@ -46,6 +46,7 @@ from taskstream.scheduler.calendar import (
 )
 from taskstream.scheduler.maintenance import maintenance_hold
 from taskstream.scheduler.verdict import (
+    AFTER_MAINTENANCE,
     DEFERRED,
     MISSED,
     SHOULD_RUN,
@@ -140,7 +141,7 @@ def _base_details(tick: _Tick) -> dict[str, Any]:
         "open_until_ms": tick.open_until_ms,
         "catchup": tick.facts.catchup,
         "previous": tick.facts.previous,
-    }
+    } | ({AFTER_MAINTENANCE: True} if tick.facts.after_maintenance else {})
 
 
 def _window(tick: _Tick) -> _Step:
@@ -257,8 +258,17 @@ def _readiness(tick: _Tick) -> _Readiness:
     return _Readiness(seen, failed, [*facts.missing_markers, *unavailable])
 
 
+def readiness_checked(spec: TaskSpec, *, catchup: bool, after_maintenance: bool) -> bool:
+    """Whether a tick's `depends_on` and `preconditions` are checked: always on time; for a
+    catch-up tick under `only_if_ready`, or when it is late only for a maintenance wait."""
+    return not catchup or spec.catchup.only_if_ready or after_maintenance
+
+
 def _dependencies(tick: _Tick) -> _Step:
-    if tick.facts.catchup and not tick.spec.catchup.only_if_ready:
+    facts = tick.facts
+    if not readiness_checked(
+        tick.spec, catchup=facts.catchup, after_maintenance=facts.after_maintenance
+    ):
         return _Step({"dependencies_checked": False})
     ready = _readiness(tick)
     if ready.failed:
@@ -266,7 +276,10 @@ def _dependencies(tick: _Tick) -> _Step:
     if not ready.waiting:
         return _Step(ready.seen)
     names = ", ".join(ready.waiting)
-    if tick.facts.catchup:
+    if facts.after_maintenance:
+        reason = f"{names} not ready once the maintenance window ended (the window had closed)"
+        return _Step(ready.seen, SKIP_DEP, reason)
+    if facts.catchup:
         return _Step(ready.seen, SKIP_DEP, f"catch-up needs readiness: {names} not ready")
     return _Step(ready.seen, WAIT_DEP, f"waiting for {names}", tick.open_until_ms)
 

@@ -7,8 +7,14 @@ from __future__ import annotations
 from taskstream.core.preconditions import Check, CheckResult, evaluate
 from taskstream.core.spec import TaskSpec
 from taskstream.core.store.port import InstanceRow, Store
+from taskstream.scheduler.decide import readiness_checked
 from taskstream.scheduler.instances import business_date_of
-from taskstream.scheduler.verdict import ActiveInstance, Decision, TickFacts
+from taskstream.scheduler.verdict import (
+    ActiveInstance,
+    Decision,
+    TickFacts,
+    held_for_maintenance,
+)
 
 
 async def tick_facts(
@@ -18,18 +24,18 @@ async def tick_facts(
     fire_ms: int,
     *,
     catchup: bool,
-    ready: bool,
     previous: Decision | None,
 ) -> TickFacts:
     """Facts for the tick at `fire_ms` (epoch ms). Readiness (markers and preconditions) is
-    read only when `ready` and, for a catch-up tick, when its policy asks for it; otherwise
-    every precondition counts as passed and no marker as missing."""
+    read only when `decide.readiness_checked` says the tick checks it; otherwise every
+    precondition counts as passed and no marker as missing."""
     active = None
     if spec.concurrency != "allow":
         active = _other_active(await store.active_instances(spec.id, limit=10), fire_ms)
     missing: tuple[str, ...] = ()
     results: dict[str, CheckResult] = dict.fromkeys(spec.preconditions, "pass")
-    if ready and not (catchup and not spec.catchup.only_if_ready):
+    after_maintenance = catchup and held_for_maintenance(previous)
+    if readiness_checked(spec, catchup=catchup, after_maintenance=after_maintenance):
         day = business_date_of(spec, fire_ms)
         found = await store.ready_markers(list(spec.depends_on), day)
         missing = tuple(m for m in spec.depends_on if m not in found)
@@ -42,6 +48,7 @@ async def tick_facts(
         catchup,
         previous.decision if previous else None,
         previous.until_ms if previous else None,
+        after_maintenance,
     )
 
 

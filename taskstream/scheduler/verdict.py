@@ -76,6 +76,10 @@ class TickFacts:
     `catchup`: the tick was admitted by the catch-up policy after its window closed.
     `previous`: the tick's last decision when it was non-final (`wait_dep`, `deferred`), else
     None (first decision); `previous_until_ms` the instant that decision held it until.
+    `after_maintenance`: a catch-up tick that is late only because it waited for a maintenance
+    window (see `held_for_maintenance`). It is not a missed fire time, and its readiness was
+    never checked (the calendar comes first), so it is checked now whatever `only_if_ready`
+    says.
     """
 
     fire_ms: int
@@ -85,6 +89,7 @@ class TickFacts:
     catchup: bool = False
     previous: str | None = None
     previous_until_ms: int | None = None
+    after_maintenance: bool = False
 
     def __post_init__(self) -> None:
         if self.previous is not None and self.previous not in NOT_FINAL:
@@ -100,3 +105,16 @@ def waits_for_maintenance(decision: Decision | None) -> bool:
         return False
     calendar = decision.details.get("calendar")
     return isinstance(calendar, Mapping) and calendar.get("rule") == "maintenance"
+
+
+AFTER_MAINTENANCE: Final = "after_maintenance"
+"""Details key set on the decisions of a tick decided as `TickFacts.after_maintenance`."""
+
+
+def held_for_maintenance(previous: Decision | None) -> bool:
+    """Whether a tick whose `previous` (non-final) decision this is waited for a maintenance
+    window: that decision is the wait itself, or a later hold of a tick that had waited (a
+    `not_before` after the window, say)."""
+    if waits_for_maintenance(previous):
+        return True
+    return previous is not None and previous.details.get(AFTER_MAINTENANCE) is True

@@ -73,6 +73,28 @@ async def started(h: Harness, text: str) -> Scheduler:
     return s
 
 
+@pytest.mark.parametrize("marked", [False, True])
+async def test_a_run_held_past_its_window_still_needs_its_marker(h: Harness, marked: bool) -> None:
+    """The 01:30 run waits for the window's end, 02:00, after its own 5-minute window closed:
+    a late tick, yet not a missed one. Its `depends_on` was never checked (the calendar comes
+    first), so it is checked at 02:00 although `only_if_ready` is off, and a marker that is not
+    there skips it instead of running the report on missing data."""
+    s = await started(h, task(DAILY_0130, depends_on="[raw.ready]"))
+    if marked:
+        await h.store.mark_ready("raw.ready", "2026-05-28")
+    await passes(h, s, D0 + 2 * HOUR + 2 * MIN)
+    decided = (await trail(h, 90))[-1]
+    assert decided.details["catchup"] is True
+    assert decided.details["markers_missing"] == ([] if marked else ["raw.ready"])
+    if marked:
+        assert decided.decision == "should_run"
+        assert await runs(h) == [(90, 120)]
+    else:
+        assert decided.decision == "skip_dep"
+        assert decided.reason.startswith("raw.ready not ready once the maintenance window ended")
+        assert await h.store.list_instances(task_id="t") == []
+
+
 async def test_a_daily_run_inside_maintenance_starts_when_it_ends(h: Harness) -> None:
     s = await started(h, task(DAILY_0130))
     await passes(h, s, D0 + 90 * MIN)

@@ -141,11 +141,11 @@ def test_the_grace_follows_the_reach_when_the_window_is_longer_than_max_delay() 
     assert decisions([T0], late, task) == [MISSED]
 
 
-def test_only_if_ready_asks_the_caller_to_require_readiness() -> None:
+def test_only_if_ready_is_recorded_with_the_tick_it_runs() -> None:
     ready = plan_catchup(minutes(T0, 2), T0 + 5 * MIN, spec(only_if_ready=True))
-    assert ready.require_ready
     assert ready.entries[-1][1].details["require_ready"] is True
-    assert not plan_catchup(minutes(T0, 2), T0 + 5 * MIN, spec()).require_ready
+    plain = plan_catchup(minutes(T0, 2), T0 + 5 * MIN, spec())
+    assert plain.entries[-1][1].details["require_ready"] is False
 
 
 def test_mode_all_runs_at_most_the_burst_newest_first_kept() -> None:

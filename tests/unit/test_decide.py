@@ -24,6 +24,7 @@ from taskstream.scheduler.verdict import (
     ActiveInstance,
     Decision,
     TickFacts,
+    held_for_maintenance,
     waits_for_maintenance,
 )
 
@@ -395,6 +396,31 @@ def test_a_catchup_tick_is_open_until_max_delay() -> None:
     assert got.details["dependencies_checked"] is False
     ready = decide_tick(facts(catchup=True), CATCHUP_READY, FIRE + 30 * MIN)
     assert ready.details["markers_missing"] == []
+
+
+def test_a_tick_late_only_for_maintenance_checks_readiness_whatever_only_if_ready() -> None:
+    """Its readiness was never checked (the calendar rule comes first): it is checked now,
+    and not being ready skips it at once, as its window has closed."""
+    held = facts(catchup=True, after_maintenance=True, missing_markers=("raw.ready",))
+    got = decide_tick(held, CATCHUP, FIRE + 30 * MIN)
+    assert got.decision == SKIP_DEP
+    assert got.reason.startswith("raw.ready not ready once the maintenance window ended")
+    assert got.details["markers_missing"] == ["raw.ready"]
+    assert got.details["after_maintenance"] is True
+    ready = decide_tick(facts(catchup=True, after_maintenance=True), CATCHUP, FIRE + 30 * MIN)
+    assert ready.runs and ready.details["markers_missing"] == []
+    missed = facts(catchup=True, missing_markers=("raw.ready",))
+    assert decide_tick(missed, CATCHUP, FIRE + 30 * MIN).runs  # downtime: only_if_ready rules
+    assert "after_maintenance" not in decide_tick(missed, CATCHUP, FIRE + 30 * MIN).details
+
+
+def test_held_for_maintenance_follows_a_wait_through_later_holds() -> None:
+    wait = decide_tick(facts(), MAINTENANCE, FIRE + 6 * MIN)
+    assert wait.decision == DEFERRED and held_for_maintenance(wait)
+    later = Decision(DEFERRED, "not_before", {"after_maintenance": True}, FIRE + 2 * WINDOW)
+    assert held_for_maintenance(later)
+    assert not held_for_maintenance(Decision(DEFERRED, "not_before", {}, FIRE + WINDOW))
+    assert not held_for_maintenance(None)
 
 
 @pytest.mark.parametrize(
