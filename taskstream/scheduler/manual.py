@@ -164,11 +164,14 @@ async def backfill(
     """Create one instance per fire time of `spec` in [from_ms, to_ms] (ms), oldest first.
 
     Fire times the calendar forbids are recorded `skip_calendar` and not created; an existing
-    dedupe key is `skip_duplicated`. Every instance is rendered before any is written, so a
-    bad dedupe template writes nothing. Errors as `backfill_times`.
+    dedupe key is `skip_duplicated`. A maintenance window forbids a fire time only when the
+    task's catch-up is disabled: otherwise the scheduled tick would have waited for the
+    window's end and run, and a backfill's run starts now. Every instance is rendered before
+    any is written, so a bad dedupe template writes nothing. Errors as `backfill_times`.
     """
     times = backfill_times(spec, from_ms=from_ms, to_ms=to_ms, now_ms=now_ms, limit=limit)
-    blocks = {at_ms: calendar_block(spec, at_ms) for at_ms in times}
+    waits = spec.catchup.enabled
+    blocks = {at_ms: calendar_block(spec, at_ms, maintenance=not waits) for at_ms in times}
     news = {at: _instance(spec, at, "backfill", None) for at, b in blocks.items() if b is None}
     counts = {verdict.SHOULD_RUN: 0, verdict.SKIP_DUPLICATED: 0, verdict.SKIP_CALENDAR: 0}
     ids: list[str] = []

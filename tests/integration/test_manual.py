@@ -31,6 +31,15 @@ tasks:
     payload: {region: eu}
   - id: on-demand
     agent: echo
+  - id: nightly
+    agent: echo
+    schedule: {cron: "30 1 * * *", timezone: UTC}
+    calendar: {exclude_dates: ["2026-12-01"], maintenance: [{start: "01:00", end: "02:00"}]}
+  - id: nightly-strict
+    agent: echo
+    schedule: {cron: "30 1 * * *", timezone: UTC}
+    calendar: {maintenance: [{start: "01:00", end: "02:00"}]}
+    catchup: {enabled: false}
 """
 
 
@@ -130,6 +139,24 @@ async def test_backfill_counts_published_duplicate_and_calendar_skipped(
         ("should_run", "backfill"),
         ("skip_duplicated", "backfill: an instance with this dedupe key exists"),
     ]
+
+
+async def test_backfill_runs_fire_times_inside_maintenance_as_the_scheduler_would(
+    outbox: Outbox, specs: dict[str, TaskSpec]
+) -> None:
+    """Every 01:30 falls inside the 01:00-02:00 window. With catch-up on, the scheduler holds
+    such a start until 02:00 and runs it, so a backfill (whose runs start now) creates them;
+    an excluded date is still skipped. With catch-up off the window skips them, as it does
+    for the scheduler."""
+    week = {"from_ms": MONDAY, "to_ms": SUNDAY_NIGHT, "now_ms": LATER}
+    done = await manual.backfill(outbox, specs["nightly"], **week)
+    assert (done.published, done.skipped_calendar) == (6, 1)
+    tuesday = await decision_trail(outbox.store, "nightly", ms("2026-12-01T01:30:00Z"))
+    assert tuesday[0].details["calendar"]["rule"] == "exclude_date"
+    strict = await manual.backfill(outbox, specs["nightly-strict"], **week)
+    assert (strict.published, strict.skipped_calendar) == (0, 7)
+    monday = await decision_trail(outbox.store, "nightly-strict", ms("2026-11-30T01:30:00Z"))
+    assert monday[0].details["calendar"]["rule"] == "maintenance"
 
 
 async def test_backfill_range_is_inclusive_at_both_ends(
