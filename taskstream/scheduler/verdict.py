@@ -112,9 +112,12 @@ AFTER_MAINTENANCE: Final = "after_maintenance"
 
 
 def held_for_maintenance(previous: Decision | None) -> bool:
-    """Whether a tick whose `previous` (non-final) decision this is waited for a maintenance
-    window: that decision is the wait itself, or a later hold of a tick that had waited (a
-    `not_before` after the window, say)."""
-    if waits_for_maintenance(previous):
+    """Whether a tick whose `previous` (non-final) decision this is became late by waiting for
+    a maintenance window: that decision is a wait that began while the tick was on time, or a
+    later hold of such a tick (a `not_before` after the window, say). A missed tick that
+    catch-up admitted and a window then held is still a missed one."""
+    if previous is None:
+        return False
+    if previous.details.get(AFTER_MAINTENANCE) is True:
         return True
-    return previous is not None and previous.details.get(AFTER_MAINTENANCE) is True
+    return waits_for_maintenance(previous) and previous.details.get("catchup") is not True

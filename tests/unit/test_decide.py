@@ -414,9 +414,12 @@ def test_a_tick_late_only_for_maintenance_checks_readiness_whatever_only_if_read
     assert "after_maintenance" not in decide_tick(missed, CATCHUP, FIRE + 30 * MIN).details
 
 
-def test_held_for_maintenance_follows_a_wait_through_later_holds() -> None:
+def test_held_for_maintenance_follows_a_wait_of_an_on_time_tick_through_later_holds() -> None:
     wait = decide_tick(facts(), MAINTENANCE, FIRE + 6 * MIN)
     assert wait.decision == DEFERRED and held_for_maintenance(wait)
+    missed = decide_tick(facts(catchup=True), MAINTENANCE, FIRE + 6 * MIN)
+    assert missed.decision == DEFERRED and waits_for_maintenance(missed)
+    assert not held_for_maintenance(missed)  # a missed tick the window then held
     later = Decision(DEFERRED, "not_before", {"after_maintenance": True}, FIRE + 2 * WINDOW)
     assert held_for_maintenance(later)
     assert not held_for_maintenance(Decision(DEFERRED, "not_before", {}, FIRE + WINDOW))
