@@ -77,6 +77,16 @@ def resolve(wall: datetime, zone: ZoneInfo) -> Resolved:
     return Resolved("gap", _transition_ms(zone, instant_ms(wall, after), first_ms, after))
 
 
+def offset_change_ms(zone: ZoneInfo, lo_ms: int, hi_ms: int) -> int | None:
+    """The first instant in (lo_ms, hi_ms] at which the UTC offset differs from the one at
+    `lo_ms`, or None when it is the same at `hi_ms`. Assumes at most one change in the range
+    (offsets change at most a few times a year; ranges here are at most days long)."""
+    after = _offset_at(hi_ms, zone)
+    if after is None or after == _offset_at(lo_ms, zone):
+        return None
+    return _transition_ms(zone, lo_ms, hi_ms, after)
+
+
 def _transition_ms(zone: ZoneInfo, lo_ms: int, hi_ms: int, after: timedelta) -> int:
     """The first instant in (lo_ms, hi_ms] at offset `after`, by bisection on milliseconds.
 

@@ -28,10 +28,11 @@ from taskstream.scheduler.calendar import (
     Deferral,
     local_iso,
     maintenance_at,
+    maintenance_day,
     window_text,
     zone_of,
 )
-from taskstream.scheduler.localtime import local_at, resolve
+from taskstream.scheduler.localtime import local_at, offset_change_ms, resolve
 
 MAINTENANCE_SCAN_MS: Final = 8 * 24 * 3_600_000
 """How far `maintenance_wait` follows windows that touch or overlap before it gives up: a
@@ -113,10 +114,15 @@ def _occurrence_end_ms(
     window: MaintenanceWindow, started_on: date, zone: ZoneInfo, after_ms: int
 ) -> int | None:
     """The first instant after `after_ms` at which the occurrence of `window` that started on
-    `started_on` (local date) has ended."""
+    `started_on` (local date) has ended: its end time, or earlier when the clocks fall back
+    out of it first (a window from 01:15 to 02:00 is left when 01:59 becomes 01:00 again)."""
     ends_on = started_on + timedelta(days=1) if window.end < window.start else started_on
     resolved = resolve(datetime.combine(ends_on, window.end), zone)
     later = [
         ms for ms in (resolved.first_ms, resolved.second_ms) if ms is not None and ms > after_ms
     ]
-    return min(later, default=None)
+    ends = min(later, default=None)
+    shift = None if ends is None else offset_change_ms(zone, after_ms, ends)
+    if shift is not None and maintenance_day(window, local_at(shift, zone)) != started_on:
+        return shift
+    return ends

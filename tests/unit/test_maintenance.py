@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from taskstream.core.spec import TaskSpec
@@ -68,6 +68,10 @@ def task(zone: str, maintenance: list[dict[str, Any]], **fields: Any) -> TaskSpe
     maintenance=st.lists(windows(), min_size=1, max_size=3),
     offset_ms=st.integers(-30 * HOUR_MS, 30 * HOUR_MS),
 )
+# 01:59:59.999 EDT on the night New York falls back: the clocks show 01:00 again next, outside
+# 01:15-02:00, so the wait ends there and not at 02:00 EST an hour later.
+@example(TRANSITIONS[3], [{"start": "01:15", "end": "02:00"}], -1)
+@example(TRANSITIONS[3], [{"start": "00:30", "end": "02:00"}], -1)
 def test_the_wait_ends_at_the_first_instant_outside_every_window(
     where: tuple[str, int], maintenance: list[dict[str, Any]], offset_ms: int
 ) -> None:
