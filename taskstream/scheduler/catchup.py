@@ -35,8 +35,8 @@ from types import MappingProxyType
 from typing import Any, Final
 
 from taskstream.core.spec import TaskSpec
-from taskstream.scheduler.calendar import calendar_block
 from taskstream.scheduler.decide import catchup_reach_ms, held_start_due
+from taskstream.scheduler.maintenance import skipping_block
 from taskstream.scheduler.ticks import Trigger, fire_times
 from taskstream.scheduler.verdict import COALESCED, MISSED, SHOULD_RUN, SKIP_CALENDAR, Decision
 
@@ -205,7 +205,7 @@ def _gate(fire_ms: int, now_ms: int, spec: TaskSpec, held_ms: int | None) -> Dec
     if now_ms > fire_ms + _ms(policy.max_delay) and not held_due:
         late = now_ms - fire_ms
         return Decision(MISSED, f"late by {late} ms, older than catchup.max_delay", seen)
-    block = calendar_block(spec, fire_ms, maintenance=False)
+    block = skipping_block(spec, fire_ms)
     if block is not None:
         seen["calendar"] = {**block.details, "rule": block.rule, "checked": "fire"}
         return Decision(SKIP_CALENDAR, f"calendar: {block.reason}", seen)

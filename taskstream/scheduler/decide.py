@@ -39,12 +39,11 @@ from typing import Any, Final
 
 from taskstream.core.spec import TaskSpec
 from taskstream.scheduler.calendar import (
-    calendar_block,
     defer_until,
     local_iso,
     zone_of,
 )
-from taskstream.scheduler.maintenance import maintenance_hold
+from taskstream.scheduler.maintenance import maintenance_hold, skipping_block
 from taskstream.scheduler.verdict import (
     AFTER_MAINTENANCE,
     DEFERRED,
@@ -175,16 +174,15 @@ def _held_start_due(tick: _Tick) -> bool:
 
 
 def _calendar(tick: _Tick) -> _Step:
-    waits = tick.spec.catchup.enabled
     instants = [("fire", tick.facts.fire_ms)]
     if tick.start_ms != tick.facts.fire_ms:
         instants.append(("start", tick.start_ms))
     for label, at_ms in instants:
-        block = calendar_block(tick.spec, at_ms, maintenance=not waits)
+        block = skipping_block(tick.spec, at_ms)
         if block is not None:
             seen = {"calendar": {**block.details, "rule": block.rule, "checked": label}}
             return _Step(seen, SKIP_CALENDAR, f"calendar: {block.reason}")
-    return _maintenance(tick) if waits else _Step({"calendar": None})
+    return _maintenance(tick)
 
 
 def _maintenance(tick: _Tick) -> _Step:

@@ -7,6 +7,8 @@ ends, and the tick is decided again then; with catch-up disabled it is skipped
 `fire + max(window, catchup.max_delay)`: a window that ends later skips the tick, as the
 catch-up policy would skip a tick that late.
 
+- `skipping_block`: the calendar rule that skips a start, maintenance windows included only
+  when catch-up is disabled; every caller that skips by the calendar asks it.
 - `maintenance_wait`: for an instant inside a window, the first instant after it outside every
   window, following windows that touch or overlap.
 - `maintenance_hold`: that wait for one fire time and its start instant, and whether it ends
@@ -25,7 +27,9 @@ from zoneinfo import ZoneInfo
 from taskstream.core.spec import TaskSpec
 from taskstream.core.spec_parts import Calendar, MaintenanceWindow
 from taskstream.scheduler.calendar import (
+    CalendarBlock,
     Deferral,
+    calendar_block,
     local_iso,
     maintenance_at,
     maintenance_day,
@@ -48,6 +52,13 @@ class MaintenanceHold:
 
     held: Deferral
     past_reach: bool
+
+
+def skipping_block(spec: TaskSpec, at_ms: int) -> CalendarBlock | None:
+    """The calendar rule that skips a start of `spec` at `at_ms` (ms): a weekend or an excluded
+    date, and a maintenance window only when the task's catch-up is disabled; with it enabled
+    the window holds the start instead (`maintenance_hold`)."""
+    return calendar_block(spec, at_ms, maintenance=not spec.catchup.enabled)
 
 
 def maintenance_hold(spec: TaskSpec, start_ms: int, reach_ms: int) -> MaintenanceHold | None:

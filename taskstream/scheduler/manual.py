@@ -22,11 +22,10 @@ from taskstream.scheduler import decide, verdict
 from taskstream.scheduler.calendar import (
     CalendarBlock,
     Deferral,
-    calendar_block,
     defer_until,
 )
 from taskstream.scheduler.instances import new_instance, trigger_of
-from taskstream.scheduler.maintenance import maintenance_hold
+from taskstream.scheduler.maintenance import maintenance_hold, skipping_block
 from taskstream.scheduler.ticks import PlannedFire, Trigger, fire_times, plan
 
 DEFAULT_BACKFILL_LIMIT: Final = 1000
@@ -170,8 +169,7 @@ async def backfill(
     any is written, so a bad dedupe template writes nothing. Errors as `backfill_times`.
     """
     times = backfill_times(spec, from_ms=from_ms, to_ms=to_ms, now_ms=now_ms, limit=limit)
-    waits = spec.catchup.enabled
-    blocks = {at_ms: calendar_block(spec, at_ms, maintenance=not waits) for at_ms in times}
+    blocks = {at_ms: skipping_block(spec, at_ms) for at_ms in times}
     news = {at: _instance(spec, at, "backfill", None) for at, b in blocks.items() if b is None}
     counts = {verdict.SHOULD_RUN: 0, verdict.SKIP_DUPLICATED: 0, verdict.SKIP_CALENDAR: 0}
     ids: list[str] = []
@@ -226,7 +224,7 @@ def preview(spec: TaskSpec, *, from_ms: int, to_ms: int, limit: int) -> list[Pre
         if fire.at_ms is None:
             lines.append(PreviewLine(fire))
             continue
-        block = calendar_block(spec, fire.at_ms, maintenance=not spec.catchup.enabled)
+        block = skipping_block(spec, fire.at_ms)
         held, past = (None, False) if block is not None else _preview_hold(spec, fire.at_ms)
         lines.append(PreviewLine(fire, block, held, past))
     return lines
