@@ -50,7 +50,13 @@ from taskstream.scheduler.leader import Fenced
 from taskstream.scheduler.recall import RECALL_LIMIT, TaskState, recall
 from taskstream.scheduler.replace import cancel_previous
 from taskstream.scheduler.ticks import Trigger, fire_times, is_fire_time, next_fire
-from taskstream.scheduler.verdict import MISSED, SKIP_WINDOW, Decision, waits_for_maintenance
+from taskstream.scheduler.verdict import (
+    MISSED,
+    SKIP_WINDOW,
+    Decision,
+    decided_late,
+    waits_for_maintenance,
+)
 
 MAX_TICKS_PER_PASS = 1000
 """Bound on fire times one pass decides per task; older ones wait for the next pass."""
@@ -107,8 +113,7 @@ class Advancer:
             await self._catch_up(spec, closed, now_ms, state, held, newer, later.missed_ms)
         for fire in sorted(set(due) - set(closed)):
             previous = state.waiting.get(fire)
-            # A tick catch-up admitted and then deferred keeps its catch-up window.
-            late = previous is not None and previous.details.get("catchup") is True
+            late = decided_late(previous)
             decision = await self._decide(spec, fire, now_ms, held, catchup=late, previous=previous)
             await self._apply(spec, fire, decision, now_ms, state)
         last = due[-1] if due else cursor

@@ -111,6 +111,12 @@ AFTER_MAINTENANCE: Final = "after_maintenance"
 """Details key set on the decisions of a tick decided as `TickFacts.after_maintenance`."""
 
 
+def decided_late(decision: Decision | None) -> bool:
+    """Whether `decision` was made for a tick that catch-up had admitted (its window had
+    closed): deciding that tick again keeps its catch-up window."""
+    return decision is not None and decision.details.get("catchup") is True
+
+
 def held_for_maintenance(previous: Decision | None) -> bool:
     """Whether a tick whose `previous` (non-final) decision this is became late by waiting for
     a maintenance window: that decision is a wait that began while the tick was on time, or a
@@ -120,4 +126,4 @@ def held_for_maintenance(previous: Decision | None) -> bool:
         return False
     if previous.details.get(AFTER_MAINTENANCE) is True:
         return True
-    return waits_for_maintenance(previous) and previous.details.get("catchup") is not True
+    return waits_for_maintenance(previous) and not decided_late(previous)
