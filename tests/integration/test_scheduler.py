@@ -169,38 +169,25 @@ async def test_overlap_policies(
         assert rows[M0 + 120_000].status is Status.DISPATCHED
 
 
-REPLACE_DEPS = """
-tasks:
-  - id: job
-    agent: echo
-    schedule: {every: 1h}
-    window: 30m
-    concurrency: replace
-    depends_on: [raw.ready]
-"""
-
-
 async def test_replace_does_not_cancel_a_later_manual_run(
     store: SqlStore, redis: streams.Redis, keys: Keys
 ) -> None:
-    """The 01:00 tick waits for its marker; meanwhile an operator triggers the task by hand.
-    When the marker comes, the older tick gives way to the newer manual run instead of
-    cancelling it."""
-    hour = 3_600_000
-    h = Harness(store, redis, keys, FixedClock(DAY0 + 1))
-    await h.apply(REPLACE_DEPS)
+    """A tick waits for its marker; meanwhile an operator triggers the task by hand. When the
+    marker comes, the older tick gives way to the newer manual run instead of cancelling it."""
+    h = Harness(store, redis, keys, FixedClock(M0 + 1))
+    await h.apply(DEPS + "    concurrency: replace\n")
     s = make(h)
     await s.run_pass()
-    h.clock.advance(hour)
-    await s.run_pass()
-    assert [d.decision for d in await store.decisions("job")] == ["wait_dep"]
     h.clock.advance(60_000)
+    await s.run_pass()
+    assert [d.decision for d in await store.decisions("report")] == ["wait_dep"]
+    h.clock.advance(5_000)
     [spec] = await h.definitions()
     manual_run = await manual.trigger(h.outbox, spec, now_ms=h.clock.now_ms())
-    await store.mark_ready("raw.ready", "2026-05-29")
+    await store.mark_ready("raw.ready", "2026-05-28")
     h.clock.advance(5_000)
     await s.run_pass()
-    tick = [d for d in await store.decisions("job") if d.fire_time_ms == DAY0 + hour]
+    tick = [d for d in await store.decisions("report") if d.fire_time_ms == M0 + 60_000]
     assert [d.decision for d in tick] == ["wait_dep", "skip_overlap"]
     last = tick[-1]
     assert last.details["overlap"]["active_id"] == manual_run.instance_id
