@@ -144,7 +144,7 @@ class Executor:
         self._log.info("executor.started", concurrency=self._config.concurrency)
         try:
             while not stop.is_set():
-                await self._step()
+                await self._step(stop)
         finally:
             await self._drain()
             self._committer.last_tries()
@@ -160,10 +160,10 @@ class Executor:
                 await self._heartbeat.clear()
             self._log.info("executor.stopped")
 
-    async def _step(self) -> None:
+    async def _step(self, stop: asyncio.Event) -> None:
         free = self._config.concurrency - len(self._running)
         if free <= 0:
-            await asyncio.wait(self._running, return_when=asyncio.FIRST_COMPLETED)
+            await _until_one_ends(self._running, stop)
             return
         try:
             await self._defs.refresh()
@@ -287,3 +287,13 @@ class Executor:
         # for an unavailable store, get one more try each instead of holding the exit up.
         self._committer.last_tries()
         await asyncio.gather(*pending, return_exceptions=True)
+
+
+async def _until_one_ends(running: set[asyncio.Task[None]], stop: asyncio.Event) -> None:
+    """Wait until a run ends or `stop` is set: with every slot busy, a stop must still start
+    the grace at once, not when some run happens to end."""
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({*running, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()

@@ -15,7 +15,7 @@ from taskstream.core import streams
 from taskstream.core import streams_admin as admin
 from taskstream.core.definitions import DefinitionCache
 from taskstream.core.protocol import GROUP, Keys, Priority, decode
-from taskstream.core.reasons import OWNER_LOST, SEEN_ON_STREAM
+from taskstream.core.reasons import OWNER_LOST, RELEASED, SEEN_ON_STREAM
 from taskstream.core.states import FailClass, Status
 from taskstream.core.store.port import CasResult, ClaimRequest
 from taskstream.core.store.sql import SqlStore
@@ -446,6 +446,28 @@ async def test_a_run_past_the_grace_is_released_without_spending_an_attempt(h: H
         await again.close()
     done = await h.store.get_instance(row.id)
     assert done is not None and done.attempt == 2
+
+
+LONG = """
+tasks:
+  - id: long
+    agent: slow
+    timeout: 120s
+    payload: {seconds: 60}
+"""
+
+
+async def test_stop_with_every_slot_busy_releases_after_the_grace(h: Harness) -> None:
+    """With no free slot the executor waits for a run to end; a stop must end that wait,
+    or the grace and the release wait for the 60 s run (and SIGKILL loses it meanwhile)."""
+    await h.apply(LONG)
+    row = await h.trigger(LONG, "long")
+    ex = Running(h.executor(concurrency=1, grace_s=0.05))
+    await reach(h, row.id, Status.RUNNING)
+    ex.stop.set()
+    await asyncio.wait_for(ex.task, timeout=10)  # bounds a broken run only
+    assert await status_of(h, row.id) is Status.RETRYING
+    assert (await h.store.history(row.id))[-1].reason == RELEASED
 
 
 STALLS = """
