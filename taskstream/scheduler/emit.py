@@ -64,13 +64,15 @@ CREATED_EARLIER = "its instance exists: a scheduler pass created it and stopped 
 async def own_unrecorded(store: Store, spec: TaskSpec, fires_ms: Sequence[int]) -> dict[int, str]:
     """Those of `fires_ms` whose own instance exists though no decision names it (a pass
     created it, then lost its lease or its process before recording), each with its id.
-    Deciding such a tick again (say `coalesced` or `missed` by catch-up) would misreport it."""
-    ids = {tick_instance_id(spec, fire_ms): fire_ms for fire_ms in fires_ms}
-    found = await store.existing_instances(list(ids)) if ids else set()
+    Deciding such a tick again (say `coalesced` or `missed` by catch-up) would misreport it.
+    Ticks whose dedupe key is shared (`{business_date}`) share an id; only the tick the
+    instance was made for owns it."""
+    ids = {fire_ms: tick_instance_id(spec, fire_ms) for fire_ms in fires_ms}
+    found = await store.existing_instances(sorted(set(ids.values()))) if ids else set()
     return {
-        ids[instance_id]: instance_id
-        for instance_id in sorted(found)
-        if await _unrecorded(store, spec.id, ids[instance_id], instance_id)
+        fire_ms: instance_id
+        for fire_ms, instance_id in sorted(ids.items())
+        if instance_id in found and await _unrecorded(store, spec.id, fire_ms, instance_id)
     }
 
 
@@ -81,19 +83,30 @@ def created_earlier(fire_ms: int) -> Decision:
 
 
 async def _unrecorded(store: Store, task_id: str, fire_ms: int, instance_id: str) -> bool:
-    """Reads the facts for `unrecorded_own`: the instance's creation and the tick's decisions."""
+    """Reads the facts for `unrecorded_own`: the instance, its creation and the tick's
+    decisions."""
+    row = await store.get_instance(instance_id)
     history = await store.history(instance_id)
-    if not history:
+    if row is None or not history:
         return False
     recorded = await store.decisions(task_id, since_ms=fire_ms, limit=RECENT_DECISIONS)
-    return unrecorded_own(history[0].reason, [d.instance_id for d in recorded], instance_id)
+    named = [d.instance_id for d in recorded]
+    return unrecorded_own(history[0].reason, named, instance_id, row.scheduled_for_ms, fire_ms)
 
 
-def unrecorded_own(created_reason: str, named: Sequence[str | None], instance_id: str) -> bool:
-    """Whether the existing `instance_id` is the one a scheduler pass creates for this tick
-    (created with reason `scheduled`, not by a backfill or a manual trigger) and none of the
-    tick's recorded decisions (`named`: the instance each names) names it."""
-    return created_reason == SCHEDULED and instance_id not in named
+def unrecorded_own(
+    created_reason: str,
+    named: Sequence[str | None],
+    instance_id: str,
+    made_for_ms: int,
+    fire_ms: int,
+) -> bool:
+    """Whether the existing `instance_id` is the one a scheduler pass creates for the tick
+    at `fire_ms`: created with reason `scheduled` (not by a backfill or a manual trigger)
+    for this very fire time (`made_for_ms`; under a key shared by several ticks, such as
+    `{business_date}`, an earlier tick's instance is a duplicate), and none of the tick's
+    recorded decisions (`named`: the instance each names) names it."""
+    return created_reason == SCHEDULED and made_for_ms == fire_ms and instance_id not in named
 
 
 async def record_missed(
