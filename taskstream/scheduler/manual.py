@@ -95,7 +95,7 @@ async def trigger(
     details: dict[str, Any] = {
         "fire_time_ms": fire_ms,
         "now_ms": now_ms,
-        "manual": True,
+        verdict.MANUAL: True,
         "dedupe_key": new.dedupe_key,
         "payload_override": payload is not None,
         "outcome": emitted.outcome,
@@ -197,7 +197,7 @@ async def backfill(
 
 def _calendar_row(spec: TaskSpec, fire_ms: int, block: CalendarBlock, now_ms: int) -> DecisionRow:
     """The `skip_calendar` decision of a backfilled fire time, with the values the rule saw."""
-    seen: dict[str, Any] = {"fire_time_ms": fire_ms, "now_ms": now_ms, "backfill": True}
+    seen: dict[str, Any] = {"fire_time_ms": fire_ms, "now_ms": now_ms, verdict.BACKFILL: True}
     seen["calendar"] = {**block.details, "rule": block.rule, "checked": "fire"}
     reason = f"backfill: calendar: {block.reason}"
     return DecisionRow(spec.id, fire_ms, verdict.SKIP_CALENDAR, reason, seen, None, now_ms)
@@ -207,7 +207,7 @@ async def _emit_row(outbox: Outbox, spec: TaskSpec, new: NewInstance, now_ms: in
     """Emit one backfilled instance; `should_run`, or `skip_duplicated` for an existing key."""
     fire_ms = new.scheduled_for_ms
     emitted = await outbox.emit(new, now_ms=now_ms)
-    seen: dict[str, Any] = {"fire_time_ms": fire_ms, "now_ms": now_ms, "backfill": True}
+    seen: dict[str, Any] = {"fire_time_ms": fire_ms, "now_ms": now_ms, verdict.BACKFILL: True}
     seen |= {"dedupe_key": new.dedupe_key, "outcome": emitted.outcome}
     decision, reason = verdict.SHOULD_RUN, "backfill"
     if emitted.outcome == "duplicate":

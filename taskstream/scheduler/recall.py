@@ -15,7 +15,7 @@ from typing import Any
 
 from taskstream.core.store.port import DecisionRow
 from taskstream.scheduler.hold import HELD_BY
-from taskstream.scheduler.verdict import DEFERRED, NOT_FINAL, Decision
+from taskstream.scheduler.verdict import DEFERRED, NOT_FINAL, Decision, by_operator
 
 RECALL_LIMIT = 5000
 """Most decision rows read back per task; ticks beyond them are decided again."""
@@ -35,10 +35,12 @@ class TaskState:
 
 def recall(rows: Sequence[DecisionRow]) -> tuple[set[int], dict[int, Decision]]:
     """(fire times decided, fire time -> waiting decision) from `rows`, ordered by fire time
-    then insertion: the latest row of each fire time counts."""
+    then insertion: the latest row of each fire time counts. Rows of an operator's trigger or
+    backfill at a tick's fire time are not the tick's decision and do not count."""
     latest: dict[int, DecisionRow] = {}
     for row in rows:
-        latest[row.fire_time_ms] = row
+        if not by_operator(row.details):
+            latest[row.fire_time_ms] = row
     decided: set[int] = set()
     waiting: dict[int, Decision] = {}
     for fire_ms, row in latest.items():

@@ -25,6 +25,10 @@ DEFERRED: Final = "deferred"
 WAIT_DEP: Final = "wait_dep"
 NOT_FINAL: Final = frozenset({DEFERRED, WAIT_DEP})
 """Decisions after which the tick is decided again later; every other one is final."""
+MANUAL: Final = "manual"
+"""Detail key (True) of the decision an operator's `trigger` records at its fire time."""
+BACKFILL: Final = "backfill"
+"""Detail key (True) of the decisions `backfill` records, one per fire time."""
 
 CheckResult = Literal["pass", "fail", "unavailable"]
 _CHECK_RESULTS: Final = frozenset({"pass", "fail", "unavailable"})
@@ -127,3 +131,10 @@ def held_for_maintenance(previous: Decision | None) -> bool:
     if previous.details.get(AFTER_MAINTENANCE) is True:
         return True
     return waits_for_maintenance(previous) and not decided_late(previous)
+
+
+def by_operator(details: Mapping[str, Any]) -> bool:
+    """Whether a decision row records an operator's `trigger` or `backfill` rather than the
+    scheduler's decision of its tick: such a row never decides the tick (its instance may
+    have another dedupe key, and the tick is still the scheduler's to decide)."""
+    return details.get(MANUAL) is True or details.get(BACKFILL) is True

@@ -1,5 +1,6 @@
 """Ticks meeting what the scheduler did not decide for them, on real Redis and a real store
-(clock passed in): an earlier tick's instance under a key several ticks share."""
+(clock passed in): an earlier tick's instance under a key several ticks share, an operator's
+run at a fire time across a restart."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from taskstream.core.clock import FixedClock
 from taskstream.core.protocol import Keys
 from taskstream.core.states import Status
 from taskstream.core.store.sql import SqlStore
+from taskstream.scheduler import manual
 from taskstream.scheduler.instances import new_instance
 from tests.integration.harness import Harness
 from tests.integration.test_scheduler import make
@@ -67,3 +69,28 @@ async def test_catch_up_of_a_business_date_records_only_the_ticks_own_instance(
     assert got[2] == ("coalesced", None)
     assert got[3] == ("skip_duplicated", None)
     assert [r.id for r in await store.list_instances(task_id="d")] == [made.instance_id]
+
+
+@pytest.mark.parametrize("restart", [False, True])
+async def test_an_operators_run_at_a_fire_time_does_not_decide_the_tick(
+    store: SqlStore, redis: streams.Redis, keys: Keys, restart: bool
+) -> None:
+    """An operator runs the US variant of the coming tick by hand (its own dedupe key); the
+    tick still makes its EU instance, whether or not the scheduler restarted in between (a
+    restarted one reads the decisions back, the operator's row among them)."""
+    h = Harness(store, redis, keys, FixedClock(FRI + HOUR - 1_000))
+    await h.apply(
+        "tasks:\n  - {id: r, agent: echo, schedule: {every: 1h}, window: 5m,"
+        " dedupe_key: '{task_id}:{scheduled_for}:{payload.region}', payload: {region: eu}}\n"
+    )
+    s = make(h)
+    await s.run_pass()
+    [spec] = await h.definitions()
+    now = h.clock.now_ms()
+    await manual.trigger(h.outbox, spec, now_ms=now, payload={"region": "us"}, at_ms=FRI + HOUR)
+    if restart:
+        s = make(h)
+    h.clock.set(FRI + HOUR + 1_000)
+    await s.run_pass()
+    rows = await store.list_instances(task_id="r")
+    assert sorted(r.payload["region"] for r in rows) == ["eu", "us"]

@@ -55,3 +55,16 @@ def test_waiting_ticks_are_decided_again_when_their_decision_said() -> None:
         T + 2: None,
         T + 3: T + 3_600_000,  # the end of the maintenance window, not the trigger window
     }
+
+
+def test_an_operators_trigger_or_backfill_at_a_fire_time_does_not_decide_the_tick() -> None:
+    decided, waiting = recall(
+        [
+            row(T, verdict.SHOULD_RUN, **{verdict.MANUAL: True}),
+            row(T + 60_000, verdict.WAIT_DEP, open_until_ms=T + 360_000),
+            row(T + 60_000, verdict.SKIP_DUPLICATED, **{verdict.BACKFILL: True}),
+        ]
+    )
+    assert decided == set()
+    assert list(waiting) == [T + 60_000]
+    assert waiting[T + 60_000].decision == verdict.WAIT_DEP
