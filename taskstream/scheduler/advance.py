@@ -27,6 +27,7 @@ from taskstream.scheduler.catchup import (
     backlog_after,
     bound_missed,
     catchup_horizon_ms,
+    newer_on_time,
     plan_catchup,
 )
 from taskstream.scheduler.decide import decide_tick
@@ -106,10 +107,10 @@ class Advancer:
         ]
         if closed:
             more = len(fires) == limit
-            later = backlog_after(trigger, fires[-1], now_ms, window_ms) if more else Backlog()
+            later = backlog_after(trigger, fires[-1], now_ms, spec) if more else Backlog()
             # An older tick still waiting for its marker is not a newer tick on time.
-            on_time = [f for f in set(due) - set(closed) if f > closed[-1]]
-            newer = min(on_time) if on_time else later.on_time_ms
+            on_time = sorted(f for f in set(due) - set(closed) if f > closed[-1])
+            newer = newer_on_time(spec, on_time, later)
             await self._catch_up(spec, closed, now_ms, state, held, newer, later.missed_ms)
         for fire in sorted(set(due) - set(closed)):
             previous = state.waiting.get(fire)

@@ -7,9 +7,10 @@ Each missed fire time gets one decision, checked in this order:
 2. older than `catchup.max_delay` (`now - fire > max_delay`) -> `missed`; the caller records
    it as a SKIPPED instance with reason `missed`.
 3. the calendar forbids its fire time -> `skip_calendar` (so `latest` picks the newest tick
-   that may run at all, not one the calendar would then drop). A maintenance window does not
-   forbid it: with catch-up enabled a run waits for the window's end (`decide_tick` holds
-   the start), so only weekends and excluded dates count here.
+   that may run at all, not one the calendar would then drop; likewise a newer tick on time
+   that the calendar skips is no tick to coalesce into, see `newer_on_time`). A maintenance
+   window does not forbid it: with catch-up enabled a run waits for the window's end
+   (`decide_tick` holds the start), so only weekends and excluded dates count here.
 4. selection among the rest: `mode: latest` runs only the newest (with its own scheduled_for
    and business date) and marks the older ones `coalesced`; `mode: all` runs each, but at most
    `max_burst` of them: the newest `max_burst` run, the older excess is `coalesced`.
@@ -83,13 +84,21 @@ LATER_SCAN: Final = 1000
 """Missed fire times looked at past a chunk, to count the burst of the whole backlog."""
 
 
-def backlog_after(trigger: Trigger, last_ms: int, now_ms: int, window_ms: int) -> Backlog:
+def backlog_after(trigger: Trigger, last_ms: int, now_ms: int, spec: TaskSpec) -> Backlog:
     """The rest of a backlog after the chunk ending at fire time `last_ms`: ticks whose window
-    (`window_ms`) closed by `now_ms` are missed, newer ones on time."""
-    closes_by = now_ms - window_ms - 1
+    closed by `now_ms` are missed, newer ones on time (the first the calendar lets start)."""
+    closes_by = now_ms - _ms(spec.window) - 1
     missed = fire_times(trigger, last_ms, closes_by, limit=LATER_SCAN)
-    on_time = fire_times(trigger, max(last_ms, closes_by), now_ms, limit=1)
-    return Backlog(missed, on_time[0] if on_time else None)
+    on_time = fire_times(trigger, max(last_ms, closes_by), now_ms, limit=LATER_SCAN)
+    return Backlog(missed, newer_on_time(spec, on_time, Backlog()))
+
+
+def newer_on_time(spec: TaskSpec, on_time_ms: Sequence[int], later: Backlog) -> int | None:
+    """The newer tick on time that `latest` coalesces missed ticks into: the oldest of
+    `on_time_ms` (ascending) whose fire time the calendar does not skip, else the one past
+    the chunk (`later`). A tick the calendar skips runs nothing, so it stands for nothing."""
+    allowed = (f for f in on_time_ms if skipping_block(spec, f) is None)
+    return next(allowed, later.on_time_ms)
 
 
 def bound_missed(first_ms: int, last_ms: int, count: int | None) -> Decision:

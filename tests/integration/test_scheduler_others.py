@@ -1,6 +1,6 @@
 """Ticks meeting what the scheduler did not decide for them, on real Redis and a real store
 (clock passed in): an earlier tick's instance under a key several ticks share, an operator's
-run at a fire time across a restart."""
+run at a fire time across a restart, a newer tick on time that the calendar skips."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ FRI = 1_780_012_800_000
 """2026-05-29T00:00:00Z, a Friday."""
 MIN = 60_000
 HOUR = 60 * MIN
+DAY = 24 * HOUR
 
 
 @pytest.mark.parametrize("concurrency", ["allow", "replace"])
@@ -94,3 +95,27 @@ async def test_an_operators_run_at_a_fire_time_does_not_decide_the_tick(
     await s.run_pass()
     rows = await store.list_instances(task_id="r")
     assert sorted(r.payload["region"] for r in rows) == ["eu", "us"]
+
+
+@pytest.mark.parametrize(
+    "calendar", ["{allow_weekend: false}", "{exclude_dates: [2026-05-30, 2026-05-31]}"]
+)
+async def test_latest_does_not_coalesce_into_an_on_time_tick_the_calendar_skips(
+    store: SqlStore, redis: streams.Redis, keys: Keys, calendar: str
+) -> None:
+    """A nightly run at 23:55 UTC; the scheduler is down from Friday 23:00 to Monday 00:01.
+    Sunday 23:55 is on time but skipped by the calendar, so it cannot stand for Friday's
+    missed tick: Friday 23:55 (within `max_delay`) runs."""
+    h = Harness(store, redis, keys, FixedClock(FRI + 23 * HOUR))
+    await h.apply(
+        "tasks:\n  - {id: t, agent: echo, schedule: {cron: '55 23 * * *', timezone: UTC},"
+        f" window: 10m, calendar: {calendar}, catchup: {{mode: latest, max_delay: 3d}}}}\n"
+    )
+    s = make(h)
+    await s.run_pass()
+    h.clock.set(FRI + 3 * DAY + MIN)
+    await s.run_pass()
+    got = {d.fire_time_ms: d.decision for d in await store.decisions("t", limit=10)}
+    friday, saturday, sunday = (FRI + d * DAY + 23 * HOUR + 55 * MIN for d in range(3))
+    assert got == {friday: "should_run", saturday: "skip_calendar", sunday: "skip_calendar"}
+    assert [r.scheduled_for_ms for r in await store.list_instances(task_id="t")] == [friday]

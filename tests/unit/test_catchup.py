@@ -9,11 +9,15 @@ import pytest
 from taskstream.core.spec import TaskSpec
 from taskstream.scheduler.catchup import (
     DEFAULT_MAX_BURST,
+    Backlog,
+    backlog_after,
     bound_missed,
     catchup_horizon_ms,
+    newer_on_time,
     plan_catchup,
 )
 from taskstream.scheduler.decide import START_GRACE_MS
+from taskstream.scheduler.instances import trigger_of
 from taskstream.scheduler.verdict import COALESCED, MISSED, SHOULD_RUN, SKIP_CALENDAR
 
 MIN = 60_000
@@ -98,6 +102,21 @@ def test_the_calendar_decides_before_latest_picks() -> None:
     got = plan_catchup(missed, T0 + 2 * HOUR, task)
     assert [d.decision for _, d in got.entries] == [SHOULD_RUN, SKIP_CALENDAR]
     assert got.entries[1][1].details["calendar"]["excluded_date"] == "2026-05-28"
+
+
+def test_a_newer_tick_the_calendar_skips_is_nothing_to_coalesce_into() -> None:
+    task = tokyo(calendar={"exclude_dates": ["2026-05-28"]})
+    # T0 - 1 h (05-28 08:00 in Tokyo) is excluded; T0 + 15 h (05-29 00:00) is allowed.
+    assert newer_on_time(task, [T0 - HOUR, T0 + 15 * HOUR], Backlog()) == T0 + 15 * HOUR
+    assert newer_on_time(task, [T0 - HOUR], Backlog(on_time_ms=T0 + 15 * HOUR)) == T0 + 15 * HOUR
+    assert newer_on_time(task, [T0 - HOUR], Backlog()) is None
+    # Past a chunk: the first tick on time whose date the calendar allows.
+    hourly = tokyo(calendar={"exclude_dates": ["2026-05-28"]}, window="20h")
+    trigger = trigger_of(hourly)
+    assert trigger is not None
+    # On time at T0 + 15 h + 1 min: T0 - 5 h .. T0 + 15 h, all but the last on 05-28 in Tokyo.
+    later = backlog_after(trigger, T0 - 30 * HOUR, T0 + 15 * HOUR + MIN, hourly)
+    assert later.on_time_ms == T0 + 15 * HOUR
 
 
 def test_a_maintenance_window_does_not_skip_a_catchup_tick() -> None:
