@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from random import Random
 
-from taskstream.core.reasons import DEFERRED, OWNER_LOST, RELEASED, REQUEUED
+from taskstream.core.reasons import DEFERRED, OWNER_LOST, RELEASED, REQUEUED, after
 from taskstream.core.spec import TaskSpec
 from taskstream.core.spec_parts import Backoff, RetryPolicy
 from taskstream.core.states import FailClass, Status
@@ -100,6 +100,19 @@ def every_run_lost(history: list[HistoryRow]) -> bool:
         elif h.from_status is Status.RUNNING and h.reason not in (RELEASED, DEFERRED):
             lost = lost is not False and h.reason == OWNER_LOST
     return lost is True
+
+
+def owner_losses(history: list[HistoryRow]) -> int:
+    """Runs that lost their owner since the last manual requeue (history oldest first), as
+    the sweeper counts them towards `max_deliveries`: a requeue starts this count again, as
+    it starts the attempt budget (`attempts_used`)."""
+    losses = 0
+    for h in history:
+        if h.reason == REQUEUED:
+            losses = 0
+        elif h.reason == after(OWNER_LOST):
+            losses += 1
+    return losses
 
 
 def policy_of(spec: TaskSpec | None, max_attempts: int) -> RetryPolicy:

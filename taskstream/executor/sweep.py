@@ -47,7 +47,8 @@ class RowFacts:
 class EntryFacts:
     """What Redis says about the entry. `attempt` is None when the entry does not decode;
     `owner_alive` is whether `consumer` (whose pending list holds it) is alive;
-    `owner_losses` how many earlier runs of this instance already lost their owner;
+    `owner_losses` how many earlier runs of this instance already lost their owner (since
+    its last manual requeue);
     `earlier_deliveries` how often the entries this one replaced (`Action.REDELIVER`) were
     delivered, so that consumers dying before their claim are counted too."""
 

@@ -18,12 +18,12 @@ from taskstream.core.errors import ProtocolError, StoreUnavailable
 from taskstream.core.logging import get_logger
 from taskstream.core.outbox import seen_on_stream
 from taskstream.core.protocol import Keys, WorkEntry, decode
-from taskstream.core.reasons import OWNER_LOST, after
 from taskstream.core.states import FailClass, Status, can_transition
 from taskstream.core.store.port import InstanceRow, Store
 from taskstream.executor import letters
 from taskstream.executor.reconciler import Reconciler
 from taskstream.executor.recovery import Recovery
+from taskstream.executor.retry import owner_losses
 from taskstream.executor.sweep import (
     Action,
     EntryFacts,
@@ -178,7 +178,7 @@ class Sweeper:
     ) -> EntryFacts:
         losses = 0
         if row is not None and row.status is Status.RUNNING and not alive:
-            losses = await self._store.count_history(row.id, reason=after(OWNER_LOST))
+            losses = owner_losses(await self._store.history(row.id))
         return EntryFacts(
             entry.attempt,
             p.deliveries,

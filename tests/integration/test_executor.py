@@ -14,10 +14,11 @@ from taskstream.agents.base import effect_key
 from taskstream.core import streams
 from taskstream.core import streams_admin as admin
 from taskstream.core.definitions import DefinitionCache
+from taskstream.core.operations import requeue
 from taskstream.core.protocol import GROUP, Keys, Priority, decode
 from taskstream.core.reasons import OWNER_LOST, RELEASED, SEEN_ON_STREAM
 from taskstream.core.states import FailClass, Status
-from taskstream.core.store.port import CasResult, ClaimRequest
+from taskstream.core.store.port import CasResult, ClaimRequest, InstanceRow
 from taskstream.core.store.sql import SqlStore
 from taskstream.core.store.tables import review_queue
 from taskstream.executor import service
@@ -211,6 +212,66 @@ async def test_consumers_dying_before_their_claim_make_the_entry_poison(h: Harne
     dead: Any = await h.redis.xrange(h.keys.dead)
     assert [f[b"reason"] for _, f in dead] == [b"poison"]
     assert await h.redis.xlen(h.keys.stream(Priority.DEFAULT)) == 0
+
+
+CRASHY = """
+tasks:
+  - id: crashy
+    agent: slow
+    retry: {max_attempts: 10, backoff: {base: 1s}, jitter: 0}
+    payload: {seconds: 0}
+"""
+
+
+async def _claimed_by(h: Harness, instance_id: str, owner: str) -> InstanceRow:
+    """The instance claimed by `owner` (a consumer with no liveness key: gone)."""
+    row = await h.store.get_instance(instance_id)
+    assert row is not None
+    if row.status is Status.RETRYING:
+        moved = await h.store.transition(
+            row.id, Status.RETRYING, Status.DISPATCHED, reason="published", attempt=row.attempt
+        )
+        assert moved.ok
+    claims = await h.store.claim_many([ClaimRequest(row.id, row.attempt, 30)], owner=owner)
+    assert instance_id in claims
+    running = await h.store.get_instance(instance_id)
+    assert running is not None
+    return running
+
+
+async def test_a_requeue_starts_the_count_of_lost_owners_again(h: Harness) -> None:
+    """Five runs lost their executor; the operator failed the instance, fixed the cause and
+    requeued it. The first run after the requeue that loses its executor is retried (one
+    attempt of ten used), not poison: lost owners count from the requeue on, as attempts do."""
+    await h.apply(CRASHY)
+    row = await h.trigger(CRASHY, "crashy")
+    defs = DefinitionCache(h.store)
+    await defs.refresh(force=True)
+    recovery = Recovery(h.store, defs, Random(7))
+    for n in range(5):
+        running = await _claimed_by(h, row.id, f"gone-{n}")
+        lost = await recovery.time_out(running, reason=OWNER_LOST, now_ms=h.clock.now_ms())
+        assert lost.ok and lost.decision is not None
+        assert lost.decision.status is Status.RETRYING
+    failed = await h.store.transition(
+        row.id,
+        Status.RETRYING,
+        Status.FAILED,
+        reason="manual",
+        attempt=5,
+        fail_class=FailClass.POISON,
+    )
+    assert failed.ok
+    for stream in h.keys.streams():  # the earlier entries are gone; only the requeue's is read
+        await h.redis.delete(stream)
+    await streams.ensure_groups(h.redis, h.keys)
+    assert await requeue(h.outbox, row.id, who="ops", why="fixed", now_ms=h.clock.now_ms()) is None
+    await streams.read(h.redis, h.keys, "crashed-once", count=1, block_ms=10)
+    await _claimed_by(h, row.id, "crashed-once")
+    counts = await h.sweeper(max_deliveries=5).sweep_once()
+    after = await h.store.get_instance(row.id)
+    assert after is not None
+    assert (after.status, after.fail_class, counts.get("poison")) == (Status.RETRYING, None, None)
 
 
 Write = Callable[[str, Status, Status], Awaitable[None]]

@@ -8,11 +8,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from taskstream.core.reasons import DEFERRED, LEASE_EXPIRED, OWNER_LOST, RELEASED, REQUEUED
+from taskstream.core.reasons import (
+    DEFERRED,
+    LEASE_EXPIRED,
+    OWNER_LOST,
+    RELEASED,
+    REQUEUED,
+    after,
+)
 from taskstream.core.spec_parts import Backoff, RetryPolicy
 from taskstream.core.states import FailClass, Status
 from taskstream.core.store.port import HistoryRow
-from taskstream.executor.retry import Failure, backoff_ms, decide, every_run_lost
+from taskstream.executor.retry import Failure, backoff_ms, decide, every_run_lost, owner_losses
 
 NO_JITTER = RetryPolicy(max_attempts=6, backoff=Backoff(base=1.0, factor=2.0, max=10.0), jitter=0)
 
@@ -132,3 +139,15 @@ def test_poison_only_when_every_run_since_the_last_requeue_lost_its_owner(
 ) -> None:
     history = [_h(None, Status.PENDING, 0, "created"), *(_h(*e) for e in ends)]
     assert every_run_lost(history) is poison
+
+
+def test_owner_losses_count_again_from_the_last_requeue() -> None:
+    lost = [_h(RUN, TIMEOUT, n, OWNER_LOST) for n in (1, 2)]
+    moved_on = [_h(TIMEOUT, RETRY, n, after(OWNER_LOST)) for n in (1, 2)]
+    history = [_h(None, Status.PENDING, 0, "created"), lost[0], moved_on[0], lost[1], moved_on[1]]
+    assert owner_losses(history) == 2
+    requeued = _h(Status.FAILED, Status.PENDING, 2, REQUEUED)
+    assert owner_losses([*history, requeued]) == 0
+    again = _h(TIMEOUT, RETRY, 3, after(OWNER_LOST))
+    assert owner_losses([*history, requeued, again]) == 1
+    assert owner_losses([*history, _h(TIMEOUT, RETRY, 3, after(LEASE_EXPIRED))]) == 2
