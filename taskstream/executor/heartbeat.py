@@ -1,6 +1,7 @@
 """Heartbeat of one executor process.
 
-Every beat: refresh the liveness key (the sweeper reclaims the work of a consumer whose key has
+Every beat (every third of the liveness TTL, or of the shortest lease held when that is
+shorter): refresh the liveness key (the sweeper reclaims the work of a consumer whose key has
 expired, without waiting for leases); when a third of the shortest lease has passed, extend
 every held lease by its own run's lease length (one store write per distinct length, `WHERE
 attempt = token`) and XCLAIM our pending entries to ourselves (JUSTID) so their idle time
@@ -17,7 +18,8 @@ while the process kept claiming.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import math
+from asyncio import FIRST_COMPLETED
 
 from redis.exceptions import ResponseError
 
@@ -48,14 +50,24 @@ class Heartbeat:
         self._ttl_ms = round(liveness_ttl_s * 1000)
         self._runs: dict[tuple[str, int], tuple[Run, asyncio.Task[None]]] = {}
         self._last_extend_ms = 0
+        self._sooner = asyncio.Event()
+        self._waiting_s = math.inf
+        """How long the beat loop's current sleep lasts (s; inf when it is not sleeping)."""
         self._log = get_logger(role="executor", consumer=consumer)
 
     @property
     def interval_s(self) -> float:
-        return max(0.2, self._ttl_ms / 3000)
+        """Seconds between beats: a third of the liveness TTL, or of the shortest lease held
+        when that is shorter (a lease must be extended before it lapses); at least 0.2 s."""
+        third_s = self._ttl_ms / 3000
+        if self._runs:
+            third_s = min(third_s, min(_lease_s(run) for run, _ in self._runs.values()) / 3)
+        return max(0.2, third_s)
 
     def track(self, run: Run, task: asyncio.Task[None]) -> None:
         self._runs[(run.row.id, run.token)] = (run, task)
+        if max(0.2, _lease_s(run) / 3) < self._waiting_s:
+            self._sooner.set()  # the beat loop sleeps longer than this run's lease allows
 
     def untrack(self, run: Run) -> None:
         self._runs.pop((run.row.id, run.token), None)
@@ -82,8 +94,20 @@ class Heartbeat:
                 self._log.error(
                     "heartbeat.failed", error_type=type(exc).__name__, error=str(exc)[:300]
                 )
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=self.interval_s)
+            await self._pause(stop)
+
+    async def _pause(self, stop: asyncio.Event) -> None:
+        """Sleep `interval_s`, or less when `stop` is set or a run with a shorter lease is
+        tracked meanwhile."""
+        self._sooner.clear()
+        self._waiting_s = self.interval_s
+        woken = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._sooner.wait())]
+        try:
+            await asyncio.wait(woken, timeout=self._waiting_s, return_when=FIRST_COMPLETED)
+        finally:
+            for waiter in woken:
+                waiter.cancel()
+            self._waiting_s = math.inf
 
     async def _beat_once(self) -> None:
         try:

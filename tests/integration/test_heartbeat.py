@@ -151,3 +151,36 @@ async def test_the_beat_loop_outlives_an_unexpected_error(
     finally:
         stop.set()
         await asyncio.wait_for(loop, timeout=20)
+
+
+async def test_beats_come_often_enough_for_the_shortest_lease_held(
+    outage: Harness, tasks: list[asyncio.Task[None]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a long liveness TTL (60 s: a beat every 20 s) a run with a 10 s lease would lapse
+    between beats, and the sweeper would time out a healthy run. Tracking it wakes the
+    sleeping beat loop, and beats then come every third of that lease."""
+    h = outage
+    await h.apply(LEASES)
+    beats: list[asyncio.Event] = [asyncio.Event(), asyncio.Event()]
+    mark_alive = streams.mark_alive
+
+    async def counted(redis: streams.Redis, keys: object, consumer: str, ttl_ms: int) -> None:
+        await mark_alive(redis, h.keys, consumer, ttl_ms)
+        next((beat for beat in beats if not beat.is_set()), asyncio.Event()).set()
+
+    monkeypatch.setattr(streams, "mark_alive", counted)
+    heartbeat = Heartbeat(h.store, h.redis, h.keys, "c1", h.clock, liveness_ttl_s=60)
+    assert heartbeat.interval_s == 20
+    stop = asyncio.Event()
+    loop = asyncio.create_task(heartbeat.run(stop))
+    try:
+        await asyncio.wait_for(beats[0].wait(), timeout=20)  # then it sleeps 20 s
+        short = await _claim(h, "short")
+        heartbeat.track(short, _running(tasks))
+        assert heartbeat.interval_s == pytest.approx(10 / 3)
+        await asyncio.wait_for(beats[1].wait(), timeout=5)  # bounds a broken run only
+        heartbeat.untrack(short)
+        assert heartbeat.interval_s == 20
+    finally:
+        stop.set()
+        await asyncio.wait_for(loop, timeout=20)
