@@ -34,11 +34,12 @@ class Wakeups:
         self._subscribed = False
 
     async def wait(self, timeout_s: float) -> bool:
-        """Wait up to `timeout_s` for a hint; True when one arrived. Drains queued hints."""
-        if not self._subscribed:
-            await self._pubsub.subscribe(self._channel)
-            self._subscribed = True
+        """Wait up to `timeout_s` for a hint; True when one arrived. Drains queued hints.
+        With Redis down it still waits (up to 1 s), so a caller's pause is not cut short."""
         try:
+            if not self._subscribed:
+                await self._pubsub.subscribe(self._channel)
+                self._subscribed = True
             message = await self._pubsub.get_message(timeout=max(0.0, timeout_s))
         except streams.DRIVER_ERRORS:
             self._subscribed = False

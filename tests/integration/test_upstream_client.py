@@ -5,7 +5,6 @@ pre-admitted slot, and no secret in any log or error."""
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -24,7 +23,7 @@ from taskstream.ratelimit.redis_backend import RedisBreakers, RedisLimiter
 from taskstream.ratelimit.window import guard_ms
 from tests.ratelimit.rigs import RedisRig
 from tests.support.databases import temp_database
-from tests.support.loopback import Loopback, Reply
+from tests.support.loopback import Loopback, Reply, closed_port
 
 SECRET = "sk-live-do-not-leak"
 
@@ -185,14 +184,6 @@ async def test_a_timeout_is_retriable_and_a_breaker_failure(
         await client.aclose()
     assert caught.value.status is None
     assert (await breaker(redis, keys)).window_failures == 1
-
-
-def closed_port() -> int:
-    """A loopback port nothing listens on (bound, then released)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
 
 
 async def test_a_refused_connection_is_retriable_and_a_breaker_failure(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -136,3 +137,11 @@ def _encode(reply: Reply) -> bytes:
     headers = {"Content-Length": str(len(reply.body)), "Connection": "close", **reply.headers}
     head += [f"{name}: {value}" for name, value in headers.items()]
     return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + reply.body
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
