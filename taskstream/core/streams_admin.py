@@ -3,6 +3,7 @@ consumer clean-up, MINID trimming and backlog scans."""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -134,7 +135,8 @@ async def trim(redis: Redis, stream: str) -> int:
 
 
 async def instance_ids(redis: Redis, keys: Keys, *, page: int = 1000) -> set[str]:
-    """Instance ids of every entry still on a work stream (pending or not yet delivered)."""
+    """Instance ids of every entry still on a work stream (pending or not yet delivered). An
+    id that is not UTF-8 (a poison entry from another writer) names no instance: skipped."""
     found: set[str] = set()
     for stream in keys.streams():
         start = "-"
@@ -142,8 +144,9 @@ async def instance_ids(redis: Redis, keys: Keys, *, page: int = 1000) -> set[str
             rows: Any = await redis.xrange(stream, start, "+", count=page)
             for _, fields in rows:
                 value = (fields or {}).get(b"instance_id")
-                if value is not None:
-                    found.add(as_text(value))
+                with contextlib.suppress(UnicodeDecodeError):
+                    if value is not None:
+                        found.add(as_text(value))
             if len(rows) < page:
                 break
             start = "(" + as_text(rows[-1][0])

@@ -6,7 +6,7 @@ from typing import Any
 
 from taskstream.core import streams
 from taskstream.core import streams_admin as admin
-from taskstream.core.protocol import GROUP, Keys, Priority, WorkEntry, decode
+from taskstream.core.protocol import GROUP, Keys, Priority, WorkEntry, decode, encode
 
 
 def entry(n: int) -> WorkEntry:
@@ -158,3 +158,15 @@ async def test_an_entry_is_moved_once_however_many_movers_try(
     on_stream: Any = await redis.xrange(stream)
     assert [(streams.as_text(i), decode(f).redeliveries) for i, f in on_stream] == [(new_id, 1)]
     assert (await redis.xpending(stream, GROUP))["pending"] == 0
+
+
+async def test_an_entry_whose_instance_id_is_not_utf8_names_no_instance(
+    redis: streams.Redis, keys: Keys
+) -> None:
+    """Another writer's poison entry must not crash the reconciler's scan (and with it the
+    sweeper at every start) before an executor dead-letters it."""
+    await streams.ensure_groups(redis, keys)
+    await streams.publish(redis, keys, Priority.LOW, entry(1))
+    fields: dict[str, str | bytes] = {**encode(entry(2)), "instance_id": b"\xff\xfe"}
+    await redis.xadd(keys.stream(Priority.LOW), fields)  # type: ignore[arg-type]
+    assert await admin.instance_ids(redis, keys) == {"i_1"}
