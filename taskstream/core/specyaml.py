@@ -52,7 +52,10 @@ def read_document(text: str, source_name: str) -> tuple[object, list[str]]:
     Anything else wrong (see the module docstring) raises `ConfigError` at once, its lines
     starting with `source_name`.
     """
-    loader = _BoundedLoader(text)
+    try:
+        loader = _BoundedLoader(text)  # the reader checks every character here
+    except yaml.reader.ReaderError as exc:
+        raise ConfigError(problem_lines(source_name, [_unreadable(text, exc)])) from None
     try:
         root = loader.get_single_node()
         if loader.surrogates:
@@ -73,6 +76,13 @@ def read_document(text: str, source_name: str) -> tuple[object, list[str]]:
     finally:
         loader.dispose()
     return document, [f"line {line}: duplicate key '{key}'" for line, key in duplicates]
+
+
+def _unreadable(text: str, exc: yaml.reader.ReaderError) -> str:
+    """A character YAML does not allow (a control character, say), with its line."""
+    line = text.count("\n", 0, exc.position) + 1
+    char = exc.character if isinstance(exc.character, int) else ord(str(exc.character)[:1] or "?")
+    return f"line {line}: invalid YAML: unacceptable character #x{char:02x} ({exc.reason})"
 
 
 class _Marked(Protocol):

@@ -79,6 +79,20 @@ EXPECTED = "(expected a mapping with a 'tasks' list)"
             ],
         ),
         (
+            'tasks:\n  - id: a\n    agent: echo\n    payload: {m: "\x1b]0;x\x07"}\n',
+            [
+                "line 4: invalid YAML: unacceptable character #x1b "
+                "(special characters are not allowed)"
+            ],
+        ),
+        (
+            "tasks: []\n\x00",
+            [
+                "line 2: invalid YAML: unacceptable character #x00 "
+                "(special characters are not allowed)"
+            ],
+        ),
+        (
             "tasks: []\n---\ntasks: []\n",
             [
                 "line 2: invalid YAML: expected a single document in the stream, "
