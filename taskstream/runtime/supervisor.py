@@ -78,10 +78,9 @@ class Supervisor:
             child.stopping = True
             with contextlib.suppress(ProcessLookupError):
                 child.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
-        waits = [c.proc.wait() for c in live if c.proc]
-        _, pending = await asyncio.wait(
-            [asyncio.ensure_future(w) for w in waits], timeout=self._grace_s
-        )
+        waits = [asyncio.ensure_future(c.proc.wait()) for c in live if c.proc]
+        # Every child may be dead already, waiting for its restart: nothing to wait for.
+        _, pending = await asyncio.wait(waits, timeout=self._grace_s) if waits else ((), ())
         for child in live:
             if child.proc and child.proc.returncode is None:
                 self._log.warning("child.killed", child=child.name)
