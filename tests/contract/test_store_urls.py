@@ -43,6 +43,15 @@ def test_unsupported_url_is_a_config_error_naming_the_scheme(url: str) -> None:
         ("postgresql+asyncpg://u:p%40ss@db/ts", "postgresql+asyncpg://u:***@db/ts"),
         ("mysql://root@db/ts", "mysql://root@db/ts"),
         ("sqlite:///x.db", "sqlite:///x.db"),
+        ("redis://:s3cret@127.0.0.1:6379/0", "redis://:***@127.0.0.1:6379/0"),
+        ("mysql://root:p@ss@127.0.0.1:1/x", "mysql://root:***@127.0.0.1:1/x"),
+        ("mysql://root:pa/ss@db/x", "mysql://root:***@db/x"),
+        ("redis://127.0.0.1:6390/0?password=Rpass123", "redis://127.0.0.1:6390/0?password=***"),
+        (
+            "mysql://ts@db:3306/ts1?charset=utf8mb4&PASSWORD=x&ssl=1",
+            "mysql://ts@db:3306/ts1?charset=utf8mb4&PASSWORD=***&ssl=1",
+        ),
+        ("rediss://u:pw@h/0?token=abc#frag", "rediss://u:***@h/0?token=***#frag"),
     ],
 )
 def test_redact_url_hides_only_the_password(given: str, expected: str) -> None:

@@ -30,7 +30,11 @@ _ASYNC_SCHEMES: dict[str, str] = {
 }
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
-_USERINFO_PASSWORD = re.compile(r"^([^:/]+://[^:/@]*):[^@/]*@")
+_QUERY_SECRET = re.compile(
+    r"([?&](?:password|passwd|pass|pwd|secret|token|sslpassword|access_token|api_key)=)[^&#]*",
+    re.IGNORECASE,
+)
+"""A query parameter that carries a secret, up to its value."""
 
 
 def _scheme(url: str) -> str:
@@ -61,11 +65,16 @@ def normalize_url(url: str) -> str:
 
 
 def redact_url(url: str) -> str:
-    """`url` with any password replaced by `***`, safe for logs, CLI output and errors."""
-    try:
-        parsed = make_url(url)
-    except ArgumentError:
-        return _USERINFO_PASSWORD.sub(r"\1:***@", url)
-    if parsed.password is None:
-        return url
-    return parsed.render_as_string(hide_password=True)
+    """`url` with every password replaced by `***`, safe for logs, CLI output and errors: the
+    password of the user info (up to the last `@`, so one with an unencoded `@` or `/` is
+    hidden whole) and secret query parameters (`?password=...`, which the drivers also log in
+    with). A URL that only looks like it has user info is hidden too much, never too little."""
+    scheme_end = url.find("://")
+    if scheme_end < 0:
+        return _QUERY_SECRET.sub(r"\1***", url)
+    head, rest = url[: scheme_end + 3], url[scheme_end + 3 :]
+    at = rest.rfind("@")
+    user, colon, _ = rest[:at].partition(":") if at >= 0 else ("", "", "")
+    if colon:
+        rest = f"{user}:***{rest[at:]}"
+    return head + _QUERY_SECRET.sub(r"\1***", rest)
