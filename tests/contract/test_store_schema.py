@@ -22,6 +22,7 @@ from sqlalchemy.engine import Connection, make_url
 
 from taskstream.core.errors import SchemaMissing, StoreError, StoreUnavailable
 from taskstream.core.states import IN_FLIGHT, SETTLED, Status
+from taskstream.core.store import sql_engine
 from taskstream.core.store.migrate import alembic_config, current_revision, upgrade
 from taskstream.core.store.port import ClaimRequest
 from taskstream.core.store.sql import SqlStore
@@ -132,6 +133,28 @@ async def test_unreachable_server_is_unavailable_without_password(url: str) -> N
     assert "127.0.0.1:1" in message
     with pytest.raises(StoreUnavailable):
         await upgrade(url)
+
+
+async def test_a_server_that_never_answers_the_handshake_is_unavailable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A frozen server, or another service on a wrong port, accepts the connection and never
+    answers: the driver's own timeout covers only the TCP connect, and the caller hung."""
+    held: list[asyncio.StreamWriter] = []
+
+    async def accept(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+
+    monkeypatch.setattr(sql_engine, "CONNECT_TIMEOUT_S", 0.5)
+    server = await asyncio.start_server(accept, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        with pytest.raises(StoreUnavailable, match="no answer to the handshake"):
+            await asyncio.wait_for(SqlStore.connect(f"mysql://root@127.0.0.1:{port}/x"), 30)
+    finally:
+        server.close()
+        for writer in held:
+            writer.close()
 
 
 @pytest.mark.parametrize("kind", [k for k in available_kinds() if k != "sqlite"])

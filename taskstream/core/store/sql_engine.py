@@ -18,8 +18,10 @@ Driver errors never leave this package: `translate_errors` turns them into `Stor
 
 from __future__ import annotations
 
+import asyncio
+import importlib
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -110,7 +112,7 @@ def _mysql_engine(url: str) -> AsyncEngine:
         pool_recycle=POOL_RECYCLE_S,
         pool_size=POOL_SIZE,
         pool_reset_on_return=None,
-        connect_args={"connect_timeout": CONNECT_TIMEOUT_S},
+        async_creator=_bounded_connect(url),
     )
     event.listen(engine.sync_engine, "connect", _mysql_on_connect)
     # An executemany INSERT (rows as parameters, times as SQL) goes out as multi-row INSERT
@@ -118,6 +120,25 @@ def _mysql_engine(url: str) -> AsyncEngine:
     # sends a statement per row, since its rewrite only handles plain placeholders.
     engine.sync_engine.dialect.use_insertmanyvalues_wo_returning = True
     return engine
+
+
+def _bounded_connect(url: str) -> Callable[[], Awaitable[Any]]:
+    """The driver's connect for `url`, bounded as a whole by `CONNECT_TIMEOUT_S`. The driver's
+    own `connect_timeout` covers only the TCP connect: a server that accepts and never
+    answers the handshake (frozen, or another service on a wrong port) would hang every
+    caller for ever instead of making the store unavailable."""
+    parsed = make_url(url)
+    cargs, cparams = parsed.get_dialect()().create_connect_args(parsed)
+    cparams["connect_timeout"] = CONNECT_TIMEOUT_S
+    driver: Any = importlib.import_module(parsed.get_driver_name())  # asyncmy or aiomysql
+
+    async def connect() -> Any:
+        try:
+            return await asyncio.wait_for(driver.connect(*cargs, **cparams), CONNECT_TIMEOUT_S)
+        except TimeoutError:
+            raise TimeoutError(f"no answer to the handshake within {CONNECT_TIMEOUT_S} s") from None
+
+    return connect
 
 
 def _mysql_on_connect(dbapi_connection: DBAPIConnection, _record: ConnectionPoolEntry) -> None:
