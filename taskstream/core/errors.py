@@ -32,8 +32,9 @@ class StoreUnavailable(StoreError):
 
 
 class SchemaMissing(StoreUnavailable):
-    """The database has no taskstream tables (not migrated yet). An outage to the services,
-    which wait for `taskstream migrate` as for a database that is down."""
+    """The database has no taskstream tables (not migrated yet), or lacks columns (migrated
+    by an older taskstream). An outage to the services, which wait for `taskstream migrate`
+    as for a database that is down."""
 
 
 class QueueUnavailable(TaskstreamError):

@@ -91,6 +91,16 @@ async def test_concurrent_upgrades_of_an_empty_database_all_succeed(db_url: str)
         await store.close()
 
 
+async def test_a_database_at_an_older_schema_says_to_run_migrate(store: SqlStore) -> None:
+    """Migrated by an older taskstream (no `settled` column): not a plain outage, but the
+    same fix as a database never migrated, and the services wait for it the same way."""
+    await _downgrade(store, "0003")
+    with pytest.raises(SchemaMissing, match=r"older schema .*: run `taskstream migrate`"):
+        await store.get_instance("i-1")
+    with pytest.raises(SchemaMissing, match="older schema"):
+        await store.count_by_status()
+
+
 async def test_database_from_a_newer_version_is_refused(store: SqlStore, db_url: str) -> None:
     async with store.engine.begin() as conn:
         await conn.execute(text("UPDATE alembic_version SET version_num = '9999'"))

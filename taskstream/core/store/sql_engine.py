@@ -171,15 +171,23 @@ _NO_TABLE = re.compile(
     r"no such table|\(1146,|Table '[^']*' doesn't exist|relation \"[^\"]*\" does not exist"
 )
 """How SQLite, MySQL / MariaDB (error 1146) and PostgreSQL say a table does not exist."""
+_NO_COLUMN = re.compile(
+    r"no such column|has no column named|\(1054,"
+    r"|column \"?[\w.]+\"?( of relation \"[^\"]*\")? does not exist"
+)
+"""How they say a column does not exist: a database migrated by an older taskstream."""
 
 
 def schema_missing(detail: str, display_url: str) -> SchemaMissing | None:
-    """`SchemaMissing` when a driver error's text says a table does not exist."""
-    if _NO_TABLE.search(detail) is None:
+    """`SchemaMissing` when a driver error's text says a table or a column does not exist:
+    the database was never migrated, or was migrated by an older taskstream."""
+    if _NO_TABLE.search(detail) is not None:
+        what = "has no taskstream tables"
+    elif _NO_COLUMN.search(detail) is not None:
+        what = "is at an older schema than this taskstream's"
+    else:
         return None
-    return SchemaMissing(
-        f"store {display_url} has no taskstream tables ({detail}): run `taskstream migrate`"
-    )
+    return SchemaMissing(f"store {display_url} {what} ({detail}): run `taskstream migrate`")
 
 
 def translate(exc: Exception, display_url: str) -> StoreError:
