@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import getpass
 import json
+import os
 import sys
 from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
@@ -32,6 +34,15 @@ def settings() -> Settings:
 
 def keys_of(s: Settings) -> Keys:
     return Keys(prefix=s.key_prefix, namespace=s.namespace)
+
+
+def operator() -> str:
+    """Who runs this command, for the history: the login name, or `uid:N` where the user has
+    no name (a container run with an arbitrary uid and no passwd entry)."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return f"uid:{os.getuid()}"
 
 
 def run_async(coro: Coroutine[Any, Any, T]) -> T:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import getpass
 import sys
 
 import typer
@@ -14,6 +13,7 @@ from taskstream.cli.common import (
     err_console,
     open_cluster,
     open_queue,
+    operator,
     print_json,
     run_async,
     settings,
@@ -41,7 +41,7 @@ def retry_cmd(
             return await operations.requeue(
                 _outbox(cluster),
                 instance_id,
-                who=getpass.getuser(),
+                who=operator(),
                 why=reason,
                 now_ms=SystemClock().now_ms(),
             )
@@ -135,7 +135,7 @@ def _say(line: str) -> None:
 async def _replay(cluster: Cluster, letter: operations.DeadLetter) -> str:
     try:
         return await operations.replay(
-            _outbox(cluster), letter, who=getpass.getuser(), now_ms=SystemClock().now_ms()
+            _outbox(cluster), letter, who=operator(), now_ms=SystemClock().now_ms()
         )
     except TaskstreamError as exc:
         return f"not replayed: {exc}"
