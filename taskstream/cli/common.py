@@ -86,10 +86,13 @@ class Cluster:
 
 
 @asynccontextmanager
-async def open_cluster(s: Settings, *, need_redis: bool = True) -> AsyncIterator[Cluster]:
-    """Resolve the endpoints and open the store (and Redis when needed); close them after."""
+async def open_cluster(
+    s: Settings, *, need_redis: bool = True, check: bool = True
+) -> AsyncIterator[Cluster]:
+    """Resolve the endpoints and open the store (and Redis when needed); close them after.
+    With `check` the store must answer now (`StoreUnavailable`); the roles wait instead."""
     endpoints = resolve(s, need_redis=need_redis)
-    store = await SqlStore.connect(endpoints.database_url)
+    store = await SqlStore.connect(endpoints.database_url, check=check)
     redis = streams.connect(endpoints.redis_url) if need_redis else None
     try:
         yield Cluster(s, endpoints, store, redis)

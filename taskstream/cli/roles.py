@@ -7,6 +7,7 @@ until SIGINT/SIGTERM.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 from collections.abc import Callable
 from random import Random
@@ -17,8 +18,10 @@ import typer
 from taskstream.agents.registry import default_registry
 from taskstream.cli.common import Cluster, err_console, open_cluster, run_async, settings
 from taskstream.core import preconditions, streams
-from taskstream.core.clock import Clock, SystemClock
+from taskstream.core.clock import Clock, OffsetClock, SystemClock
 from taskstream.core.definitions import UpstreamCache
+from taskstream.core.errors import StoreUnavailable
+from taskstream.core.logging import get_logger
 from taskstream.core.notify import Wakeups
 from taskstream.core.outbox import Outbox
 from taskstream.core.settings import Settings
@@ -42,6 +45,10 @@ an executor's CPU in a 20,000-instance drain, and none at this threshold. Refere
 frees everything else; cyclic garbage waits for at most this many allocations."""
 
 
+START_PAUSE_S = 1.0
+"""Pause between tries to reach Redis and the store when a role starts during an outage."""
+
+
 class Service(Protocol):
     async def run(self, stop: asyncio.Event) -> None: ...
 
@@ -59,9 +66,10 @@ def migrate_cmd() -> None:
 async def _serve(s: Settings, build: Callable[[Cluster, Clock], Service]) -> None:
     stop = asyncio.Event()
     install_stop_signals(stop)
-    async with open_cluster(s) as cluster:
-        await streams.ensure_groups(cluster.queue, cluster.keys)
-        clock = await synced_clock(cluster.store)
+    async with open_cluster(s, check=False) as cluster:
+        clock = await _dependencies_up(cluster, stop)
+        if clock is None:
+            return  # stopped while waiting
         syncing = asyncio.create_task(keep_synced(cluster.store, clock, stop))
         service = build(cluster, clock)
         # Everything alive now (modules, settings, connections) lives as long as the process:
@@ -74,6 +82,22 @@ async def _serve(s: Settings, build: Callable[[Cluster, Clock], Service]) -> Non
         finally:
             stop.set()
             await syncing
+
+
+async def _dependencies_up(cluster: Cluster, stop: asyncio.Event) -> OffsetClock | None:
+    """The stream groups made and the clock synced with the database's, waiting while Redis
+    or the store is down (a warning each try, `START_PAUSE_S` apart), as the services wait
+    for an outage later on; None when `stop` comes first."""
+    log = get_logger(role="startup")
+    while not stop.is_set():
+        try:
+            await streams.ensure_groups(cluster.queue, cluster.keys)
+            return await synced_clock(cluster.store)
+        except (StoreUnavailable, *streams.DRIVER_ERRORS) as exc:
+            log.warning("startup.dependency_down", error=str(exc)[:300])
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=START_PAUSE_S)
+    return None
 
 
 def scheduler_cmd() -> None:

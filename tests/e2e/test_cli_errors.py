@@ -1,11 +1,16 @@
 """Bad settings and an unreachable Redis end a command with one line naming what is wrong (exit
 2 for settings, 1 for an outage), never a traceback; a URL's password is never printed.
-`status` still shows what the store says while Redis is down."""
+`status` still shows what the store says while Redis is down. A long-running role waits for
+Redis instead."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -42,14 +47,38 @@ def test_an_invalid_setting_is_named_in_one_line(
     assert "hunter2" not in out.stderr
 
 
-@pytest.mark.parametrize("command", [("dead", "list"), ("sweeper",)])
-def test_redis_down_is_one_line_and_exit_1(tmp_path: Path, command: tuple[str, ...]) -> None:
+def test_redis_down_is_one_line_and_exit_1(tmp_path: Path) -> None:
     env = _env(tmp_path, redis_url=DOWN)
     migrated_store(tmp_path)
-    out = run_cli(*command, env=env)
+    out = run_cli("dead", "list", env=env)
     assert out.returncode == 1
     assert out.stderr.startswith("error: redis unavailable: ConnectionError")
     assert "Traceback" not in out.stderr
+
+
+@pytest.mark.roles
+def test_a_role_waits_for_redis_down_at_start_and_stops_cleanly(tmp_path: Path) -> None:
+    """A long-running role waits for Redis as for an outage later on: it logs the outage
+    (no traceback, no password), keeps running, and a stop exits 0."""
+    env = _env(tmp_path, redis_url="redis://:hunter2@127.0.0.1:1/0")
+    migrated_store(tmp_path)
+    log = tmp_path / "sweeper.log"
+    with log.open("w") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "taskstream", "sweeper"], env=env, stdout=sink, stderr=sink
+        )
+    try:
+        deadline = time.monotonic() + 30  # bounds a broken run only
+        while "startup.dependency_down" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert proc.poll() is None, log.read_text()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=30)
+    text = log.read_text()
+    assert code == 0, text
+    assert "startup.dependency_down" in text and "127.0.0.1:1" in text
+    assert "Traceback" not in text and "hunter2" not in text
 
 
 def test_status_with_redis_down_shows_the_stores_counts_and_exits_1(tmp_path: Path) -> None:

@@ -115,6 +115,36 @@ def test_a_role_started_before_the_migration_waits_for_it(
     assert code == 0, log.read_text()[-2000:]
 
 
+@pytest.mark.roles
+def test_a_role_started_while_the_database_is_down_waits_for_it(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """The store cannot be opened at start (its folder is not there yet: as for a database
+    server still starting): the role logs it and waits instead of exiting, then runs."""
+    with applied(tmp_path, redis_url, {}) as cli:
+        later = tmp_path / "later"
+        env = cli.env | {"TASKSTREAM_DATABASE_URL": f"sqlite:///{later / 'store.db'}"}
+        log = tmp_path / "executor.log"
+        with log.open("w") as sink:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "taskstream", "executor"], env=env, stdout=sink, stderr=sink
+            )
+        try:
+            assert wait_for(lambda: "startup.dependency_down" in log.read_text(), 30)
+            assert proc.poll() is None
+            later.mkdir()
+            (tmp_path / "store.db").rename(later / "store.db")
+            assert wait_for(lambda: "executor.started" in log.read_text(), 30), log.read_text()
+            (tmp_path / "t.yaml").write_text(TASK)
+            run_cli("tasks", "apply", str(tmp_path / "t.yaml"), env=env, check=True)
+            run_cli("trigger", "hello", env=env, check=True)
+            assert wait_for(lambda: _succeeded(env), 30), log.read_text()[-2000:]
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            code = proc.wait(timeout=30)
+    assert code == 0, log.read_text()[-2000:]
+
+
 TASK = "tasks:\n  - {id: hello, agent: echo, payload: {hi: 1}}\n"
 
 

@@ -64,11 +64,13 @@ class SqlStore(DefinitionMethods, OutboxMethods, SchedulingMethods):
         self.display_url = display_url
 
     @classmethod
-    async def connect(cls, url: str) -> Self:
-        """Open a store on a user URL (`mysql://`, `postgresql://`, `sqlite:///path`, ...) and
-        check it answers. Raises `ConfigError` for an unsupported URL and `StoreUnavailable`
-        when the database cannot be reached."""
+    async def connect(cls, url: str, *, check: bool = True) -> Self:
+        """Open a store on a user URL (`mysql://`, `postgresql://`, `sqlite:///path`, ...) and,
+        with `check`, make sure it answers. Raises `ConfigError` for an unsupported URL and
+        `StoreUnavailable` when the database cannot be reached."""
         store = cls(make_engine(normalize_url(url)), display_url=redact_url(url))
+        if not check:
+            return store
         try:
             await store.ping()
         except BaseException:
