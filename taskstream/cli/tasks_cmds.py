@@ -11,7 +11,8 @@ from rich.table import Table
 from taskstream.agents.registry import default_registry
 from taskstream.cli.common import console, open_cluster, print_json, run_async, settings
 from taskstream.core.definitions import from_record, to_records, upstream_configs
-from taskstream.core.spec import TaskFile
+from taskstream.core.errors import ConfigError
+from taskstream.core.spec import TaskFile, TaskSpec
 from taskstream.core.specfile import load_task_file
 
 tasks_app = typer.Typer(no_args_is_help=True, help="Validate, apply and list task definitions.")
@@ -58,37 +59,44 @@ async def _apply(taskfile: TaskFile) -> dict[str, str]:
 def list_cmd(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
-    """List stored definitions with their schedule and paused flag."""
-    rows = run_async(_list())
+    """List stored definitions with their schedule and paused flag. A stored definition that
+    no longer validates is listed as invalid, its problems go to stderr, and the exit is 1."""
+    rows, problems = run_async(_list())
     if as_json:
         print_json(rows)
-        return
-    table = Table(*TABLE_KEYS)
-    for r in rows:
-        table.add_row(*("" if r[k] is None else str(r[k]) for k in TABLE_KEYS))
-    console.print(table)
+    else:
+        table = Table(*TABLE_KEYS)
+        for r in rows:
+            table.add_row(*("" if r[k] is None else str(r[k]) for k in TABLE_KEYS))
+        console.print(table)
+    for line in problems:
+        sys.stderr.write(f"{line}\n")
+    if problems:
+        raise typer.Exit(1)
 
 
-async def _list() -> list[dict[str, object]]:
+async def _list() -> tuple[list[dict[str, object]], list[str]]:
     async with open_cluster(settings(), need_redis=False) as cluster:
         records = await cluster.store.list_definitions()
     out: list[dict[str, object]] = []
+    problems: list[str] = []
     for record in records:
-        spec = from_record(record)
-        sched = spec.schedule
-        what = "on-demand"
-        if sched and sched.cron:
-            what = f"cron {sched.cron}"
-        elif sched and sched.every:
-            what = f"every {sched.every:g}s"
-        out.append(
-            {
-                "task_id": spec.id,
-                "agent": spec.agent,
-                "schedule": what,
-                "timezone": sched.timezone if sched else None,
-                "paused": record.paused,
-                "spec_hash": record.spec_hash,
-            }
-        )
-    return out
+        row: dict[str, object] = {"task_id": record.task_id, "agent": None, "timezone": None}
+        try:
+            row |= _described(from_record(record))
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+            row |= {"schedule": "invalid (see below)", "valid": False}
+        out.append(row | {"paused": record.paused, "spec_hash": record.spec_hash})
+    return out, problems
+
+
+def _described(spec: TaskSpec) -> dict[str, object]:
+    sched = spec.schedule
+    what = "on-demand"
+    if sched and sched.cron:
+        what = f"cron {sched.cron}"
+    elif sched and sched.every:
+        what = f"every {sched.every:g}s"
+    timezone = sched.timezone if sched else None
+    return {"agent": spec.agent, "schedule": what, "timezone": timezone, "valid": True}

@@ -51,23 +51,28 @@ def upstream_from_config(name: str, config: Mapping[str, Any]) -> UpstreamLimit:
     try:
         return UpstreamLimit.model_validate(config)
     except ValidationError as exc:
-        problems = [_problem(name, error) for error in exc.errors()]
+        problems = [_problem(f"stored upstream '{name}'", error) for error in exc.errors()]
         raise ConfigError(problems) from exc
 
 
-def _problem(name: str, error: ErrorDetails) -> str:
+def _problem(label: str, error: ErrorDetails) -> str:
+    """One line per problem: where and what, never the stored value (it may be a payload)."""
     where = ".".join(str(part) for part in error["loc"])
     cause = (error.get("ctx") or {}).get("error")
     message = str(cause) if error["type"] == "value_error" and cause else error["msg"]
-    return f"stored upstream '{name}': {where + ': ' if where else ''}{message}"
+    return f"{label}: {where + ': ' if where else ''}{message}"
 
 
 def from_record(record: DefinitionRecord) -> TaskSpec:
-    """The spec of a stored record. A record that no longer validates is a `ConfigError`."""
+    """The spec of a stored record. A record that no longer validates (stored by a newer
+    version, say) is a `ConfigError`, one line per problem naming the task and the field."""
+    label = f"stored task '{record.task_id}'"
     try:
         return TaskSpec.model_validate(record.spec)
+    except ValidationError as exc:
+        raise ConfigError([_problem(label, error) for error in exc.errors()]) from exc
     except ValueError as exc:
-        raise ConfigError([f"stored task '{record.task_id}': {exc}"]) from exc
+        raise ConfigError([f"{label}: {exc}"]) from exc
 
 
 @dataclass(slots=True)

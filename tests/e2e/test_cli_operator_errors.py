@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -161,6 +162,26 @@ def wait_for(predicate: Callable[[], bool], timeout_s: float) -> bool:
             return True
         time.sleep(0.25)
     return False
+
+
+def test_a_stored_definition_that_no_longer_validates_is_listed_as_invalid(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """A definition stored by a newer version (a field this one does not know) does not hide
+    the others: `tasks list` shows every task, names the bad one's problem on stderr without
+    its stored value, and exits 1."""
+    files = {"t.yaml": "tasks:\n  - {id: a, agent: echo}\n  - {id: b, agent: echo}\n"}
+    with applied(tmp_path, redis_url, files) as cli:
+        with sqlite3.connect(tmp_path / "store.db") as db:
+            db.execute(
+                "UPDATE task_definitions SET spec = json_set(spec, '$.newfield', 'v-secret')"
+                " WHERE task_id = 'b'"
+            )
+        out = run_cli("tasks", "list", "--json", env=cli.env, cwd=cli.cwd)
+    assert out.returncode == 1
+    rows = {row["task_id"]: row for row in json.loads(out.stdout)}
+    assert (rows["a"]["valid"], rows["b"]["valid"]) == (True, False)
+    assert out.stderr == "stored task 'b': newfield: Extra inputs are not permitted\n"
 
 
 def test_dead_letters_are_listed_while_the_store_is_down(tmp_path: Path, redis_url: str) -> None:
