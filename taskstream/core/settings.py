@@ -6,6 +6,7 @@ Settings are frozen and passed down; no module reads the environment on its own.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
@@ -28,7 +29,7 @@ class Settings(BaseSettings):
     namespace: str = Field(default="default", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     key_prefix: str = Field(default="ts", pattern=r"^[A-Za-z0-9_.-]{1,32}$")
     home: Path = Path(".taskstream")
-    log_level: str = "info"
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
     executor_concurrency: int = Field(default=4, ge=1, le=1024)
     read_block_ms: int = Field(default=1000, ge=10, le=60_000)
     # At most 8 MiB: MariaDB refuses statements over max_allowed_packet (16 MiB by default).
@@ -36,7 +37,7 @@ class Settings(BaseSettings):
     max_deliveries: int = Field(default=5, ge=1, le=1000)
     scheduler_max_sleep_s: float = Field(default=60.0, gt=0.0, le=3600.0)
     """Longest scheduler sleep without a hint on the control channel (a safety net)."""
-    shutdown_grace_s: float = Field(default=8.0, ge=0.0)
+    shutdown_grace_s: float = Field(default=8.0, ge=0.0, le=3600.0)
     agent_modules: tuple[str, ...] = ()
     """Modules whose `AGENTS` are registered next to the built-ins (comma list in the env)."""
     precondition_modules: tuple[str, ...] = ()
@@ -59,6 +60,11 @@ class Settings(BaseSettings):
         if value is not None:
             _check_url(value, ())
         return value
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower(cls, value: object) -> object:
+        return value.strip().lower() if isinstance(value, str) else value
 
     @field_validator("agent_modules", "precondition_modules", mode="before")
     @classmethod

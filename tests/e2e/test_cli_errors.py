@@ -30,6 +30,8 @@ def _env(tmp_path: Path, **settings: str) -> dict[str, str]:
     ("setting", "value", "named"),
     [
         ("namespace", "bad/ns", "TASKSTREAM_NAMESPACE"),
+        ("log_level", "bogus", "TASKSTREAM_LOG_LEVEL"),
+        ("shutdown_grace_s", "inf", "TASKSTREAM_SHUTDOWN_GRACE_S"),
         ("executor_concurrency", "abc", "TASKSTREAM_EXECUTOR_CONCURRENCY"),
         ("max_payload_bytes", str(16 * 1024 * 1024), "TASKSTREAM_MAX_PAYLOAD_BYTES"),
         ("redis_url", "http://:hunter2@127.0.0.1:6379", "TASKSTREAM_REDIS_URL"),
