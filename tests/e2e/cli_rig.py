@@ -7,11 +7,13 @@ import atexit
 import functools
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,3 +98,28 @@ def applied(tmp_path: Path, redis_url: str, files: Mapping[str, str]) -> Iterato
         if found:
             client.delete(*found)
         client.close()
+
+
+@contextmanager
+def role_process(role: str, env: Mapping[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """`taskstream ROLE` in the background, its output in `log`; stopped with SIGTERM on the
+    way out (at most 30 s), so the caller can check `returncode` afterwards."""
+    with log.open("w") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "taskstream", role], env=dict(env), stdout=sink, stderr=sink
+        )
+    try:
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float) -> bool:
+    """Poll `predicate` until true or the deadline; the deadline only bounds the test."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.25)
+    return False

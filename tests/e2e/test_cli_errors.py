@@ -7,15 +7,11 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.cli_rig import migrated_store, run_cli
+from tests.e2e.cli_rig import migrated_store, role_process, run_cli, wait_for
 
 DOWN = "redis://127.0.0.1:1/0"  # nothing listens on port 1
 
@@ -65,20 +61,11 @@ def test_a_role_waits_for_redis_down_at_start_and_stops_cleanly(tmp_path: Path) 
     env = _env(tmp_path, redis_url="redis://:hunter2@127.0.0.1:1/0")
     migrated_store(tmp_path)
     log = tmp_path / "sweeper.log"
-    with log.open("w") as sink:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "taskstream", "sweeper"], env=env, stdout=sink, stderr=sink
-        )
-    try:
-        deadline = time.monotonic() + 30  # bounds a broken run only
-        while "startup.dependency_down" not in log.read_text() and time.monotonic() < deadline:
-            time.sleep(0.1)
+    with role_process("sweeper", env, log) as proc:
+        assert wait_for(lambda: "startup.dependency_down" in log.read_text(), 30)
         assert proc.poll() is None, log.read_text()
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        code = proc.wait(timeout=30)
     text = log.read_text()
-    assert code == 0, text
+    assert proc.returncode == 0, text
     assert "startup.dependency_down" in text and "127.0.0.1:1" in text
     assert "Traceback" not in text and "hunter2" not in text
 

@@ -5,18 +5,13 @@ task file given to `up` that is not there, a database never migrated."""
 from __future__ import annotations
 
 import json
-import signal
 import sqlite3
-import subprocess
-import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import redis
 
-from tests.e2e.cli_rig import applied, run_cli
+from tests.e2e.cli_rig import applied, role_process, run_cli, wait_for
 
 
 def test_replaying_a_dead_letter_that_does_not_exist_fails(tmp_path: Path, redis_url: str) -> None:
@@ -97,11 +92,7 @@ def test_a_role_started_before_the_migration_waits_for_it(
     with applied(tmp_path, redis_url, {}) as cli:
         env = cli.env | {"TASKSTREAM_DATABASE_URL": f"sqlite:///{tmp_path / 'late.db'}"}
         log = tmp_path / f"{role}.log"
-        with log.open("w") as sink:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "taskstream", role], env=env, stdout=sink, stderr=sink
-            )
-        try:
+        with role_process(role, env, log) as proc:
             assert wait_for(lambda: "run `taskstream migrate`" in log.read_text(), 30)
             assert proc.poll() is None
             run_cli("migrate", env=env, check=True)
@@ -110,10 +101,7 @@ def test_a_role_started_before_the_migration_waits_for_it(
                 run_cli("tasks", "apply", str(tmp_path / "t.yaml"), env=env, check=True)
                 run_cli("trigger", "hello", env=env, check=True)
                 assert wait_for(lambda: _succeeded(env), 30), log.read_text()[-2000:]
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            code = proc.wait(timeout=30)
-    assert code == 0, log.read_text()[-2000:]
+    assert proc.returncode == 0, log.read_text()[-2000:]
 
 
 @pytest.mark.roles
@@ -126,11 +114,7 @@ def test_a_role_started_while_the_database_is_down_waits_for_it(
         later = tmp_path / "later"
         env = cli.env | {"TASKSTREAM_DATABASE_URL": f"sqlite:///{later / 'store.db'}"}
         log = tmp_path / "executor.log"
-        with log.open("w") as sink:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "taskstream", "executor"], env=env, stdout=sink, stderr=sink
-            )
-        try:
+        with role_process("executor", env, log) as proc:
             assert wait_for(lambda: "startup.dependency_down" in log.read_text(), 30)
             assert proc.poll() is None
             later.mkdir()
@@ -140,10 +124,7 @@ def test_a_role_started_while_the_database_is_down_waits_for_it(
             run_cli("tasks", "apply", str(tmp_path / "t.yaml"), env=env, check=True)
             run_cli("trigger", "hello", env=env, check=True)
             assert wait_for(lambda: _succeeded(env), 30), log.read_text()[-2000:]
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            code = proc.wait(timeout=30)
-    assert code == 0, log.read_text()[-2000:]
+    assert proc.returncode == 0, log.read_text()[-2000:]
 
 
 TASK = "tasks:\n  - {id: hello, agent: echo, payload: {hi: 1}}\n"
@@ -152,16 +133,6 @@ TASK = "tasks:\n  - {id: hello, agent: echo, payload: {hi: 1}}\n"
 def _succeeded(env: dict[str, str]) -> bool:
     out = run_cli("instances", "--status", "SUCCESS", "--json", env=env)
     return out.returncode == 0 and len(json.loads(out.stdout)) == 1
-
-
-def wait_for(predicate: Callable[[], bool], timeout_s: float) -> bool:
-    """Poll `predicate` until true or the deadline; the deadline only bounds the test."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.25)
-    return False
 
 
 def test_a_stored_definition_that_no_longer_validates_is_listed_as_invalid(

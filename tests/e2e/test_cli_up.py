@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.e2e.cli_rig import run_cli
+from tests.e2e.cli_rig import run_cli, wait_for
 
 pytestmark = pytest.mark.roles
 
@@ -30,16 +30,6 @@ tasks:
 def cli(cwd: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TASKSTREAM_")}
     return run_cli(*args, env=env, cwd=cwd, check=check)
-
-
-def wait_for(predicate: object, timeout_s: float) -> bool:
-    """Poll `predicate` until true or the deadline; the deadline only bounds the test."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return True
-        time.sleep(0.25)
-    return False
 
 
 @pytest.fixture
