@@ -134,7 +134,9 @@ class Scheduler:
         """Hold or renew the lease; a new token means others may have moved cursors."""
         if self._leader is None:
             return True
-        if self._floor is None:
+        if self._floor is None or self._token is None:
+            # A standby reads it before every try: after Redis lost its token counter, a floor
+            # read long ago would hand it the token a newer leader holds now (neither fenced).
             self._floor = await self._store.max_cursor_token() or 0
         token = await self._leader.hold(floor=self._floor)
         if token != self._token:

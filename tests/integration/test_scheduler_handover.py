@@ -242,3 +242,29 @@ async def test_concurrent_applies_that_add_tasks_queue_instead_of_deadlocking(
     specs = {s.id for s in await h.definitions()}
     assert {f"added{10 * r + i + 1}" for r in range(5) for i in range(4)} <= specs
     assert not await h.store.set_cursor("added1", M0, token=4)
+
+
+async def test_a_standby_after_redis_lost_the_token_counter_fences_the_leader(
+    h: Harness,
+) -> None:
+    """The standby looked at the store's tokens while an earlier leader led (token 1); a
+    newer leader took over with 2; then Redis restarted empty. When the standby takes the
+    lease, its token must be above 2, or it shares the running leader's token and neither
+    is fenced (two schedulers deciding the same ticks)."""
+    await h.apply(TASKS)
+    h.clock.set(M0 - 1)
+    first, standby = _scheduler(h, "first"), _scheduler(h, "standby")
+    await first._step()
+    await standby._step()
+    assert (first._token, standby._token) == (1, None)
+    await h.redis.delete(h.keys.leader)  # the first leader's lease lapses
+    leader = _scheduler(h, "leader")
+    await leader._step()
+    assert leader._token == 2
+    await h.redis.delete(h.keys.leader, h.keys.leader_epoch)  # Redis restarted empty
+    h.clock.set(M0 + 1000)
+    await standby._step()
+    assert standby._token is not None and standby._token > 2
+    h.clock.set(M0 + 61_000)
+    with pytest.raises(Fenced):
+        await leader.run_pass(leader._token)
