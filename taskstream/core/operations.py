@@ -113,8 +113,11 @@ def _letters(rows: Any) -> list[DeadLetter]:
 async def replay(outbox: Outbox, letter: DeadLetter, *, who: str, now_ms: int) -> str:
     """Send a dead letter's instance through again and drop the letter. Returns what was done.
 
-    A FAILED instance is requeued; one still in flight is published again; a letter with no
-    instance (it never decoded) cannot be replayed and is kept.
+    A FAILED instance is requeued; one waiting for a claim (PENDING, DISPATCHED) is published
+    again; one further on (RUNNING, TIMEOUT, RETRYING) is left to the executors, sweeper and
+    scheduler: an entry for its current attempt would later let its retry start at once,
+    skipping the backoff. A letter with no instance (it never decoded) cannot be replayed
+    and is kept.
     """
     row = await outbox.store.get_instance(letter.instance_id) if letter.instance_id else None
     if row is None:
@@ -125,8 +128,10 @@ async def replay(outbox: Outbox, letter: DeadLetter, *, who: str, now_ms: int) -
         done = "requeued" if late is None else f"requeued, {late}"
     elif row.status in (Status.SUCCESS, Status.SKIPPED):
         done = f"already {row.status}"
-    else:
+    elif row.status in (Status.PENDING, Status.DISPATCHED):
         await outbox.publish(row, now_ms=now_ms)
         done = "published"
+    else:
+        done = f"in flight ({row.status}), left as it is"
     await outbox.redis.xdel(outbox.keys.dead, letter.dead_id)
     return done

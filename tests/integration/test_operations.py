@@ -97,6 +97,31 @@ async def test_dead_letters_are_listed_and_replayed(h: Harness) -> None:
     assert replayed is not None and replayed.status is Status.DISPATCHED
 
 
+@pytest.mark.parametrize("status", [Status.DISPATCHED, Status.RUNNING, Status.RETRYING])
+async def test_replaying_a_letter_of_an_instance_in_flight(h: Harness, status: Status) -> None:
+    """A letter whose instance has moved on since (say it was retried by hand): waiting for a
+    claim, it is published again; running or waiting for its retry, nothing is published,
+    since an entry at its attempt would later start the retry at once, past its backoff."""
+    row = await h.trigger(TASKS, "once-fails")
+    stream = h.keys.stream(Priority.DEFAULT)
+    await h.redis.delete(stream)
+    await streams.ensure_groups(h.redis, h.keys)
+    if status is not Status.DISPATCHED:
+        assert await h.store.claim(row.id, expected_attempt=0, owner="elsewhere", lease_s=60)
+    if status is Status.RETRYING:
+        later = h.clock.now_ms() + 3_600_000
+        moved = await h.store.finish(
+            row.id, token=1, dst=status, reason="retry", error="boom", next_attempt_at_ms=later
+        )
+        assert moved.ok
+    await h.redis.xadd(h.keys.dead, {"reason": "poison", "orig.instance_id": row.id})
+    [letter] = await operations.dead_letters(h.redis, h.keys.dead, limit=10)
+    done = await operations.replay(h.outbox, letter, who="ops", now_ms=h.clock.now_ms())
+    published = status is Status.DISPATCHED
+    assert done == ("published" if published else f"in flight ({status}), left as it is")
+    assert (await h.redis.xlen(stream), await h.redis.xlen(h.keys.dead)) == (int(published), 0)
+
+
 async def test_sweeper_prunes_dead_consumers_and_trims(h: Harness) -> None:
     stream = h.keys.stream(Priority.DEFAULT)
     await h.redis.xadd(stream, {"v": "1"})
