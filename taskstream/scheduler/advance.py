@@ -35,6 +35,7 @@ from taskstream.scheduler.emit import (
     created_earlier,
     emit_tick,
     own_unrecorded,
+    ran_unrecorded,
     record_decision,
     record_missed,
 )
@@ -116,7 +117,7 @@ class Advancer:
             previous = state.waiting.get(fire)
             late = decided_late(previous)
             decision = await self._decide(spec, fire, now_ms, held, catchup=late, previous=previous)
-            await self._apply(spec, fire, decision, now_ms, state)
+            await self._settle(spec, fire, decision, now_ms, state)
         last = due[-1] if due else cursor
         await self._move(spec, state, min([last, *(f - 1 for f in state.waiting)]), token)
         wake = [d.until_ms for d in state.waiting.values() if d.until_ms is not None]
@@ -230,6 +231,18 @@ class Advancer:
             self._store, self._checks, spec, fire_ms, catchup=catchup, previous=previous
         )
         return hold_back(decide_tick(facts, spec, now_ms), held)
+
+    async def _settle(
+        self, spec: TaskSpec, fire_ms: int, decision: Decision, now_ms: int, state: TaskState
+    ) -> None:
+        """`_apply`, unless the decision runs nothing for a tick whose own instance a pass
+        made and stopped before recording (catch-up checks the same): that tick ran."""
+        emitted = fire_ms in state.emitted
+        ran = None if emitted else await ran_unrecorded(self._store, spec, fire_ms, decision)
+        if ran is None:
+            await self._apply(spec, fire_ms, decision, now_ms, state)
+        else:
+            await self._done(spec, fire_ms, created_earlier(fire_ms), ran, now_ms, state)
 
     async def _apply(
         self, spec: TaskSpec, fire_ms: int, decision: Decision, now_ms: int, state: TaskState

@@ -76,6 +76,17 @@ async def own_unrecorded(store: Store, spec: TaskSpec, fires_ms: Sequence[int]) 
     }
 
 
+async def ran_unrecorded(
+    store: Store, spec: TaskSpec, fire_ms: int, decision: Decision
+) -> str | None:
+    """The tick's own instance when `decision` is final and runs nothing but a pass created
+    that instance and stopped before recording it: the tick ran, and the record must say so
+    (`created_earlier`) rather than skip it. None otherwise."""
+    if decision.runs or not decision.final:
+        return None
+    return (await own_unrecorded(store, spec, [fire_ms])).get(fire_ms)
+
+
 def created_earlier(fire_ms: int) -> Decision:
     """The decision recorded for a tick `own_unrecorded` found: it runs (it did already)."""
     details = {"fire_time_ms": fire_ms, "recorded_after_creation": True}

@@ -1,6 +1,7 @@
 """Ticks meeting what the scheduler did not decide for them, on real Redis and a real store
 (clock passed in): an earlier tick's instance under a key several ticks share, an operator's
-run at a fire time across a restart, a newer tick on time that the calendar skips."""
+run at a fire time across a restart, a newer tick on time that the calendar skips, the tick's
+own instance made by a leader that stopped before recording it."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from taskstream.core.states import Status
 from taskstream.core.store.sql import SqlStore
 from taskstream.scheduler import manual
 from taskstream.scheduler.instances import new_instance
+from taskstream.scheduler.service import Scheduler, SchedulerConfig
 from tests.integration.harness import Harness
 from tests.integration.test_scheduler import make
 
@@ -119,3 +121,31 @@ async def test_latest_does_not_coalesce_into_an_on_time_tick_the_calendar_skips(
     friday, saturday, sunday = (FRI + d * DAY + 23 * HOUR + 55 * MIN for d in range(3))
     assert got == {friday: "should_run", saturday: "skip_calendar", sunday: "skip_calendar"}
     assert [r.scheduled_for_ms for r in await store.list_instances(task_id="t")] == [friday]
+
+
+async def test_a_tick_whose_own_instance_exists_unrecorded_is_not_recorded_skipped(
+    store: SqlStore, redis: streams.Redis, keys: Keys
+) -> None:
+    """A leader decided `should_run`, created the instance and stopped before recording it;
+    its successor decides the tick again in its window and a precondition now fails. The
+    instance exists and runs: the record says the tick ran, naming it, not `skip_dep`."""
+    gate = {"result": "pass"}
+
+    async def check(task_id: str, business_date: str) -> str:
+        return gate["result"]
+
+    h = Harness(store, redis, keys, FixedClock(FRI - 1))
+    await h.apply(
+        "tasks:\n  - {id: g, agent: echo, schedule: {every: 1m}, window: 1h,"
+        " preconditions: [gate]}\n"
+    )
+    await Scheduler(store, h.outbox, h.clock, SchedulerConfig(), checks={"gate": check}).run_pass()
+    [spec] = await h.definitions()
+    h.clock.set(FRI + 1_000)
+    made = await h.outbox.emit(new_instance(spec, FRI), now_ms=h.clock.now_ms())
+    gate["result"] = "fail"
+    h.clock.set(FRI + 2_000)
+    await Scheduler(store, h.outbox, h.clock, SchedulerConfig(), checks={"gate": check}).run_pass()
+    [decided] = [d for d in await store.decisions("g", limit=10) if d.fire_time_ms == FRI]
+    assert (decided.decision, decided.instance_id) == ("should_run", made.instance_id)
+    assert decided.details["recorded_after_creation"] is True
