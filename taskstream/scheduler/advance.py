@@ -42,11 +42,11 @@ from taskstream.scheduler.emit import (
 from taskstream.scheduler.facts import tick_facts
 from taskstream.scheduler.hold import (
     UpstreamHolds,
-    held_upstreams,
     hold_back,
     hold_until,
-    is_held,
+    late_when_closed,
     released,
+    waits_for,
 )
 from taskstream.scheduler.leader import Fenced
 from taskstream.scheduler.recall import RECALL_LIMIT, TaskState, recall
@@ -104,7 +104,7 @@ class Advancer:
         held = await self._held_by(spec, now_ms) if due else {}
         window_ms = round(spec.window * 1000)
         closed = [
-            f for f in due if f + window_ms < now_ms and _late_when_closed(state.waiting.get(f))
+            f for f in due if f + window_ms < now_ms and late_when_closed(state.waiting.get(f))
         ]
         if closed:
             more = len(fires) == limit
@@ -256,7 +256,7 @@ class Advancer:
         before = state.waiting.get(fire_ms)
         if not decision.final:
             # Recorded before it is remembered: a failed record is made again by the next pass.
-            if before is None or _why(before) != _why(decision):
+            if before is None or waits_for(before) != waits_for(decision):
                 await self._record(spec, fire_ms, decision, None, now_ms)
             state.waiting[fire_ms] = decision
             return
@@ -314,15 +314,3 @@ class Advancer:
         )
         if not await record_decision(self._store, row, self._log, token=self._token):
             raise Fenced.refused("decision", spec.id)
-
-
-def _late_when_closed(waiting: Decision | None) -> bool:
-    """Whether a tick whose window has closed goes to catch-up: one nobody decided yet, or one
-    that waited for an open breaker or a maintenance window (not for its dependencies, nor for
-    `not_before`, which decide it themselves)."""
-    return waiting is None or is_held(waiting) or waits_for_maintenance(waiting)
-
-
-def _why(decision: Decision) -> tuple[str, tuple[str, ...]]:
-    """What a waiting tick waits for; it is recorded again only when this changes."""
-    return decision.decision, held_upstreams(decision)

@@ -96,3 +96,15 @@ def released(previous: Decision | None, decision: Decision) -> Decision:
     details = {**decision.details, HELD_BACK_BY: dict(previous.details[HELD_BY])}
     reason = f"{decision.reason} (after being held back by the open breaker of {names})"
     return replace(decision, reason=reason, details=details)
+
+
+def late_when_closed(waiting: Decision | None) -> bool:
+    """Whether a tick whose window has closed goes to catch-up: one nobody decided yet, or one
+    that waited for an open breaker or a maintenance window (not for its dependencies, nor for
+    `not_before`, which decide it themselves)."""
+    return waiting is None or is_held(waiting) or waits_for_maintenance(waiting)
+
+
+def waits_for(decision: Decision) -> tuple[str, tuple[str, ...]]:
+    """What a waiting tick waits for; it is recorded again only when this changes."""
+    return decision.decision, held_upstreams(decision)
