@@ -49,6 +49,10 @@ def error_for_status(
     return UpstreamRejected(message, upstream=upstream, status=status)
 
 
+_MAX_DIGITS = 12
+"""Delay-seconds longer than this are past `MAX_RETRY_AFTER_MS` (and not converted)."""
+
+
 def retry_after_ms(value: str | None, now_ms: int) -> int | None:
     """The wait (ms, 0..`MAX_RETRY_AFTER_MS`) a `Retry-After` header asks for, as delay-seconds
     or an HTTP date compared with `now_ms` (UTC epoch ms); None when absent or unreadable."""
@@ -56,7 +60,9 @@ def retry_after_ms(value: str | None, now_ms: int) -> int | None:
         return None
     text = value.strip()
     if text.isascii() and text.isdigit():
-        wait_ms = int(text) * 1000
+        # Past the cap whatever its digits: and Python refuses to convert 4,300 or more.
+        digits = text.lstrip("0") or "0"
+        wait_ms = int(digits) * 1000 if len(digits) <= _MAX_DIGITS else MAX_RETRY_AFTER_MS
     else:
         try:
             when = parsedate_to_datetime(text)

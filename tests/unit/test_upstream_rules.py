@@ -94,6 +94,8 @@ def test_retry_after_is_carried_by_retriable_errors_only() -> None:
         ("soon", None),
         ("²", None),
         ("999999999", MAX_RETRY_AFTER_MS),
+        ("9" * 5000, MAX_RETRY_AFTER_MS),  # beyond int()'s digit limit: capped, not an error
+        ("0" * 20 + "7", 7_000),
     ],
 )
 def test_retry_after_delay_seconds(value: str | None, expected: int | None) -> None:
