@@ -24,6 +24,7 @@ health is judged by, and "ignore" counts neither way. `breaker_config` reads an 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
@@ -252,7 +253,9 @@ def _count(state: BreakerState, failed: bool, now_ms: int, cfg: BreakerConfig) -
     calls = state.window_calls + 1
     failures = state.window_failures + int(failed)
     consecutive = state.consecutive_failures + 1 if failed else 0
-    rate_tripped = calls >= cfg.min_calls and failures >= cfg.failure_rate * calls
+    # In millionths, as integers: 0.28 * 25 is 7.000000000000001, which 7 failures miss.
+    rate_ppm = math.floor(cfg.failure_rate * 1_000_000 + 0.5)
+    rate_tripped = calls >= cfg.min_calls and failures * 1_000_000 >= rate_ppm * calls
     if consecutive >= cfg.failure_threshold or rate_tripped:
         return fresh(BreakerStatus.OPEN, now_ms)
     return replace(

@@ -171,8 +171,9 @@ local function count(s, failed)
   else
     s.consecutive_failures = 0
   end
+  local rate_ppm = math.floor(cfg.failure_rate * 1000000 + 0.5)
   local rate_tripped = s.window_calls >= cfg.min_calls
-    and s.window_failures >= cfg.failure_rate * s.window_calls
+    and s.window_failures * 1000000 >= rate_ppm * s.window_calls
   if s.consecutive_failures >= cfg.failure_threshold or rate_tripped then return fresh(OPEN) end
   return s
 end

@@ -60,6 +60,20 @@ async def test_a_failure_rate_over_min_calls_opens_it(rig: Rig) -> None:
     assert await _report(rig, cfg, F) == [Transition.OPENED]
 
 
+@pytest.mark.parametrize(
+    ("rate", "calls", "failures"), [(0.28, 25, 7), (0.56, 25, 14), (0.14, 50, 7), (0.5, 10, 5)]
+)
+async def test_exactly_the_failure_rate_opens_it(
+    rig: Rig, rate: float, calls: int, failures: int
+) -> None:
+    """ "At least" the share: 7 failures of 25 calls at 0.28 open it, though 0.28 * 25 is
+    7.000000000000001 in floating point."""
+    cfg = BreakerConfig(failure_threshold=100, min_calls=calls, failure_rate=rate)
+    transitions = await _report(rig, cfg, *[S] * (calls - failures), *[F] * failures)
+    assert transitions[-1] is Transition.OPENED
+    assert transitions[:-1] == [None] * (calls - 1)
+
+
 async def test_ignored_outcomes_count_neither_way(rig: Rig) -> None:
     assert await _report(rig, LONG, F, F, IGNORE, IGNORE) == [None] * 4
     state = await rig.breakers.state("api")
