@@ -86,22 +86,31 @@ class UpstreamGate:
     async def admit_run(self, upstreams: Sequence[str]) -> int | RunUpstreams:
         """The run's `UpstreamAccess` when it may call every upstream now (its first call to
         each uses this admission, and moves its hit to when it is sent); else the wait (ms)
-        before retrying. A refusal hands back the half-open probes this call took for the
-        upstreams before the refusing one: no call goes out, and a kept probe would refuse
-        everyone else until its `probe_timeout_ms` passed."""
+        before retrying. A refusal hands back what this call took for the upstreams before
+        the refusing one, since no call goes out: their half-open probes (a kept one would
+        refuse everyone else until its `probe_timeout_ms` passed) and their window slots (a
+        kept one would count until its window passed, for a call never sent)."""
         probes: list[str] = []
         hits: dict[str, str] = {}
         for name in upstreams:
             wait_ms, probe, hit = await self._admit(name)
             if wait_ms is not None:
-                for taken in probes:
-                    await self._breakers.record(taken, Outcome.IGNORE, self.config(taken))
+                await self._hand_back(probes, hits)
                 return wait_ms
             if probe:
                 probes.append(name)
             if hit is not None:
                 hits[name] = hit
         return RunUpstreams(self, upstreams, hits)
+
+    async def _hand_back(self, probes: list[str], hits: dict[str, str]) -> None:
+        for taken in probes:
+            await self._breakers.record(taken, Outcome.IGNORE, self.config(taken))
+        for name, hit in hits.items():
+            try:
+                await self._limiter.release(name, hit)
+            except GuardUnavailable as exc:  # the slot then counts until its window passes
+                self._log.warning("upstream.release_failed", upstream=name, error=str(exc)[:300])
 
     async def admit_call(self, name: str) -> tuple[int | None, str | None]:
         """Admit one call to `name`: None when it may go now (a breaker probe or a window slot

@@ -81,6 +81,11 @@ class Limiter(Protocol):
         or older: stale) leave it and say False, and the call must not be sent."""
         ...
 
+    async def release(self, name: str, member: str) -> None:
+        """Forget hit `member` (from its `Admission`): its call will not be sent (the run was
+        refused by another of its upstreams), so it must not hold a slot of the window."""
+        ...
+
     async def usage(self, name: str, window_ms: int) -> Usage:
         """Count upstream `name`'s hits in the window ending now, recording nothing.
 

@@ -50,6 +50,9 @@ class MemoryLimiter:
         hits[member] = moved
         return True
 
+    async def release(self, name: str, member: str) -> None:
+        self._hits.get(name, {}).pop(member, None)
+
     async def usage(self, name: str, window_ms: int) -> Usage:
         check_window_ms(window_ms)
         now_ms = self._clock.now_ms()

@@ -110,6 +110,10 @@ class RedisLimiter:
             moved = await self._restamp(keys=[self._keys.limiter(name)], args=[window_ms, member])
         return bool(moved)
 
+    async def release(self, name: str, member: str) -> None:
+        async with _guarded("limiter", name):
+            await self._redis.zrem(self._keys.limiter(name), member)
+
     async def usage(self, name: str, window_ms: int) -> Usage:
         check_window_ms(window_ms)
         async with _guarded("limiter", name):

@@ -43,6 +43,16 @@ async def test_rejected_calls_are_not_counted(rig: Rig) -> None:
     assert again.member is not None
 
 
+async def test_a_released_hit_frees_its_slot(rig: Rig) -> None:
+    """A hit whose call will not be sent is given back; releasing it again changes nothing."""
+    [taken] = await _calls(rig, 1, limit=1, window_ms=MINUTE_MS)
+    assert taken.member is not None
+    assert not (await rig.limiter.acquire("api", 1, MINUTE_MS)).allowed
+    await rig.limiter.release("api", taken.member)
+    await rig.limiter.release("api", taken.member)
+    assert (await rig.limiter.acquire("api", 1, MINUTE_MS)).in_window == 1
+
+
 async def test_names_are_limited_separately(rig: Rig) -> None:
     assert (await rig.limiter.acquire("a", 1, MINUTE_MS)).allowed
     assert (await rig.limiter.acquire("b", 1, MINUTE_MS)).allowed

@@ -201,3 +201,22 @@ async def test_an_unexpected_error_recording_the_outcome_leaves_the_runs_end_sta
 
 async def _is(h: Harness, instance_id: str, wanted: Status) -> bool:
     return await status(h, instance_id) is wanted
+
+
+async def test_a_refused_run_hands_back_the_slots_it_took_before_the_refusal(
+    h: Harness,
+) -> None:
+    """A run declares [api, full]; `full` has no slot left, so the run is deferred and no
+    call goes out. The slot it took of `api` first must be free again, or each retry of the
+    run would use up `api` without ever calling it."""
+    await h.store.upsert_upstreams(
+        {
+            "api": {"limit": 1, "window": 60.0, "burst": None},
+            "full": {"limit": 1, "window": 60.0, "burst": None},
+        }
+    )
+    gate = UpstreamGate(h.store, RedisLimiter(h.redis, h.keys), RedisBreakers(h.redis, h.keys))
+    assert (await gate.admit_call("full"))[0] is None  # its one slot is taken
+    assert isinstance(await gate.admit_run(["api", "full"]), int)
+    assert await h.redis.zcard(h.keys.limiter("api")) == 0
+    assert (await gate.admit_call("api"))[0] is None
