@@ -101,23 +101,23 @@ class UpstreamGate:
                 probes.append(name)
             if hit is not None:
                 hits[name] = hit
-        return RunUpstreams(self, upstreams, hits)
+        return RunUpstreams(self, upstreams, hits, probes)
 
     async def _hand_back(self, probes: list[str], hits: dict[str, str]) -> None:
         for taken in probes:
-            await self._breakers.record(taken, Outcome.IGNORE, self.config(taken))
+            await self._breakers.record(taken, Outcome.IGNORE, self.config(taken), probe=True)
         for name, hit in hits.items():
             try:
                 await self._limiter.release(name, hit)
             except GuardUnavailable as exc:  # the slot then counts until its window passes
                 self._log.warning("upstream.release_failed", upstream=name, error=str(exc)[:300])
 
-    async def admit_call(self, name: str) -> tuple[int | None, str | None]:
+    async def admit_call(self, name: str) -> tuple[int | None, str | None, bool]:
         """Admit one call to `name`: None when it may go now (a breaker probe or a window slot
-        is taken), else the wait (ms, >= 1) before asking again; and the call's hit in the
-        window, if the upstream has a limit."""
-        wait_ms, _, hit = await self._admit(name)
-        return wait_ms, hit
+        is taken), else the wait (ms, >= 1) before asking again; the call's hit in the
+        window, if the upstream has a limit; and whether it goes as a half-open probe."""
+        wait_ms, probe, hit = await self._admit(name)
+        return wait_ms, hit, probe
 
     async def restamp(self, name: str, hit: str) -> bool:
         """The call of `hit` is being sent: move the hit to now (see `window`). False when it
@@ -151,17 +151,18 @@ class UpstreamGate:
                 "upstream.limited", upstream=name, retry_after_ms=admission.retry_after_ms
             )
             if decision.probe:  # hand the half-open probe slot back: no call goes out
-                await self._breakers.record(name, Outcome.IGNORE, cfg)
+                await self._breakers.record(name, Outcome.IGNORE, cfg, probe=True)
             return max(1, admission.retry_after_ms), False, None
         return None, decision.probe, admission.member
 
-    async def record_call(self, name: str, outcome: Outcome) -> int | None:
-        """Record one call's `outcome` in `name`'s breaker. A failure that leaves the breaker
-        open (it tripped it, a probe failed, or the call was in flight when it opened) returns
-        the cool-down left (ms, >= 1): the outage is known, so the run is to be deferred until
-        then. Anything else returns None."""
+    async def record_call(self, name: str, outcome: Outcome, *, probe: bool) -> int | None:
+        """Record one call's `outcome` in `name`'s breaker (`probe`: it was admitted as a
+        half-open probe). A failure that leaves the breaker open (it tripped it, a probe
+        failed, or the call was in flight when it opened) returns the cool-down left (ms,
+        >= 1): the outage is known, so the run is to be deferred until then. Anything else
+        returns None."""
         cfg = self.config(name)
-        update = await self._breakers.record(name, outcome, cfg)
+        update = await self._breakers.record(name, outcome, cfg, probe=probe)
         self._changed(name, update.transition)
         if outcome is not Outcome.FAILURE or update.state.status is not BreakerStatus.OPEN:
             return None
@@ -199,14 +200,22 @@ class RunUpstreams:
     """
 
     def __init__(
-        self, gate: UpstreamGate, admitted: Sequence[str], hits: Mapping[str, str]
+        self,
+        gate: UpstreamGate,
+        admitted: Sequence[str],
+        hits: Mapping[str, str],
+        probes: Sequence[str] = (),
     ) -> None:
-        """`hits`: the window hits of the admissions in `admitted`, by upstream."""
+        """`hits`: the window hits of the admissions in `admitted`, by upstream; `probes`:
+        those of them admitted as half-open probes."""
         self._gate = gate
         self._spare = set(admitted)
         self._called: set[str] = set()
         self._open: dict[str, int] = {}  # admitted calls not reported yet, by upstream
         self._unsent: dict[str, list[str]] = {name: [hit] for name, hit in hits.items()}
+        self._probes: dict[str, int] = {name: 1 for name in probes}
+        """Probe admissions not reported yet, by upstream: the first reports to each carry
+        the probe's outcome (one run's calls to one upstream follow each other)."""
 
     async def acquire(self, name: str) -> int | None:
         """Admit one call to `name` (the run's spare admission first); None or a wait (ms)."""
@@ -216,7 +225,9 @@ class RunUpstreams:
             self._spare.discard(name)
             wait_ms = None
         else:
-            wait_ms, hit = await self._gate.admit_call(name)
+            wait_ms, hit, probe = await self._gate.admit_call(name)
+            if wait_ms is None and probe:
+                self._probes[name] = self._probes.get(name, 0) + 1
         if wait_ms is None:
             self._open[name] = self._open.get(name, 0) + 1
             if hit is not None:
@@ -237,7 +248,14 @@ class RunUpstreams:
         """Record one admitted call's outcome in `name`'s breaker; for a failure that leaves
         it open, the cool-down left (ms) to defer the run by (see `UpstreamGate.record_call`)."""
         self._open[name] = max(0, self._open.get(name, 0) - 1)
-        return await self._gate.record_call(name, outcome)
+        return await self._gate.record_call(name, outcome, probe=self._probe_reported(name))
+
+    def _probe_reported(self, name: str) -> bool:
+        """Whether the report now made for `name` is a probe's (uses up one)."""
+        left = self._probes.get(name, 0)
+        if left:
+            self._probes[name] = left - 1
+        return left > 0
 
     async def settle(self, declared: Sequence[str], outcome: Outcome) -> int | None:
         """After the run: record `outcome` for the admissions that no call has reported on.
@@ -246,5 +264,8 @@ class RunUpstreams:
         unused = [name for name in declared if name not in self._called]
         unreported = [name for name, count in self._open.items() for _ in range(count)]
         self._open.clear()
-        waits = [await self._gate.record_call(name, outcome) for name in [*unused, *unreported]]
+        waits = [
+            await self._gate.record_call(name, outcome, probe=self._probe_reported(name))
+            for name in [*unused, *unreported]
+        ]
         return max((w for w in waits if w is not None), default=None)

@@ -102,8 +102,11 @@ class Breakers(Protocol):
         """Ask whether one call to `name` may go out now (takes a probe slot when half-open)."""
         ...
 
-    async def record(self, name: str, outcome: Outcome, cfg: BreakerConfig) -> BreakerUpdate:
-        """Report the outcome of a call that `admit` allowed."""
+    async def record(
+        self, name: str, outcome: Outcome, cfg: BreakerConfig, *, probe: bool
+    ) -> BreakerUpdate:
+        """Report the outcome of a call that `admit` allowed; `probe` is its decision's
+        `probe` (see `breaker.record`: while half-open, only probes count)."""
         ...
 
     async def state(self, name: str) -> BreakerState:

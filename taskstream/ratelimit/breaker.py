@@ -5,21 +5,24 @@ States and rules (times are UTC epoch ms; `cfg` is a `BreakerConfig`):
 - **closed**: every call is admitted. Each counted outcome updates a tumbling window of
   `window_ms` that starts at the first outcome recorded after the previous one ended. After
   each counted outcome the breaker opens when `consecutive_failures >= failure_threshold`, or
-  when the window holds `>= min_calls` outcomes of which `failures >= failure_rate * calls`.
+  when the window holds `>= min_calls` outcomes of which `failures >= failure_rate * calls`
+  (compared in millionths, as integers).
   A success resets `consecutive_failures`.
 - **open**: calls are rejected until `since_ms + cooldown_ms`; the first admission at or after
   that moves to half-open. Outcomes recorded while open (calls admitted before it opened)
   change nothing.
-- **half_open**: exactly `probes` calls are admitted; the rest are rejected. The breaker closes
-  once `probes` probe successes have been recorded and re-opens on any failure. An ignored
-  outcome gives its probe slot back. Slots whose probes report nothing within
+- **half_open**: exactly `probes` calls are admitted; the rest are rejected. Only the probes'
+  outcomes count: the breaker closes once `probes` probe successes have been recorded and
+  re-opens on any probe failure; an ignored probe gives its slot back. Outcomes of calls
+  admitted before (while closed) change nothing. Slots whose probes report nothing within
   `probe_timeout_ms` are presumed lost and handed out again (successes already recorded stay).
 
 Opening, half-opening and closing each start from a fresh state (all counters 0,
 `since_ms = window_start_ms = now`). Outcomes are attributed to the state current when they are
-recorded. `classify_http` maps an HTTP result to an outcome: failures are what the upstream's
-health is judged by, and "ignore" counts neither way. `breaker_config` reads an upstream's
-`breaker:` settings from a task file (`BreakerSpec`, seconds) into a `BreakerConfig` (ms).
+recorded (and, while half-open, only a probe's). `classify_http` maps an HTTP result to an
+outcome: failures are what the upstream's health is judged by, and "ignore" counts neither way.
+`breaker_config` reads an upstream's `breaker:` settings from a task file (`BreakerSpec`,
+seconds) into a `BreakerConfig` (ms).
 """
 
 from __future__ import annotations
@@ -277,10 +280,15 @@ def _probe_result(
     return replace(state, probe_successes=successes)
 
 
-def record(state: BreakerState, outcome: Outcome, now_ms: int, cfg: BreakerConfig) -> BreakerState:
-    """The state after one call's `outcome` is reported at `now_ms`."""
+def record(
+    state: BreakerState, outcome: Outcome, now_ms: int, cfg: BreakerConfig, *, probe: bool
+) -> BreakerState:
+    """The state after one call's `outcome` is reported at `now_ms`; `probe`: the call was
+    admitted as a half-open probe. While half-open only probes count: a call admitted before
+    the breaker opened that reports late neither frees a probe's slot nor closes or re-opens
+    the breaker, so exactly `cfg.probes` trial calls decide it."""
     if state.status is BreakerStatus.HALF_OPEN:
-        return _probe_result(state, outcome, now_ms, cfg)
+        return _probe_result(state, outcome, now_ms, cfg) if probe else state
     if state.status is BreakerStatus.OPEN or outcome is Outcome.IGNORE:
         return state
     return _count(state, outcome is Outcome.FAILURE, now_ms, cfg)

@@ -157,6 +157,7 @@ return reply(1, 1, 0, before, s)
 
 _BREAKER_RECORD: Final = """
 local outcome = ARGV[#CONFIG + 1]
+local probe = ARGV[#CONFIG + 2] == '1'
 
 local function count(s, failed)
   if now >= s.window_start_ms + cfg.window_ms then
@@ -192,6 +193,7 @@ end
 local s = load()
 local before = s.status
 if s.status == HALF_OPEN then
+  if not probe then return reply(0, 0, 0, before, s) end
   s = probe_result(s)
 elseif s.status == OPEN or outcome == IGNORE then
   return reply(0, 0, 0, before, s)

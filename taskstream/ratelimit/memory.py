@@ -79,9 +79,11 @@ class MemoryBreakers:
         self._metrics.breaker_seen(name, decision.status, decision.transition)
         return decision
 
-    async def record(self, name: str, outcome: Outcome, cfg: BreakerConfig) -> BreakerUpdate:
+    async def record(
+        self, name: str, outcome: Outcome, cfg: BreakerConfig, *, probe: bool
+    ) -> BreakerUpdate:
         before = self._states.get(name, BreakerState())
-        after = breaker.record(before, outcome, self._clock.now_ms(), cfg)
+        after = breaker.record(before, outcome, self._clock.now_ms(), cfg, probe=probe)
         self._states[name] = after
         update = BreakerUpdate(after, breaker.transition(before.status, after.status))
         self._metrics.breaker_seen(name, after.status, update.transition)

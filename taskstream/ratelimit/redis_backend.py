@@ -149,8 +149,10 @@ class RedisBreakers:
         self._metrics.breaker_seen(name, decision.status, decision.transition)
         return decision
 
-    async def record(self, name: str, outcome: Outcome, cfg: BreakerConfig) -> BreakerUpdate:
-        args = [*_config_args(cfg), outcome.value]
+    async def record(
+        self, name: str, outcome: Outcome, cfg: BreakerConfig, *, probe: bool
+    ) -> BreakerUpdate:
+        args = [*_config_args(cfg), outcome.value, "1" if probe else "0"]
         async with _guarded("breaker", name):
             reply = await self._record(keys=[self._keys.breaker(name)], args=args)
         before, *fields = reply[3:]

@@ -120,11 +120,12 @@ async def _check_admit(
 async def _check_record(
     rig: RedisRig, breakers: RedisBreakers, name: str, start: BreakerState, cfg: BreakerConfig
 ) -> tuple[BreakerState, int, int]:
-    outcome = Random(name).choice(list(Outcome))
+    pick = Random(name)
+    outcome, probe = pick.choice(list(Outcome)), pick.random() < 0.7
     before = await rig.now_ms()
-    got = await breakers.record(name, outcome, cfg)
+    got = await breakers.record(name, outcome, cfg, probe=probe)
     after = await rig.now_ms()
-    state = breaker.record(start, outcome, before, cfg)
+    state = breaker.record(start, outcome, before, cfg, probe=probe)
     assert got.transition == breaker.transition(start.status, state.status), (cfg, start, got)
     assert _same_state(got.state, state, before, after), (cfg, start, outcome, got)
     return state, before, after

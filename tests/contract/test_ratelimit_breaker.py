@@ -27,7 +27,7 @@ async def rig(request: pytest.FixtureRequest, redis_url: str, namespace: str) ->
 
 
 async def _report(rig: Rig, cfg: BreakerConfig, *outcomes: Outcome) -> list[Transition | None]:
-    return [(await rig.breakers.record("api", o, cfg)).transition for o in outcomes]
+    return [(await rig.breakers.record("api", o, cfg, probe=True)).transition for o in outcomes]
 
 
 async def _half_open(rig: Rig, cfg: BreakerConfig) -> None:
@@ -103,15 +103,30 @@ async def test_a_probe_outcome_closes_or_reopens(
     rig: Rig, outcome: Outcome, status: str, transition: Transition
 ) -> None:
     await _half_open(rig, SHORT)
-    update = await rig.breakers.record("api", outcome, SHORT)
+    update = await rig.breakers.record("api", outcome, SHORT, probe=True)
     assert (update.state.status, update.transition) == (status, transition)
     assert update.state.consecutive_failures == update.state.probes_admitted == 0
 
 
 async def test_an_ignored_probe_gives_its_slot_back(rig: Rig) -> None:
     await _half_open(rig, SHORT)
-    assert (await rig.breakers.record("api", IGNORE, SHORT)).transition is None
+    assert (await rig.breakers.record("api", IGNORE, SHORT, probe=True)).transition is None
     assert (await rig.breakers.admit("api", SHORT)).probe
+
+
+@pytest.mark.parametrize("outcome", [S, F, IGNORE])
+async def test_while_half_open_only_the_probes_outcomes_count(rig: Rig, outcome: Outcome) -> None:
+    """`probes` 1: a call admitted while the breaker was still closed reports once the probe
+    is out. Its success must not close the breaker, its ignored outcome must not free the
+    probe's slot for a second probe, its failure must not re-open it: the probe decides."""
+    old = await rig.breakers.admit("api", SHORT)
+    assert (old.allowed, old.probe) == (True, False)
+    await _half_open(rig, SHORT)
+    update = await rig.breakers.record("api", outcome, SHORT, probe=False)
+    assert (update.state.status, update.transition) == (BreakerStatus.HALF_OPEN, None)
+    assert not (await rig.breakers.admit("api", SHORT)).allowed  # still the one probe out
+    closed = await rig.breakers.record("api", S, SHORT, probe=True)
+    assert closed.transition is Transition.CLOSED
 
 
 async def test_with_two_probes_both_must_succeed(rig: Rig) -> None:

@@ -53,8 +53,8 @@ async def _open_llm(cli: Cli) -> BreakerState:
     try:
         breakers = RedisBreakers(client, cli.keys)
         for _ in range(LLM.failure_threshold):
-            await breakers.record("llm", Outcome.FAILURE, LLM)
-        await breakers.record("search", Outcome.FAILURE, BreakerConfig())
+            await breakers.record("llm", Outcome.FAILURE, LLM, probe=True)
+        await breakers.record("search", Outcome.FAILURE, BreakerConfig(), probe=True)
         return await breakers.state("llm")
     finally:
         await client.aclose()

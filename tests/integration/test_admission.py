@@ -12,13 +12,14 @@ from taskstream.core import streams
 from taskstream.core.protocol import GROUP, Keys, Priority
 from taskstream.core.states import Status
 from taskstream.core.store.sql import SqlStore
-from taskstream.executor.admission import UpstreamGate
+from taskstream.executor.admission import RunUpstreams, UpstreamGate
 from taskstream.executor.outcome import defer_jitter_max_ms
 from taskstream.executor.service import Executor, ExecutorConfig, ExecutorDeps
-from taskstream.ratelimit.breaker import BreakerConfig
+from taskstream.ratelimit.breaker import BreakerConfig, BreakerStatus, Outcome
 from taskstream.ratelimit.redis_backend import RedisBreakers, RedisLimiter
 from taskstream.ratelimit.window import guard_ms
 from tests.integration.harness import Harness, Running, until
+from tests.ratelimit.rigs import RedisRig
 
 TASKS = """
 upstreams:
@@ -220,3 +221,27 @@ async def test_a_refused_run_hands_back_the_slots_it_took_before_the_refusal(
     assert isinstance(await gate.admit_run(["api", "full"]), int)
     assert await h.redis.zcard(h.keys.limiter("api")) == 0
     assert (await gate.admit_call("api"))[0] is None
+
+
+async def test_a_run_admitted_before_the_breaker_opened_does_not_decide_its_probe(
+    h: Harness,
+) -> None:
+    """`probes` 1. A run is admitted while the breaker is closed; other calls trip it; after
+    the cool-down another run takes the one probe. The first run ending (successfully,
+    say) must neither close the breaker nor free the probe: only the probe's run does."""
+    cfg = BreakerConfig(failure_threshold=1, cooldown_ms=50, probes=1)
+    breakers = RedisBreakers(h.redis, h.keys)
+    gate = UpstreamGate(h.store, RedisLimiter(h.redis, h.keys), breakers, cfg)
+    await h.store.upsert_upstreams({"api": {"limit": 100, "window": 60.0, "burst": None}})
+    old = await gate.admit_run(["api"])
+    assert isinstance(old, RunUpstreams)
+    assert await gate.record_call("api", Outcome.FAILURE, probe=False) is not None
+    opened = await breakers.state("api")
+    await RedisRig(h.redis, h.keys).wait_until_ms(opened.since_ms + cfg.cooldown_ms)
+    probe = await gate.admit_run(["api"])
+    assert isinstance(probe, RunUpstreams)
+    await old.settle(["api"], Outcome.SUCCESS)
+    assert (await breakers.state("api")).status is BreakerStatus.HALF_OPEN
+    assert (await gate.admit_call("api"))[0] is not None  # the probe is still out
+    await probe.settle(["api"], Outcome.SUCCESS)
+    assert (await breakers.state("api")).status is BreakerStatus.CLOSED

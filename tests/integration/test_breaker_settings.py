@@ -60,7 +60,7 @@ def gate(h: Harness) -> UpstreamGate:
 
 async def fail_once(g: UpstreamGate, name: str) -> int | None:
     assert (await g.admit_call(name))[0] is None
-    return await g.record_call(name, Outcome.FAILURE)
+    return await g.record_call(name, Outcome.FAILURE, probe=True)
 
 
 async def test_the_gate_opens_after_the_configured_failures_for_the_configured_cool_down(
@@ -123,7 +123,9 @@ async def test_the_scheduler_holds_ticks_for_the_configured_cool_down(h: Harness
     s = held_by_stored_settings(h)
     await s.run_pass()
     breakers = RedisBreakers(h.redis, h.keys)
-    update = await breakers.record("hook", Outcome.FAILURE, BreakerConfig(failure_threshold=1))
+    update = await breakers.record(
+        "hook", Outcome.FAILURE, BreakerConfig(failure_threshold=1), probe=True
+    )
     assert update.state.status is BreakerStatus.OPEN
     h.clock.set(H0)
     await s.run_pass()

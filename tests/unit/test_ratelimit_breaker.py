@@ -36,7 +36,7 @@ def _run(steps: list[Step], cfg: BreakerConfig = CFG) -> BreakerState:
     state = BreakerState()
     for at_ms, what in steps:
         if isinstance(what, Outcome):
-            state = record(state, what, at_ms, cfg)
+            state = record(state, what, at_ms, cfg, probe=True)
             continue
         decision, state = admit(state, at_ms, cfg)
         assert decision.allowed == (what == "+"), (at_ms, what, state)
@@ -118,9 +118,9 @@ def test_half_opening_is_reported_once() -> None:
 
 
 def test_every_change_starts_fresh() -> None:
-    opened = record(replace(fresh(CLOSED, 0), consecutive_failures=4), F, 7, CFG)
+    opened = record(replace(fresh(CLOSED, 0), consecutive_failures=4), F, 7, CFG, probe=True)
     assert opened == fresh(OPEN, 7)
-    closed = record(replace(fresh(HALF, 7), probes_admitted=1), S, 9, CFG)
+    closed = record(replace(fresh(HALF, 7), probes_admitted=1), S, 9, CFG, probe=True)
     assert closed == fresh(CLOSED, 9)
 
 
@@ -218,7 +218,7 @@ def test_random_sequences_keep_the_invariants(
     for gap, what in events:
         now += gap
         if what != "admit":
-            state = record(state, Outcome(what), now, cfg)
+            state = record(state, Outcome(what), now, cfg, probe=True)
             _check_invariants(state, cfg)
             continue
         before = state
