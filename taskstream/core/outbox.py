@@ -192,13 +192,15 @@ class Outbox:
         item.done.set_result(Emitted("duplicate", instance_id, row.status if row else None))
 
     async def _dispatch(self, requests: list[DispatchRequest]) -> None:
-        """CAS to DISPATCHED; a lost CAS is only noted."""
+        """CAS to DISPATCHED; a lost CAS is only noted, at debug: the row moved on first
+        (an executor read the entry and completed this step itself, or the reconciler did),
+        which is routine when executors are idle and fast."""
         if not requests:
             return
         results = await self.store.dispatch_many(requests)
         for instance_id, cas in results.items():
             if not cas.ok:
-                self._log.info(
+                self._log.debug(
                     "instance.dispatch_cas_lost", instance_id=instance_id, found=cas.found
                 )
 

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from sqlalchemy import insert, text
 from sqlalchemy.ext.asyncio import AsyncConnection
+from structlog.testing import capture_logs
 
 from taskstream.core import streams
 from taskstream.core.errors import StoreUnavailable
@@ -271,3 +272,22 @@ async def test_publish_many_adds_every_entry_and_dispatches_the_waiting_rows(
     assert len(await store.history(dispatched.id)) == 2  # only published again: no CAS
     last = (await store.history(retrying.id))[-1]
     assert (last.from_status, last.reason) == (Status.RETRYING, "published")
+
+
+async def test_a_row_that_moved_on_before_its_dispatch_step_is_noted_at_debug_only(
+    store: SqlStore, redis: streams.Redis, keys: Keys
+) -> None:
+    """An executor that reads the entry first completes the PENDING -> DISPATCHED step itself;
+    the publisher's own CAS then loses. That is routine, so one-shot commands such as `trigger`
+    must not print it at the default level."""
+    [new] = news(1)
+    await store.create_instance(new)
+    stale = await store.get_instance(new.id)
+    assert stale is not None
+    await store.transition(new.id, Status.PENDING, Status.DISPATCHED, reason="claimed first")
+    with capture_logs() as logs:
+        await Outbox(store, redis, keys).publish_many([stale], now_ms=T0)
+    lost = [e for e in logs if e["event"] == "instance.dispatch_cas_lost"]
+    assert [(e["log_level"], e["instance_id"], e["found"]) for e in lost] == [
+        ("debug", new.id, Status.DISPATCHED)
+    ]
