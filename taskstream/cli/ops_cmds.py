@@ -22,6 +22,7 @@ from taskstream.core import operations
 from taskstream.core.clock import SystemClock
 from taskstream.core.errors import TaskstreamError
 from taskstream.core.outbox import Outbox
+from taskstream.core.spec import INSTANCE_ID_LENGTH
 
 dead_app = typer.Typer(no_args_is_help=True, help="List and replay dead-lettered entries.")
 
@@ -67,7 +68,9 @@ def dead_list_cmd(
     if as_json:
         print_json([_row(letter) for letter in letters])
         return
-    table = Table("dead_id", "reason", "detail", "instance_id", "source")
+    table = Table("dead_id", "reason", "detail")
+    table.add_column("instance_id", no_wrap=True, min_width=INSTANCE_ID_LENGTH)
+    table.add_column("source")
     for letter in letters:
         table.add_row(
             letter.dead_id,

@@ -7,7 +7,7 @@ from dataclasses import asdict
 from typing import Any
 
 import typer
-from rich.table import Table
+from rich.table import Column, Table
 
 from taskstream.cli.common import (
     Cluster,
@@ -20,6 +20,7 @@ from taskstream.cli.common import (
 from taskstream.cli.upstreams_view import render_upstreams, upstreams_status
 from taskstream.core import streams
 from taskstream.core.errors import QueueUnavailable, TaskstreamError
+from taskstream.core.spec import INSTANCE_ID_LENGTH, format_utc_ms
 from taskstream.core.states import Status
 from taskstream.core.store.urls import redact_url
 from taskstream.ratelimit.breaker import BreakerConfig
@@ -104,14 +105,17 @@ def instances_cmd(
     if as_json:
         print_json(rows)
         return
-    table = Table("id", "task", "status", "attempt", "scheduled_for_ms", "fail_class")
+    # The id is what `inspect` takes: never cut it, however narrow the terminal.
+    table = Table(Column("id", no_wrap=True, min_width=INSTANCE_ID_LENGTH))
+    for name in ("task", "status", "attempt", "scheduled_for (UTC)", "fail_class"):
+        table.add_column(name)
     for r in rows:
         table.add_row(
             r["id"],
             r["task_id"],
             r["status"],
             str(r["attempt"]),
-            str(r["scheduled_for_ms"]),
+            format_utc_ms(r["scheduled_for_ms"]),
             r["fail_class"] or "",
         )
     console.print(table)
@@ -130,11 +134,14 @@ def inspect_cmd(instance_id: str = typer.Argument(...), as_json: bool = JSON_OPT
         print_json(data)
         return
     for key, value in data["instance"].items():
-        console.print(f"[bold]{key}[/bold]: {value}")
-    table = Table("at_ms", "from", "to", "attempt", "owner", "reason")
+        shown = f"{value} ({format_utc_ms(value)})" if _is_time(key, value) else value
+        console.print(f"[bold]{key}[/bold]: {shown}", markup=True, highlight=False)
+    table = Table(Column("at (UTC)", no_wrap=True), "from", "to", "attempt")
+    table.add_column("owner", overflow="fold")
+    table.add_column("reason", overflow="fold")
     for h in data["history"]:
         table.add_row(
-            str(h["at_ms"]),
+            format_utc_ms(h["at_ms"]),
             str(h["from_status"] or "-"),
             h["to_status"],
             str(h["attempt"]),
@@ -142,6 +149,11 @@ def inspect_cmd(instance_id: str = typer.Argument(...), as_json: bool = JSON_OPT
             h["reason"],
         )
     console.print(table)
+
+
+def _is_time(key: str, value: object) -> bool:
+    """Every `*_ms` field of an instance row is an instant in UTC epoch milliseconds."""
+    return key.endswith("_ms") and isinstance(value, int)
 
 
 async def _inspect(instance_id: str) -> dict[str, Any]:

@@ -298,6 +298,10 @@ def spec_hash(spec: TaskSpec) -> str:
     return hashlib.sha256(canonical_json(dumped).encode()).hexdigest()
 
 
+INSTANCE_ID_LENGTH = 26
+"""Characters in every instance id: `i_` and 24 hex digits."""
+
+
 def instance_id_for(dedupe_key: str) -> str:
     """Instance id derived from its dedupe key: `i_` + first 24 hex chars of sha256(key)."""
     return "i_" + hashlib.sha256(dedupe_key.encode()).hexdigest()[:24]

@@ -221,3 +221,15 @@ def test_bad_input_exits_2_naming_the_argument_and_unknown_tasks_exit_1(cli: Cli
     assert "unknown task 'ghost'" in cli("trigger", "ghost", code=1).stderr
     assert "unknown task 'ghost'" in cli("explain", "ghost", code=1).stderr
     assert cli("instances", "--json").stdout.strip() == "[]"
+
+
+def test_tables_show_whole_instance_ids_for_inspect_even_on_a_narrow_terminal(cli: Cli) -> None:
+    published = cli("trigger", "report", "--at", "2026-11-30T09:00:00+01:00").stdout
+    instance_id = published.split()[2]
+    narrow = Cli(cli.cwd, cli.env | {"COLUMNS": "60"}, cli.database_url)
+    listed = narrow("instances").stdout
+    assert instance_id in listed, listed
+    shown = narrow("inspect", instance_id).stdout
+    assert f"id: {instance_id}\n" in shown
+    assert "scheduled_for_ms: 1796025600000 (2026-11-30T08:00:00.000Z)" in shown
+    assert "2026-11-30T08:00:00.000Z" in cli("instances").stdout
