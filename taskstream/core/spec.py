@@ -250,7 +250,7 @@ def _payload_value(payload: Mapping[str, object], path: str) -> str:
     value: object = payload
     for part in path.split(".")[1:]:
         if not isinstance(value, Mapping) or part not in value:
-            raise ValueError(f"dedupe_key needs {{{path}}} but the payload has no such field")
+            raise ValueError(f"dedupe_key: needs {{{path}}}, a field the payload does not have")
         value = value[part]
     if isinstance(value, str):
         return value
@@ -281,7 +281,9 @@ def render_dedupe_key(spec: TaskSpec, scheduled_for_ms: int, payload: Mapping[st
             parts.append(values[field] if field in values else _payload_value(payload, field))
     key = "".join(parts)
     if len(key) > MAX_DEDUPE_KEY_LEN:
-        raise ValueError(f"dedupe key is {len(key)} characters, limit {MAX_DEDUPE_KEY_LEN}")
+        raise ValueError(
+            f"dedupe_key: renders to {len(key)} characters, over the limit of {MAX_DEDUPE_KEY_LEN}"
+        )
     return key
 
 

@@ -172,12 +172,12 @@ def test_schedule_rejections(schedule: dict[str, Any], location: str, fragment: 
                 "payload": {"other": 1},
             },
             "",
-            "Value error, dedupe_key needs {payload.region} but the payload has no such field",
+            "Value error, dedupe_key: needs {payload.region}, a field the payload does not have",
         ),
         (
             {"schedule": {"every": "1h"}, "dedupe_key": "{scheduled_for}" + "x" * 240},
             "",
-            "Value error, dedupe key is 264 characters, limit 255",
+            "Value error, dedupe_key: renders to 264 characters, over the limit of 255",
         ),
         ({"timeout": 0}, "timeout", "greater than 0"),
         ({"timeout": 0.0009}, "timeout", "too short: at least 1ms"),
@@ -300,9 +300,9 @@ def test_render_dedupe_key(fields: dict[str, Any], payload: dict[str, Any], key:
 @pytest.mark.parametrize(
     ("template", "payload", "fragment"),
     [
-        ("{payload.region}", {}, "no such field"),
-        ("{payload.a.b}", {"a": "flat"}, "no such field"),
-        ("{payload.blob}:{scheduled_for}", {"blob": "x" * 250}, "limit 255"),
+        ("{payload.region}", {}, "dedupe_key: needs {payload.region}, a field the payload"),
+        ("{payload.a.b}", {"a": "flat"}, "needs {payload.a.b}, a field the payload does not"),
+        ("{payload.blob}:{scheduled_for}", {"blob": "x" * 250}, "over the limit of 255"),
     ],
 )
 def test_render_dedupe_key_failures(template: str, payload: dict[str, Any], fragment: str) -> None:
