@@ -99,8 +99,10 @@ def dead_replay_cmd(
     all_: bool = typer.Option(False, "--all", help="Replay every dead letter."),
 ) -> None:
     """Send dead-lettered instances through again (FAILED ones are requeued)."""
-    if all_ == (dead_id is not None):
-        raise typer.BadParameter("give one dead letter id, or --all (not both)")
+    if all_ and dead_id is not None:
+        raise typer.BadParameter("give one dead letter id or --all, not both")
+    if not all_ and dead_id is None:
+        raise typer.BadParameter("which letters? give one dead letter id, or --all for every one")
 
     async def go() -> None:
         async with open_cluster(settings()) as cluster:

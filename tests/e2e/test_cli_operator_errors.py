@@ -46,11 +46,20 @@ def test_replaying_all_looks_at_every_dead_letter_once(tmp_path: Path, redis_url
     assert kept == 1001
 
 
-def test_a_dead_letter_id_and_all_together_are_refused(tmp_path: Path, redis_url: str) -> None:
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (("1-1", "--all"), "give one dead letter id or --all, not both"),
+        ((), "which letters? give one dead letter id, or --all for every one"),
+    ],
+)
+def test_dead_replay_needs_exactly_one_of_an_id_and_all(
+    tmp_path: Path, redis_url: str, args: tuple[str, ...], expected: str
+) -> None:
     with applied(tmp_path, redis_url, {}) as cli:
-        out = run_cli("dead", "replay", "1-1", "--all", env=cli.env, cwd=cli.cwd)
+        out = run_cli("dead", "replay", *args, env=cli.env, cwd=cli.cwd)
     assert out.returncode == 2
-    assert "give one dead letter id, or --all (not both)" in out.stderr
+    assert expected in " ".join(out.stderr.replace("│", " ").split())
 
 
 @pytest.mark.parametrize(("command", "value"), [("executor", "0"), ("executor", "-1"), ("up", "0")])
