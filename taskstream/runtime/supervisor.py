@@ -1,9 +1,10 @@
 """`taskstream up`: the whole cluster on one host as child processes of one supervisor.
 
-Children are `taskstream scheduler` and N x `taskstream executor`, started with the resolved
-URLs in their environment. A child that dies is restarted with a growing delay. On SIGINT or
-SIGTERM every child gets SIGTERM, may finish in-flight work within the grace, and is killed
-after it; the whole stop takes at most `grace_s + 1` seconds.
+Children are `taskstream scheduler`, `taskstream sweeper` and N x `taskstream executor`,
+started with the resolved URLs in their environment. A child that dies is restarted after
+1, 2, 4 and 8 s, then every 16 s (counting its restarts over the supervisor's life). On
+SIGINT or SIGTERM every child gets SIGTERM, may finish in-flight work within the grace, and
+is killed after it; the whole stop takes at most `grace_s + 1` seconds.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 from taskstream.core.logging import get_logger
 from taskstream.runtime.endpoint import Endpoints
 
-MAX_RESTART_DELAY_S = 30.0
+MAX_RESTART_DELAY_S = 16.0
 
 
 @dataclass(slots=True)
@@ -30,6 +31,11 @@ class Child:
     proc: asyncio.subprocess.Process | None = None
     restarts: int = 0
     stopping: bool = field(default=False)
+
+
+def restart_delay_s(restarts: int) -> float:
+    """Seconds to wait before a child's `restarts`-th restart (1-based): 1, 2, 4, 8, then 16."""
+    return min(MAX_RESTART_DELAY_S, 2.0 ** min(max(restarts, 1) - 1, 8))
 
 
 def role_argv(role: str, *extra: str) -> list[str]:
@@ -67,7 +73,7 @@ class Supervisor:
             if stop.is_set() or child.stopping:
                 return
             child.restarts += 1
-            delay = min(MAX_RESTART_DELAY_S, 2.0 ** min(child.restarts, 5) / 2)
+            delay = restart_delay_s(child.restarts)
             self._log.warning("child.exited", child=child.name, code=code, restart_in_s=delay)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=delay)
