@@ -137,7 +137,10 @@ def scheduler_cmd() -> None:
 
 def executor_cmd(
     concurrency: int = typer.Option(
-        None, min=1, max=1024, help="Runs at once (default from settings)."
+        None,
+        min=1,
+        max=1024,
+        help="Runs at once (default: TASKSTREAM_EXECUTOR_CONCURRENCY, 4).",
     ),
 ) -> None:
     """Run one executor until SIGINT/SIGTERM; in-flight runs finish within the grace."""

@@ -24,10 +24,15 @@ DEFAULT_TASKS = Path("tasks.yaml")
 
 def up_cmd(
     tasks: Path = typer.Option(
-        None, "--tasks", help=f"Task file to apply first [default: {DEFAULT_TASKS}, if present]."
+        None, "--tasks", help=f"Task file to apply first (default: {DEFAULT_TASKS}, if present)."
     ),
     executors: int = typer.Option(2, min=0, max=64, help="Executor processes."),
-    concurrency: int = typer.Option(None, min=1, max=1024, help="Runs at once per executor."),
+    concurrency: int = typer.Option(
+        None,
+        min=1,
+        max=1024,
+        help="Runs at once per executor (default: TASKSTREAM_EXECUTOR_CONCURRENCY, 4).",
+    ),
 ) -> None:
     """Run the whole cluster on this host; embedded Valkey + SQLite when no URLs are set."""
     if tasks is not None and not tasks.is_file():
