@@ -167,3 +167,33 @@ async def test_a_new_scheduler_keeps_the_wait_of_the_one_before(h: Harness) -> N
     await passes(h, other, D0 + 2 * HOUR + 2 * MIN)
     assert await runs(h) == [(90, 120)]
     assert [d.decision for d in await trail(h, 90)] == ["deferred", "should_run"]
+
+
+@pytest.mark.parametrize("woke_late_ms", [0, MIN - 1])
+async def test_held_ticks_whose_window_is_still_open_all_run_under_latest(
+    h: Harness, woke_late_ms: int
+) -> None:
+    """With a 1 h window, every tick held from 01:00 to 01:50 is still on time when the
+    maintenance ends at 02:00, so each runs then under `latest`; none is folded into a newer
+    one. 01:00 may wait only until 02:00 (fire time + max(window, max_delay)): a scheduler
+    that wakes a minute after that instead of at it finds 01:00 `missed`."""
+    text = task(EVERY_10M).replace("window: 5m", "window: 1h")
+    s = await started(h, text)
+    await passes(h, s, D0 + 2 * HOUR - 1)
+    h.clock.set(D0 + 2 * HOUR + woke_late_ms)
+    await s.run_pass()
+    await passes(h, s, D0 + 2 * HOUR + 5 * MIN)
+    held = [(minute, 120) for minute in range(70, 120, 10)]
+    made = [d for d in await trail(h, 60) if d.decision != "deferred"]
+    if woke_late_ms:
+        assert [(d.decision, "older than catchup.max_delay" in d.reason) for d in made] == [
+            ("missed", True)
+        ]
+    else:
+        assert [d.decision for d in made] == ["should_run"]
+        held.insert(0, (60, 120))
+    assert [r for r in await runs(h) if r[0] != 60 or not woke_late_ms] == [
+        (50, 50),
+        *held,
+        (120, 120),
+    ]
