@@ -69,12 +69,31 @@ async def execute(run: Run, env: RunEnv) -> RunEnd:
         params = run.agent.params_model.model_validate(row.payload)
     except ValidationError as exc:
         return final("bad_params", FailClass.FATAL, str(exc))
-    timeout_s = run.spec.timeout if run.spec else DEFAULT_TIMEOUT_S
-    if row.deadline_ms is not None:
-        timeout_s = min(timeout_s, (row.deadline_ms - env.clock.now_ms()) / 1000)
-    if timeout_s <= 0:
+    limit = _time_limit(run, env)
+    if limit.seconds <= 0:
         return failed(TimeoutError("deadline passed before the run started"))
-    return await _admitted_call(run, log, params, timeout_s, env)
+    return await _admitted_call(run, log, params, limit, env)
+
+
+@dataclass(frozen=True, slots=True)
+class TimeLimit:
+    """How long (s) this attempt may run, and what set it: the task's `timeout` or the
+    instance's deadline, when that comes first."""
+
+    seconds: float
+    source: str
+
+    def expired(self) -> TimeoutError:
+        """The error an attempt that ran past this limit ends with (its `last_error`)."""
+        return TimeoutError(f"the attempt ran past its {self.source} ({self.seconds:g} s)")
+
+
+def _time_limit(run: Run, env: RunEnv) -> TimeLimit:
+    timeout_s = run.spec.timeout if run.spec else DEFAULT_TIMEOUT_S
+    deadline_ms = run.row.deadline_ms
+    if deadline_ms is not None and (deadline_ms - env.clock.now_ms()) / 1000 < timeout_s:
+        return TimeLimit((deadline_ms - env.clock.now_ms()) / 1000, "deadline")
+    return TimeLimit(timeout_s, "timeout")
 
 
 def _context(
@@ -101,7 +120,7 @@ async def _admitted_call(
     run: Run,
     log: FilteringBoundLogger,
     params: BaseModel,
-    timeout_s: float,
+    limit: TimeLimit,
     env: RunEnv,
 ) -> RunEnd:
     """Admit the run to its declared upstreams (deferred when refused), run the agent with an
@@ -116,7 +135,7 @@ async def _admitted_call(
     http = UpstreamClient(access, http=env.http, log=log, clock=env.clock)
     ctx = _context(run, env, log, http)
     try:
-        end = await _call(run, ctx, params, timeout_s)
+        end = await _call(run, ctx, params, limit)
     finally:
         await ctx.http.aclose()
     if access is None:
@@ -152,10 +171,15 @@ async def _admission(
     return admitted
 
 
-async def _call(run: Run, ctx: AgentContext, params: BaseModel, timeout_s: float) -> RunEnd:
+async def _call(run: Run, ctx: AgentContext, params: BaseModel, limit: TimeLimit) -> RunEnd:
+    timer = asyncio.timeout(limit.seconds)
     try:
-        async with asyncio.timeout(timeout_s):
+        async with timer:
             result = await run.agent.run(ctx, params)
+    except TimeoutError as exc:
+        # asyncio's own TimeoutError says nothing; name the limit the attempt ran past.
+        ctx.log.warning("instance.run_failed", error_type="TimeoutError")
+        return failed(limit.expired() if timer.expired() else exc)
     except UpstreamDeferred as exc:  # a call refused by its limiter or breaker: not an attempt
         ctx.log.info("instance.upstream_deferred", upstream=exc.upstream)
         return deferred(exc.retry_after_ms)

@@ -72,6 +72,12 @@ tasks:
     timeout: 0.2s
     retry: {max_attempts: 2, backoff: {base: 1s}, jitter: 0}
     payload: {seconds: 5}
+  - id: past-deadline
+    agent: slow
+    timeout: 30s
+    deadline: 0.3s
+    retry: {max_attempts: 1}
+    payload: {seconds: 5}
   - id: big
     agent: slow
     payload: {seconds: 0, blob: "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}
@@ -170,6 +176,21 @@ async def test_timeout_goes_through_timeout_to_retry(h: Harness) -> None:
     path = [x.to_status for x in await h.store.history(row.id)]
     assert path.count(Status.TIMEOUT) == 2
     assert path[-2:] == [Status.TIMEOUT, Status.FAILED]
+    done = await h.store.get_instance(row.id)
+    assert done is not None
+    assert done.last_error == "TimeoutError: the attempt ran past its timeout (0.2 s)"
+
+
+async def test_a_deadline_sooner_than_the_timeout_limits_the_attempt(h: Harness) -> None:
+    row = await h.trigger(TASKS, "past-deadline", fire_ms=h.clock.now_ms())
+    ex = Running(h.executor())
+    try:
+        await reach(h, row.id, Status.FAILED)
+    finally:
+        await ex.close()
+    done = await h.store.get_instance(row.id)
+    assert done is not None
+    assert done.last_error == "TimeoutError: the attempt ran past its deadline (0.3 s)"
 
 
 async def test_oversize_payload_is_poison(h: Harness) -> None:
