@@ -18,7 +18,7 @@ from taskstream.cli.common import (
     settings,
 )
 from taskstream.cli.upstreams_view import render_upstreams, upstreams_status
-from taskstream.core import streams
+from taskstream.core import streams, streams_admin
 from taskstream.core.errors import QueueUnavailable, TaskstreamError
 from taskstream.core.spec import INSTANCE_ID_LENGTH, format_utc_ms
 from taskstream.core.states import Status
@@ -55,7 +55,7 @@ def _print_status(data: dict[str, Any]) -> None:
                 str(st["length"]),
                 str(st["pending"]),
                 str(st["lag"]),
-                str(len(st["consumers"])),
+                _consumers_text(st["consumers"]),
             )
         console.print(table)
         console.print(f"dead letters: {data['dead']}")
@@ -63,6 +63,12 @@ def _print_status(data: dict[str, Any]) -> None:
     console.print(f"instances: {counts or 'none'}")
     if "upstreams" in data:
         render_upstreams(console, data["upstreams"])
+
+
+def _consumers_text(consumers: list[dict[str, Any]]) -> str:
+    """`2`, or `2 (1 gone)` when some have no liveness key (dead, not yet pruned)."""
+    gone = sum(1 for c in consumers if not c.get("alive", True))
+    return f"{len(consumers)} ({gone} gone)" if gone else str(len(consumers))
 
 
 async def _status() -> dict[str, Any]:
@@ -84,7 +90,7 @@ async def _status() -> dict[str, Any]:
 
 async def _queue_view(cluster: Cluster) -> dict[str, Any]:
     """The streams, dead letters and upstreams: everything `status` reads from Redis."""
-    queue = await streams.queue_stats(cluster.queue, cluster.keys)
+    queue = await streams_admin.queue_view(cluster.queue, cluster.keys)
     upstreams = await upstreams_status(
         cluster.store,
         RedisLimiter(cluster.queue, cluster.keys),

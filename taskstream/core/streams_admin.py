@@ -10,7 +10,7 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from taskstream.core.protocol import GROUP, Keys, WorkEntry, encode
-from taskstream.core.streams import Delivery, Redis, as_text, move
+from taskstream.core.streams import Delivery, Redis, as_text, move, queue_stats
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +93,17 @@ async def alive(redis: Redis, keys: Keys, consumers: set[str]) -> dict[str, bool
             pipe.exists(keys.alive(name))
         found: list[int] = await pipe.execute()
     return {name: bool(n) for name, n in zip(names, found, strict=True)}
+
+
+async def queue_view(redis: Redis, keys: Keys) -> dict[str, Any]:
+    """`streams.queue_stats`, each consumer marked `alive` (its liveness key is there): a
+    consumer that died stays in the group until the sweeper prunes it, and is no reader."""
+    stats = await queue_stats(redis, keys)
+    consumers = [c for st in stats["streams"].values() for c in st["consumers"]]
+    found = await alive(redis, keys, {c["name"] for c in consumers})
+    for consumer in consumers:
+        consumer["alive"] = found[consumer["name"]]
+    return stats
 
 
 async def redeliver(redis: Redis, delivery: Delivery, entry: WorkEntry) -> str | None:

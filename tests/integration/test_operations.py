@@ -122,6 +122,18 @@ async def test_replaying_a_letter_of_an_instance_in_flight(h: Harness, status: S
     assert (await h.redis.xlen(stream), await h.redis.xlen(h.keys.dead)) == (int(published), 0)
 
 
+async def test_the_queue_view_tells_live_consumers_from_dead_ones(h: Harness) -> None:
+    await h.redis.xadd(h.keys.stream(Priority.DEFAULT), {"v": "1"})
+    await h.redis.xadd(h.keys.stream(Priority.DEFAULT), {"v": "2"})
+    await streams.mark_alive(h.redis, h.keys, "live-one", ttl_ms=60_000)
+    for consumer in ("live-one", "gone-one"):
+        await streams.read(h.redis, h.keys, consumer, count=1, block_ms=10)
+    view = await admin.queue_view(h.redis, h.keys)
+    found = {c["name"]: c["alive"] for c in view["streams"]["default"]["consumers"]}
+    assert found == {"live-one": True, "gone-one": False}
+    assert view["streams"]["high"]["consumers"] == []
+
+
 async def test_sweeper_prunes_dead_consumers_and_trims(h: Harness) -> None:
     stream = h.keys.stream(Priority.DEFAULT)
     await h.redis.xadd(stream, {"v": "1"})
