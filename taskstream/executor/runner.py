@@ -69,7 +69,8 @@ async def execute(run: Run, env: RunEnv) -> RunEnd:
         params = run.agent.params_model.model_validate(row.payload)
     except ValidationError as exc:
         return final("bad_params", FailClass.FATAL, str(exc))
-    limit = _time_limit(run, env)
+    timeout_s = run.spec.timeout if run.spec else DEFAULT_TIMEOUT_S
+    limit = time_limit(timeout_s, row.deadline_ms, env.clock.now_ms())
     if limit.seconds <= 0:
         return failed(TimeoutError("deadline passed before the run started"))
     return await _admitted_call(run, log, params, limit, env)
@@ -88,11 +89,11 @@ class TimeLimit:
         return TimeoutError(f"the attempt ran past its {self.source} ({self.seconds:g} s)")
 
 
-def _time_limit(run: Run, env: RunEnv) -> TimeLimit:
-    timeout_s = run.spec.timeout if run.spec else DEFAULT_TIMEOUT_S
-    deadline_ms = run.row.deadline_ms
-    if deadline_ms is not None and (deadline_ms - env.clock.now_ms()) / 1000 < timeout_s:
-        return TimeLimit((deadline_ms - env.clock.now_ms()) / 1000, "deadline")
+def time_limit(timeout_s: float, deadline_ms: int | None, now_ms: int) -> TimeLimit:
+    """The attempt's limit at `now_ms`: the task's `timeout_s`, or the seconds left before
+    `deadline_ms` (epoch ms) when fewer (zero or negative: the deadline has passed)."""
+    if deadline_ms is not None and (deadline_ms - now_ms) / 1000 < timeout_s:
+        return TimeLimit((deadline_ms - now_ms) / 1000, "deadline")
     return TimeLimit(timeout_s, "timeout")
 
 

@@ -105,6 +105,19 @@ async def reach(h: Harness, instance_id: str, *wanted: Status) -> None:
     await until(check)
 
 
+async def failed_run(h: Harness, task_id: str, **trigger: int) -> InstanceRow:
+    """Trigger one instance of `task_id`, run an executor until it is FAILED, and read it."""
+    row = await h.trigger(TASKS, task_id, **trigger)
+    ex = Running(h.executor())
+    try:
+        await reach(h, row.id, Status.FAILED)
+    finally:
+        await ex.close()
+    done = await h.store.get_instance(row.id)
+    assert done is not None
+    return done
+
+
 async def test_retries_with_backoff_until_success(h: Harness) -> None:
     row = await h.trigger(TASKS, "flaky")
     ex = Running(h.executor())
@@ -147,16 +160,10 @@ async def test_attempts_are_never_exceeded(h: Harness) -> None:
     ("task", "fail_class"), [("fatal", FailClass.FATAL), ("review", FailClass.MANUAL_REVIEW)]
 )
 async def test_fatal_and_review_fail_at_once(h: Harness, task: str, fail_class: FailClass) -> None:
-    row = await h.trigger(TASKS, task)
-    ex = Running(h.executor())
-    try:
-        await reach(h, row.id, Status.FAILED)
-    finally:
-        await ex.close()
-    done = await h.store.get_instance(row.id)
-    assert done is not None and (done.attempt, done.fail_class) == (1, fail_class)
+    done = await failed_run(h, task)
+    assert (done.attempt, done.fail_class) == (1, fail_class)
     async with h.store.engine.connect() as conn:
-        stmt = select(review_queue.c.reason).where(review_queue.c.instance_id == row.id)
+        stmt = select(review_queue.c.reason).where(review_queue.c.instance_id == done.id)
         reviews = list((await conn.execute(stmt)).scalars())
     assert reviews == (
         ["NeedsReview: attempt 1 fails"] if fail_class is FailClass.MANUAL_REVIEW else []
@@ -182,14 +189,7 @@ async def test_timeout_goes_through_timeout_to_retry(h: Harness) -> None:
 
 
 async def test_a_deadline_sooner_than_the_timeout_limits_the_attempt(h: Harness) -> None:
-    row = await h.trigger(TASKS, "past-deadline", fire_ms=h.clock.now_ms())
-    ex = Running(h.executor())
-    try:
-        await reach(h, row.id, Status.FAILED)
-    finally:
-        await ex.close()
-    done = await h.store.get_instance(row.id)
-    assert done is not None
+    done = await failed_run(h, "past-deadline", fire_ms=h.clock.now_ms())
     assert done.last_error == "TimeoutError: the attempt ran past its deadline (0.3 s)"
 
 
