@@ -35,6 +35,7 @@ from taskstream.core.spec_parts import (
     Catchup,
     Name,
     Names,
+    Number,
     OffPeak,
     RetryPolicy,
     Schedule,
@@ -139,7 +140,7 @@ class TaskSpec(SpecModel):
     payload: Annotated[dict[str, JsonValue], BeforeValidator(check_json_object)] = Field(
         default_factory=dict
     )
-    review: float = Field(default=0.0, ge=0.0, le=1.0)
+    review: Number = Field(default=0.0, ge=0.0, le=1.0)
 
     @field_validator("dedupe_key")
     @classmethod

@@ -34,6 +34,11 @@ from taskstream.core.durations import Duration, PositiveDuration
 NAME_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}$"
 MAX_ATTEMPTS: Final = 10_000
 """The most attempts a task may allow (the store keeps attempts in a 32-bit column)."""
+MAX_COUNT: Final = 1_000_000_000
+"""The largest call count an upstream's limit, burst and breaker thresholds may name: the
+shared limiter keeps its counts as Lua numbers, exact only well below 2**53."""
+MAX_PROBES: Final = 1_000
+"""The most trial calls a half-open breaker may let through at once."""
 """Readiness markers, preconditions and upstreams: e.g. `raw_data.ready`, `openai`."""
 
 _CRON_PROBE_START: Final = datetime(2000, 1, 1, tzinfo=UTC)
@@ -90,6 +95,19 @@ def check_cron(expr: str) -> str:
         reason = _CRON_REASON_PREFIX.sub("", str(exc)) or type(exc).__name__
         raise ValueError(f"invalid cron expression {expr!r}: {reason}") from None
     return normal
+
+
+def not_a_bool(value: object) -> object:
+    """Return `value` unless it is a YAML boolean: a number field would read `true` as 1."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a number, got {str(value).lower()}")
+    return value
+
+
+Count = Annotated[int, BeforeValidator(not_a_bool)]
+"""A whole number that is never read from `true` / `false`."""
+Number = Annotated[float, BeforeValidator(not_a_bool)]
+"""A number that is never read from `true` / `false`."""
 
 
 def parse_time_of_day(value: object) -> time:
@@ -244,7 +262,7 @@ class Backoff(SpecModel):
     """Delay before attempt n+1: `min(max, base * factor**(n-1))` seconds, before jitter."""
 
     base: PositiveDuration = 1.0
-    factor: float = Field(default=2.0, ge=1.0, le=1000.0, allow_inf_nan=False)
+    factor: Number = Field(default=2.0, ge=1.0, le=1000.0, allow_inf_nan=False)
     max: PositiveDuration = 300.0
 
     @field_validator("max")
@@ -262,9 +280,9 @@ class RetryPolicy(SpecModel):
     `jitter` is the fraction (0..1) of each delay that is randomised.
     """
 
-    max_attempts: int = Field(default=3, ge=1, le=MAX_ATTEMPTS)
+    max_attempts: Count = Field(default=3, ge=1, le=MAX_ATTEMPTS)
     backoff: Backoff = Field(default_factory=Backoff)
-    jitter: float = Field(default=0.1, ge=0.0, le=1.0)
+    jitter: Number = Field(default=0.1, ge=0.0, le=1.0)
     retry_on: Annotated[
         tuple[Literal["retriable", "timeout"], ...], AfterValidator(unique_items)
     ] = ("retriable", "timeout")
@@ -280,12 +298,12 @@ class BreakerSpec(SpecModel):
     `BreakerConfig`.
     """
 
-    failures: int = Field(default=5, ge=1)
-    failure_rate: float = Field(default=0.5, gt=0.0, le=1.0, allow_inf_nan=False)
-    min_calls: int = Field(default=10, ge=1)
+    failures: Count = Field(default=5, ge=1, le=MAX_COUNT)
+    failure_rate: Number = Field(default=0.5, gt=0.0, le=1.0, allow_inf_nan=False)
+    min_calls: Count = Field(default=10, ge=1, le=MAX_COUNT)
     rate_window: PositiveDuration = 30.0
     cooldown: PositiveDuration = 30.0
-    probes: int = Field(default=1, ge=1)
+    probes: Count = Field(default=1, ge=1, le=MAX_PROBES)
     probe_timeout: PositiveDuration = 60.0
 
 
@@ -298,9 +316,9 @@ class UpstreamLimit(SpecModel):
     their default `BreakerConfig` (configs stored before `breaker` existed load that way).
     """
 
-    limit: int | None = Field(default=None, ge=1)
+    limit: Count | None = Field(default=None, ge=1, le=MAX_COUNT)
     window: PositiveDuration | None = None
-    burst: int | None = Field(default=None, ge=0)
+    burst: Count | None = Field(default=None, ge=0, le=MAX_COUNT)
     breaker: BreakerSpec | None = None
 
     @model_validator(mode="after")

@@ -101,6 +101,14 @@ def test_an_upstream_may_have_no_rate_limit(text: str) -> None:
         ("{cooldown: -5}", "breaker.cooldown: invalid duration -5: must not be negative"),
         ("{cooldown: 0}", "breaker.cooldown: Input should be greater than 0"),
         ("{probes: 0}", "breaker.probes: Input should be greater than or equal to 1"),
+        ("{probes: 1001}", "breaker.probes: Input should be less than or equal to 1000"),
+        ("{failures: true}", "breaker.failures: expected a number, got true"),
+        ("{min_calls: false}", "breaker.min_calls: expected a number, got false"),
+        ("{failure_rate: true}", "breaker.failure_rate: expected a number, got true"),
+        (
+            "{failures: 1000000001}",
+            "breaker.failures: Input should be less than or equal to 1000000000",
+        ),
         ("{probe_timeout: 0ms}", "breaker.probe_timeout: Input should be greater than 0"),
         ("{probe_timeout: 30m1h}", "breaker.probe_timeout: invalid duration '30m1h': units"),
         ("{threshold: 3}", "breaker.threshold: unknown field"),
@@ -142,11 +150,25 @@ def test_limit_and_window_come_together(upstream: str, expected: str) -> None:
     assert problems_of(text) == [f"t.yaml: upstreams.llm: {expected}"]
 
 
-def test_a_limit_field_problem_is_still_named_by_its_field() -> None:
-    text = "upstreams: {llm: {limit: 0}}\ntasks: []"
-    assert problems_of(text) == [
-        "t.yaml: upstreams.llm.limit: Input should be greater than or equal to 1"
-    ]
+@pytest.mark.parametrize(
+    ("upstream", "expected"),
+    [
+        ("{limit: 0, window: 1m}", "limit: Input should be greater than or equal to 1"),
+        ("{limit: true, window: 1m}", "limit: expected a number, got true"),
+        (
+            "{limit: 1000000001, window: 1m}",
+            "limit: Input should be less than or equal to 1000000000",
+        ),
+        ("{limit: 5, window: 1m, burst: true}", "burst: expected a number, got true"),
+        (
+            "{limit: 5, window: 1m, burst: 1000000001}",
+            "burst: Input should be less than or equal to 1000000000",
+        ),
+    ],
+)
+def test_a_limit_field_problem_is_still_named_by_its_field(upstream: str, expected: str) -> None:
+    text = f"upstreams: {{llm: {upstream}}}\ntasks: []"
+    assert problems_of(text) == [f"t.yaml: upstreams.llm.{expected}"]
 
 
 # --- storage ----------------------------------------------------------------------------------

@@ -126,6 +126,18 @@ def test_file_level_problems(text: str, expected: list[str]) -> None:
         ),
         ("- {id: a, agent: echo, timeout: 1s, timeout: 2s}", ["line 2: duplicate key 'timeout'"]),
         (
+            "- {id: a, agent: echo, retry: {max_attempts: true}}",
+            ["task 'a': retry.max_attempts: expected a number, got true"],
+        ),
+        (
+            "- {id: a, agent: echo, review: false, retry: {jitter: true, backoff: {factor: no}}}",
+            [
+                "task 'a': retry.backoff.factor: expected a number, got false",
+                "task 'a': retry.jitter: expected a number, got true",
+                "task 'a': review: expected a number, got false",
+            ],
+        ),
+        (
             "- {id: a, agent: mailer, dedupe_key: '{x}', colour: red}",
             [
                 "task 'a': dedupe_key: unknown placeholder {x}",
