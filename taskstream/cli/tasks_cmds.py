@@ -10,6 +10,7 @@ from rich.table import Table
 
 from taskstream.agents.registry import default_registry
 from taskstream.cli.common import console, open_cluster, print_json, run_async, settings
+from taskstream.core import preconditions
 from taskstream.core.definitions import from_record, to_records, upstream_configs
 from taskstream.core.errors import ConfigError
 from taskstream.core.spec import TaskFile, TaskSpec
@@ -27,6 +28,7 @@ def _load(path: Path) -> TaskFile:
         path,
         known_agents=default_registry(s.agent_modules).names(),
         max_payload_bytes=s.max_payload_bytes,
+        known_checks=preconditions.load(s.precondition_modules).keys(),
     )
 
 

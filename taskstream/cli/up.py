@@ -10,6 +10,7 @@ import typer
 
 from taskstream.agents.registry import default_registry
 from taskstream.cli.common import open_cluster, run_async, settings
+from taskstream.core import preconditions
 from taskstream.core.definitions import to_records, upstream_configs
 from taskstream.core.logging import get_logger
 from taskstream.core.settings import Settings
@@ -42,7 +43,12 @@ def up_cmd(
     taskfile = None
     if path.exists():
         agents = default_registry(s.agent_modules).names()
-        taskfile = load_task_file(path, known_agents=agents, max_payload_bytes=s.max_payload_bytes)
+        taskfile = load_task_file(
+            path,
+            known_agents=agents,
+            max_payload_bytes=s.max_payload_bytes,
+            known_checks=preconditions.load(s.precondition_modules).keys(),
+        )
     else:
         # Without a task file the cluster runs the definitions stored before.
         get_logger(role="supervisor").warning("tasks.file_missing", path=str(path))

@@ -16,6 +16,9 @@ The YAML itself is read within bounds (nesting depth, alias expansion, valid Uni
 stored JSON is an error too (see `taskstream.core.payloads`)::
 
     tasks.yaml: task 'big': payload: 300011 bytes as stored JSON, over the limit of 262144 bytes ...
+
+Given `known_checks` (the precondition names the configured modules provide), a task naming
+any other precondition is an error too, as an unknown agent is.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ class _Rules:
     known_agents: AbstractSet[str] | None
     declared: Mapping[str, object]
     max_payload_bytes: int | None
+    known_checks: AbstractSet[str] | None = None
 
 
 def load_task_file(
@@ -61,9 +65,11 @@ def load_task_file(
     *,
     known_agents: AbstractSet[str] | None = None,
     max_payload_bytes: int | None = None,
+    known_checks: AbstractSet[str] | None = None,
 ) -> TaskFile:
     """Read and validate `path`. With `known_agents`, every task's agent must be one of them;
-    with `max_payload_bytes`, every task's payload must fit in that many bytes as stored JSON.
+    with `known_checks`, every precondition a task names must be one of them; with
+    `max_payload_bytes`, every task's payload must fit in that many bytes as stored JSON.
 
     Raises `ConfigError` whose `problems` are one line each (see the module docstring).
     """
@@ -76,7 +82,11 @@ def load_task_file(
     except OSError as exc:
         raise ConfigError([f"{path}: cannot read file: {exc.strerror or exc}"]) from None
     return parse_task_file_text(
-        text, str(path), known_agents=known_agents, max_payload_bytes=max_payload_bytes
+        text,
+        str(path),
+        known_agents=known_agents,
+        max_payload_bytes=max_payload_bytes,
+        known_checks=known_checks,
     )
 
 
@@ -85,6 +95,7 @@ def parse_task_file_text(
     source_name: str,
     known_agents: AbstractSet[str] | None = None,
     max_payload_bytes: int | None = None,
+    known_checks: AbstractSet[str] | None = None,
 ) -> TaskFile:
     """Validate YAML `text`; `source_name` starts every problem line. See `load_task_file`."""
     document, problems = read_document(text, source_name)
@@ -94,7 +105,7 @@ def parse_task_file_text(
     raw_upstreams = document.get("upstreams") if isinstance(document, dict) else None
     upstreams = _validate_upstreams(raw_upstreams, problems)
     declared = raw_upstreams if isinstance(raw_upstreams, Mapping) else {}
-    rules = _Rules(known_agents, declared, max_payload_bytes)
+    rules = _Rules(known_agents, declared, max_payload_bytes, known_checks)
     specs = _validate_tasks(raw_tasks, rules, problems)
     if problems:
         raise ConfigError(problem_lines(source_name, problems))
@@ -172,17 +183,30 @@ def _check_task(item: object, rules: _Rules) -> tuple[TaskSpec | None, list[str]
 
 
 def _spec_problems(spec: TaskSpec, rules: _Rules) -> list[str]:
-    """Problems of a task valid on its own: undeclared upstreams, an oversize payload."""
+    """Problems of a task valid on its own: undeclared upstreams, preconditions no module
+    provides, an oversize payload."""
     declared = ", ".join(sorted(rules.declared))
     lines = [
         f"upstreams: undeclared upstream '{name}' (declared: {declared})"
         for name in undeclared_upstreams(spec, rules.declared)
     ]
+    if rules.known_checks is not None:
+        lines.extend(unknown_check_lines(spec.preconditions, rules.known_checks))
     if rules.max_payload_bytes is not None:
         too_big = payload_problem(spec.payload, rules.max_payload_bytes)
         if too_big is not None:
             lines.append(f"payload: {too_big}")
     return lines
+
+
+def unknown_check_lines(names: Sequence[str], known: AbstractSet[str]) -> list[str]:
+    """One problem line per precondition name that no loaded module provides."""
+    listed = ", ".join(sorted(known)) or "none: set TASKSTREAM_PRECONDITION_MODULES"
+    return [
+        f"preconditions: unknown precondition '{name}' (known: {listed})"
+        for name in names
+        if name not in known
+    ]
 
 
 def _valid_id(item: object) -> str | None:

@@ -80,7 +80,8 @@ class Scheduler:
         self._store, self._outbox, self._clock, self._config = store, outbox, clock, config
         self._leader = leader
         self._defs = DefinitionCache(store)
-        self._advancer = Advancer(store, outbox, checks or {}, holds)
+        self._checks = checks or {}
+        self._advancer = Advancer(store, outbox, self._checks, holds)
         self._token: int | None = None
         self._floor: int | None = None
         """The largest token the store's cursors were written with (read when first needed,
@@ -155,6 +156,7 @@ class Scheduler:
         None when no active task has a schedule."""
         if await self._defs.refresh():
             self._log.info("scheduler.definitions_loaded", count=len(self._defs.current.specs))
+            self._warn_unknown_checks()
         now_ms = self._clock.now_ms()
         await self._emit_due_retries(now_ms)
         active = [
@@ -182,6 +184,14 @@ class Scheduler:
                 self._task_failed(spec, result)
         nexts = [r for r in results if not isinstance(r, BaseException)]
         return min(nexts) if nexts else None
+
+    def _warn_unknown_checks(self) -> None:
+        """Preconditions no loaded module provides stay unavailable: their ticks wait until
+        the window closes. `tasks apply` refuses them; definitions stored otherwise (or
+        before a module was removed) are named here once per load."""
+        for task_id, spec in sorted(self._defs.current.specs.items()):
+            if missing := [n for n in spec.preconditions if n not in self._checks]:
+                self._log.warning("task.precondition_unknown", task_id=task_id, names=missing)
 
     def _trigger(self, spec: TaskSpec) -> Trigger | None:
         try:

@@ -85,6 +85,31 @@ def test_a_refused_apply_keeps_the_stored_definition(tmp_path: Path) -> None:
     assert json.loads(after) == json.loads(before)
 
 
+GATED = "tasks:\n  - {id: g, agent: echo, preconditions: [warehouse.open, feed.fresh]}\n"
+CHECKS = """
+async def warehouse_open(task_id: str, business_date: str) -> str:
+    return "pass"
+
+
+PRECONDITIONS = {"warehouse.open": warehouse_open}
+"""
+
+
+def test_a_precondition_no_module_provides_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "tasks.yaml").write_text(GATED)
+    (tmp_path / "team_checks.py").write_text(CHECKS)
+    env = _env(NO_STORE, precondition_modules="team_checks") | {"PYTHONPATH": str(tmp_path)}
+    out = run_cli("tasks", "validate", "tasks.yaml", env=env, cwd=tmp_path)
+    assert (out.returncode, out.stdout) == (2, ""), out.stderr[-2000:]
+    assert out.stderr.splitlines() == [
+        "tasks.yaml: task 'g': preconditions: unknown precondition 'feed.fresh'"
+        " (known: warehouse.open)"
+    ]
+    (tmp_path / "tasks.yaml").write_text(GATED.replace(", feed.fresh", ""))
+    out = run_cli("tasks", "validate", "tasks.yaml", env=env, cwd=tmp_path)
+    assert (out.returncode, out.stdout) == (0, "tasks.yaml: ok, 1 task(s)\n"), out.stderr
+
+
 @pytest.fixture(scope="module")
 def cli(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[Cli]:
     """One store with the on-demand task `od`, shared: every trigger here is refused."""

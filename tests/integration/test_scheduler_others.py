@@ -6,6 +6,7 @@ own instance made by a leader that stopped before recording it."""
 from __future__ import annotations
 
 import pytest
+from structlog.testing import capture_logs
 
 from taskstream.core import streams
 from taskstream.core.clock import FixedClock
@@ -149,3 +150,28 @@ async def test_a_tick_whose_own_instance_exists_unrecorded_is_not_recorded_skipp
     [decided] = [d for d in await store.decisions("g", limit=10) if d.fire_time_ms == FRI]
     assert (decided.decision, decided.instance_id) == ("should_run", made.instance_id)
     assert decided.details["recorded_after_creation"] is True
+
+
+async def test_a_stored_precondition_no_module_provides_is_logged_once_per_load(
+    store: SqlStore, redis: streams.Redis, keys: Keys
+) -> None:
+    """Definitions stored without the check (e.g. before its module was removed): the
+    scheduler names them when it loads the definitions, not on every pass."""
+
+    async def check(task_id: str, business_date: str) -> str:
+        return "pass"
+
+    h = Harness(store, redis, keys, FixedClock(FRI - 1))
+    await h.apply(
+        "tasks:\n  - {id: g, agent: echo, schedule: {every: 1m}, preconditions: [gate, feed]}\n"
+        "  - {id: k, agent: echo, schedule: {every: 1m}, preconditions: [gate]}\n"
+    )
+    scheduler = Scheduler(store, h.outbox, h.clock, SchedulerConfig(), checks={"gate": check})
+    with capture_logs() as logs:
+        await scheduler.run_pass()
+        h.clock.advance(60_000)
+        await scheduler.run_pass()
+    unknown = [
+        (e["task_id"], e["names"]) for e in logs if e["event"] == "task.precondition_unknown"
+    ]
+    assert unknown == [("g", ["feed"])]

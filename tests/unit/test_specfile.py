@@ -167,6 +167,35 @@ def test_agents_are_not_checked_without_a_known_list() -> None:
     assert taskfile.tasks[0].agent == "anything"
 
 
+GATED = "tasks: [{id: a, agent: echo, preconditions: [warehouse.open, feed.fresh]}]"
+
+
+def test_a_precondition_no_module_provides_is_named() -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_task_file_text(GATED, "t.yaml", known_checks={"warehouse.open", "other"})
+    assert caught.value.problems == [
+        "t.yaml: task 'a': preconditions: unknown precondition 'feed.fresh'"
+        " (known: other, warehouse.open)"
+    ]
+
+
+def test_with_no_precondition_module_the_error_says_how_to_load_one() -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_task_file_text(GATED, "t.yaml", known_checks=set())
+    assert caught.value.problems == [
+        f"t.yaml: task 'a': preconditions: unknown precondition '{name}'"
+        " (known: none: set TASKSTREAM_PRECONDITION_MODULES)"
+        for name in ("warehouse.open", "feed.fresh")
+    ]
+
+
+def test_preconditions_are_checked_only_against_a_known_list() -> None:
+    known = {"warehouse.open", "feed.fresh"}
+    for checks in (known, None):
+        [task] = parse_task_file_text(GATED, "t.yaml", known_checks=checks).tasks
+        assert task.preconditions == ("warehouse.open", "feed.fresh")
+
+
 UPSTREAMS = """
 upstreams:
   openai: {limit: 60, window: 1m, burst: 5}

@@ -16,9 +16,10 @@ MAX_DEPTH = 100  # taskstream.core.specyaml.MAX_DEPTH, spelled out as the docs s
 
 
 def problems_of(text: str, max_payload_bytes: int | None = None) -> list[str]:
-    limit = {} if max_payload_bytes is None else {"max_payload_bytes": max_payload_bytes}
     with pytest.raises(ConfigError) as caught:
-        parse_task_file_text(text, "t.yaml", known_agents=AGENTS, **limit)
+        parse_task_file_text(
+            text, "t.yaml", known_agents=AGENTS, max_payload_bytes=max_payload_bytes
+        )
     return caught.value.problems
 
 
