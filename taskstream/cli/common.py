@@ -23,8 +23,10 @@ from taskstream.runtime.endpoint import Endpoints, resolve
 
 T = TypeVar("T")
 
-console = Console()
-err_console = Console(stderr=True)
+# Markup off: what the consoles print holds text from agents, payloads and other writers of
+# the streams, where `[bold]` would vanish and `[/x]` would raise instead of being shown.
+console = Console(markup=False)
+err_console = Console(stderr=True, markup=False)
 
 
 def settings() -> Settings:

@@ -8,6 +8,7 @@ from typing import Any
 
 import typer
 from rich.table import Column, Table
+from rich.text import Text
 
 from taskstream.cli.common import (
     Cluster,
@@ -141,7 +142,7 @@ def inspect_cmd(instance_id: str = typer.Argument(...), as_json: bool = JSON_OPT
         return
     for key, value in data["instance"].items():
         shown = f"{value} ({format_utc_ms(value)})" if _is_time(key, value) else value
-        console.print(f"[bold]{key}[/bold]: {shown}", markup=True, highlight=False)
+        console.print(Text.assemble((key, "bold"), f": {shown}"), highlight=False)
     table = Table(Column("at (UTC)", no_wrap=True), "from", "to", "attempt")
     table.add_column("owner", overflow="fold")
     table.add_column("reason", overflow="fold")

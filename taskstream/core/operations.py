@@ -93,10 +93,16 @@ def _not_an_id(dead_id: str) -> TaskstreamError:
     return TaskstreamError(f"{dead_id!r} is not a dead letter id (ms-seq, as `dead list` shows)")
 
 
+def _shown(value: bytes | str) -> str:
+    """A dead letter's field as text; bytes that are not UTF-8 (written by some other
+    program) are shown as `\\xff` escapes instead of failing the whole listing."""
+    return value.decode(errors="backslashreplace") if isinstance(value, bytes) else value
+
+
 def _letters(rows: Any) -> list[DeadLetter]:
     out: list[DeadLetter] = []
     for dead_id, raw in rows:
-        fields = {streams.as_text(k): streams.as_text(v) for k, v in (raw or {}).items()}
+        fields = {_shown(k): _shown(v) for k, v in (raw or {}).items()}
         out.append(
             DeadLetter(
                 dead_id=streams.as_text(dead_id),

@@ -1,0 +1,44 @@
+"""Text the CLI did not write (agents' payloads and errors, entries other programs put in the
+streams) is printed as it is: rich markup in it is neither applied nor an error, and bytes
+that are not UTF-8 are shown escaped instead of failing the command."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import redis
+
+from tests.e2e.cli_rig import applied
+
+ON_DEMAND = "tasks:\n  - {id: od, agent: echo}\n"
+MARKUP = "[/v] closes nothing, [bold]b[/bold] stays"
+
+
+def test_dead_list_shows_foreign_bytes_and_brackets_as_they_are(
+    tmp_path: Path, redis_url: str
+) -> None:
+    with applied(tmp_path, redis_url, {}) as cli:
+        client = redis.Redis.from_url(redis_url)
+        try:
+            client.xadd(
+                cli.keys.dead,
+                {"reason": b"poison\xff", "detail": MARKUP, "orig.instance_id": b"i_\xfe"},
+            )
+        finally:
+            client.close()
+        table = cli("dead", "list")
+        [letter] = json.loads(cli("dead", "list", "--json"))
+    assert (letter["reason"], letter["detail"]) == ("poison\\xff", MARKUP)
+    assert letter["instance_id"] == "i_\\xfe"
+    assert "poison\\xff" in table and "i_\\xfe" in table
+    assert MARKUP in table
+
+
+def test_inspect_prints_a_payload_with_brackets_as_it_is(tmp_path: Path, redis_url: str) -> None:
+    with applied(tmp_path, redis_url, {"tasks.yaml": ON_DEMAND}) as cli:
+        published = cli("trigger", "od", "--payload", json.dumps({"note": MARKUP}))
+        instance_id = published.split()[2]
+        shown = cli("inspect", instance_id)
+    assert f"payload: {{'note': '{MARKUP}'}}" in shown
+    assert f"id: {instance_id}" in shown
