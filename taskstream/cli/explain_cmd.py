@@ -15,6 +15,8 @@ from taskstream.core.clock import SystemClock
 from taskstream.core.spec import TaskSpec, format_utc_ms
 from taskstream.core.store.port import DecisionRow
 from taskstream.scheduler.calendar import local_iso, zone_of
+from taskstream.scheduler.instances import trigger_of
+from taskstream.scheduler.ticks import next_fire
 from taskstream.scheduler.trail import decision_trail, nearest_decided_fire, rule_of
 from taskstream.scheduler.verdict import NOT_FINAL, SHOULD_RUN, SKIP_DUPLICATED
 
@@ -26,12 +28,13 @@ def explain_cmd(
 ) -> None:
     """Why a tick ran or not: every decision recorded for one fire time, oldest first, with the
     rule that decided and the values it saw. Default: the latest decided fire time."""
-    at_ms = None if at is None else parse_instant(at, name="--at", now_ms=SystemClock().now_ms())
+    now_ms = SystemClock().now_ms()
+    at_ms = None if at is None else parse_instant(at, name="--at", now_ms=now_ms)
 
     async def go(cluster: Cluster, spec: TaskSpec) -> dict[str, Any]:
         fire_ms = await nearest_decided_fire(cluster.store, task, at_ms)
         trail = await decision_trail(cluster.store, task, fire_ms)
-        return explain_data(spec, at_ms, fire_ms, trail)
+        return explain_data(spec, at_ms, fire_ms, trail, now_ms=now_ms)
 
     data = with_spec(task, go)
     if as_json:
@@ -41,9 +44,15 @@ def explain_cmd(
 
 
 def explain_data(
-    spec: TaskSpec, at_ms: int | None, fire_ms: int | None, trail: list[DecisionRow]
+    spec: TaskSpec,
+    at_ms: int | None,
+    fire_ms: int | None,
+    trail: list[DecisionRow],
+    *,
+    now_ms: int,
 ) -> dict[str, Any]:
-    """The explain answer as JSON-ready data: the tick, its decisions and the outcome."""
+    """The explain answer as JSON-ready data: the tick, its decisions and the outcome. With
+    no decision at all, the outcome says when one comes (`undecided`)."""
     zone = zone_of(spec.timezone)
     rows = [_trail_row(row) for row in trail]
     return {
@@ -54,7 +63,7 @@ def explain_data(
         "fire_local": None if fire_ms is None else local_iso(fire_ms, zone),
         "timezone": str(zone),
         "decisions": rows,
-        "outcome": _outcome(rows) if rows else "no decision recorded",
+        "outcome": _outcome(rows) if rows else undecided(spec, now_ms),
     }
 
 
@@ -66,6 +75,23 @@ def _trail_row(row: DecisionRow) -> dict[str, Any]:
         "saw": saw,
         "decided_utc": format_utc_ms(row.decided_at_ms),
     }
+
+
+def undecided(spec: TaskSpec, now_ms: int) -> str:
+    """Why a task has no decision yet: the next fire time after `now_ms` (UTC epoch ms) in
+    UTC and local time, or that an on-demand task is decided only when asked to run."""
+    trigger = trigger_of(spec)
+    if trigger is None:
+        return (
+            "no decision recorded: the task has no schedule; "
+            "`taskstream trigger` and `taskstream backfill` record its decisions"
+        )
+    fire_ms = next_fire(trigger, now_ms)
+    local = local_iso(fire_ms, zone_of(spec.timezone))
+    return (
+        "no decision recorded yet: the scheduler records one when a fire time falls due; "
+        f"the next is {format_utc_ms(fire_ms)} ({local})"
+    )
 
 
 def _outcome(rows: list[dict[str, Any]]) -> str:
@@ -94,7 +120,7 @@ def _flat(values: dict[str, Any], prefix: str = "") -> list[str]:
 def _explain_text(data: dict[str, Any]) -> list[str]:
     task, rows = data["task_id"], data["decisions"]
     if not rows:
-        return [f"{task}: no decision recorded"]
+        return [f"{task}: {data['outcome']}"]
     lines = [f"{task}: fire time {data['fire_utc']} ({data['fire_local']} {data['timezone']})"]
     asked = data["asked_at_ms"]
     if asked is not None and asked != data["fire_time_ms"]:

@@ -97,7 +97,7 @@ async def test_an_open_breaker_holds_the_tick_back_and_says_so(h: Harness) -> No
     assert await instances(h, "plain") == [(H0, Status.DISPATCHED)]
     assert await instances(h, "other") == [(H0, Status.DISPATCHED)]
     spec = next(t for t in await h.definitions() if t.id == "ask")
-    explained = explain_data(spec, None, H0, await trail(h, "ask"))
+    explained = explain_data(spec, None, H0, await trail(h, "ask"), now_ms=h.clock.now_ms())
     [row] = explained["decisions"]
     assert row["rule"] == "upstream breaker (open)"
     assert row["saw"] == {"held_by": {"llm": until_ms}}

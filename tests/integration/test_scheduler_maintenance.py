@@ -115,7 +115,7 @@ async def test_a_daily_run_inside_maintenance_starts_when_it_ends(h: Harness) ->
     waited = {"maintenance": "01:00-02:00", "until_ms": D0 + 2 * HOUR}
     assert decided.details["waited_for_maintenance"] == waited
     spec = (await h.definitions())[0]
-    explained = explain_data(spec, None, D0 + 90 * MIN, await trail(h, 90))
+    explained = explain_data(spec, None, D0 + 90 * MIN, await trail(h, 90), now_ms=h.clock.now_ms())
     assert explained["decisions"][0]["rule"] == "calendar (maintenance: start held until its end)"
 
 
