@@ -20,7 +20,7 @@ from rich.text import Text
 
 from taskstream.cli.common import Cluster, console, open_cluster, print_json, run_async, settings
 from taskstream.core.clock import SystemClock
-from taskstream.core.definitions import from_record
+from taskstream.core.definitions import from_record, unwaited_marker, valid_specs
 from taskstream.core.errors import TaskstreamError
 from taskstream.core.outbox import Emitted, Outbox
 from taskstream.core.payloads import parse_json_object, payload_problem
@@ -262,11 +262,13 @@ def mark_cmd(
     if business_date != on:
         raise typer.BadParameter(f"{on!r} is not a date (YYYY-MM-DD)", param_hint="--date")
 
-    async def go() -> bool:
+    async def go() -> tuple[bool, list[TaskSpec]]:
         async with open_cluster(settings(), need_redis=False) as cluster:
             marked = await cluster.store.mark_ready(name, business_date)
             await cluster.hint("marker")
-            return marked
+            return marked, valid_specs(await cluster.store.list_definitions())
 
-    done = "marked" if run_async(go()) else "already marked"
-    sys.stdout.write(f"{name} {business_date}: {done}\n")
+    marked, specs = run_async(go())
+    sys.stdout.write(f"{name} {business_date}: {'marked' if marked else 'already marked'}\n")
+    if (warning := unwaited_marker(name, specs)) is not None:
+        sys.stderr.write(f"warning: {warning}\n")

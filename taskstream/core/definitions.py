@@ -4,8 +4,9 @@ a cache of upstream configs that reloads on an interval."""
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -73,6 +74,25 @@ def from_record(record: DefinitionRecord) -> TaskSpec:
         raise ConfigError([_problem(label, error) for error in exc.errors()]) from exc
     except ValueError as exc:
         raise ConfigError([f"{label}: {exc}"]) from exc
+
+
+def valid_specs(records: Sequence[DefinitionRecord]) -> list[TaskSpec]:
+    """The stored definitions that load (`tasks list` names the others)."""
+    specs: list[TaskSpec] = []
+    for record in records:
+        with contextlib.suppress(ConfigError):
+            specs.append(from_record(record))
+    return specs
+
+
+def unwaited_marker(name: str, specs: Sequence[TaskSpec]) -> str | None:
+    """A warning when no task in `specs` lists `name` in `depends_on` (a misspelt marker
+    would otherwise be set without a word); None when one does."""
+    waited = sorted({m for spec in specs for m in spec.depends_on})
+    if name in waited:
+        return None
+    known = ", ".join(waited) or "none"
+    return f"no stored task depends on {name!r} (markers tasks wait for: {known})"
 
 
 @dataclass(slots=True)

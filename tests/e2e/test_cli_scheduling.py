@@ -174,8 +174,10 @@ def test_pause_and_resume_show_in_tasks_list(cli: Cli) -> None:
 
 
 def test_mark_sets_a_readiness_marker_once(cli: Cli) -> None:
-    assert (
-        cli("mark", "raw.ready", "--date", "2026-12-01").stdout == "raw.ready 2026-12-01: marked\n"
+    first = cli("mark", "raw.ready", "--date", "2026-12-01")
+    assert first.stdout == "raw.ready 2026-12-01: marked\n"
+    assert first.stderr == (
+        "warning: no stored task depends on 'raw.ready' (markers tasks wait for: none)\n"
     )
     again = cli("mark", "raw.ready", "--date", "2026-12-01").stdout
     assert again == "raw.ready 2026-12-01: already marked\n"
