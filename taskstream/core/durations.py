@@ -70,9 +70,7 @@ def _parse_text(text: str) -> float:
         number, unit = match.group(1), match.group(2).lower()
         rank = _UNIT_RANK.get(unit)
         if rank is None:
-            known = ", ".join(UNIT_SECONDS)
-            shown = unit or "(none)"
-            raise ValueError(f"invalid duration {text!r}: unknown unit {shown!r} (use {known})")
+            raise ValueError(f"invalid duration {text!r}: {_unit_problem(number, unit)}")
         if rank <= last_rank:
             raise ValueError(
                 f"invalid duration {text!r}: units must appear once each, largest first"
@@ -81,6 +79,14 @@ def _parse_text(text: str) -> float:
         last_rank = rank
         pos = match.end()
     return total
+
+
+def _unit_problem(number: str, unit: str) -> str:
+    known = ", ".join(UNIT_SECONDS)
+    if not unit:
+        # `1h30`: only a number standing alone means seconds.
+        return f"{number} has no unit (use {known}, e.g. 1h30m; only a lone number is seconds)"
+    return f"unknown unit {unit!r} (use {known})"
 
 
 MAX_SECONDS: Final = 3650 * 86_400.0
