@@ -16,6 +16,9 @@ from taskstream.scheduler.verdict import (
     held_for_maintenance,
 )
 
+ACTIVE_READ = 10
+"""Active instances read per tick, oldest fire time first."""
+
 
 async def tick_facts(
     store: Store,
@@ -31,7 +34,7 @@ async def tick_facts(
     precondition counts as passed and no marker as missing."""
     active = None
     if spec.concurrency != "allow":
-        active = _other_active(await store.active_instances(spec.id, limit=10), fire_ms)
+        active = _other_active(await _active(store, spec.id), fire_ms)
     missing: tuple[str, ...] = ()
     results: dict[str, CheckResult] = dict.fromkeys(spec.preconditions, "pass")
     after_maintenance = catchup and held_for_maintenance(previous)
@@ -50,6 +53,17 @@ async def tick_facts(
         previous.until_ms if previous else None,
         after_maintenance,
     )
+
+
+async def _active(store: Store, task_id: str) -> list[InstanceRow]:
+    """The oldest `ACTIVE_READ` active instances, oldest fire time first; when there may be
+    more, the newest one last, so that `_other_active` still sees a later run (the newest
+    active instance fires later than the tick whenever any does)."""
+    rows = await store.active_instances(task_id, limit=ACTIVE_READ)
+    if len(rows) < ACTIVE_READ:
+        return rows
+    newest = await store.active_instances(task_id, limit=1, newest_first=True)
+    return rows + [r for r in newest if r.id not in {row.id for row in rows}]
 
 
 def _other_active(rows: list[InstanceRow], fire_ms: int) -> ActiveInstance | None:

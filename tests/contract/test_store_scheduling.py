@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from taskstream.core.states import FailClass, Status
 from taskstream.core.store.sql import SqlStore
 from tests.contract.conftest import MakeNew
@@ -27,6 +29,18 @@ async def test_active_instances_exclude_settled_ones(store: SqlStore, make_new: 
     active = await store.active_instances("report")
     assert [r.id for r in active] == ["inst-a"]
     assert await store.active_instances("nothing") == []
+
+
+async def test_active_instances_come_oldest_or_newest_first(
+    store: SqlStore, make_new: MakeNew
+) -> None:
+    for n, name in enumerate(("b", "c", "a", "d")):
+        fire_ms = 1_700_000_000_000 + (n % 3) * 60_000  # b and d share the oldest fire time
+        await store.create_instance(dataclasses.replace(make_new(name), scheduled_for_ms=fire_ms))
+    oldest = await store.active_instances("report", limit=3)
+    assert [r.id for r in oldest] == ["inst-b", "inst-d", "inst-c"]
+    newest = await store.active_instances("report", limit=3, newest_first=True)
+    assert [r.id for r in newest] == ["inst-a", "inst-c", "inst-d"]
 
 
 async def test_upstream_limits_are_stored_by_name(store: SqlStore) -> None:

@@ -17,6 +17,7 @@ from taskstream.core.states import FailClass, Status
 from taskstream.core.store.port import CasResult, ClaimRequest, FinishRequest
 from taskstream.core.store.sql import SqlStore
 from taskstream.scheduler import advance, manual
+from taskstream.scheduler.facts import ACTIVE_READ
 from taskstream.scheduler.instances import new_instance
 from taskstream.scheduler.leader import LeaderLease
 from taskstream.scheduler.service import Scheduler, SchedulerConfig
@@ -193,6 +194,35 @@ async def test_replace_does_not_cancel_a_later_manual_run(
     assert last.details["overlap"]["active_id"] == manual_run.instance_id
     [row] = await store.list_instances()
     assert (row.id, row.status) == (manual_run.instance_id, Status.DISPATCHED)
+
+
+async def test_replace_sees_a_later_run_behind_many_earlier_ones(
+    store: SqlStore, redis: streams.Redis, keys: Keys
+) -> None:
+    """As above, with more earlier runs still active (an operator's backfill of older fire
+    times) than the scheduler reads at once: the later manual run is still found, and the
+    tick gives way to it instead of cancelling the oldest earlier run."""
+    h = Harness(store, redis, keys, FixedClock(M0 + 1))
+    await h.apply(DEPS + "    concurrency: replace\n")
+    s = make(h)
+    await s.run_pass()
+    h.clock.advance(60_000)
+    await s.run_pass()
+    [spec] = await h.definitions()
+    for n in range(1, ACTIVE_READ + 1):
+        await manual.trigger(h.outbox, spec, now_ms=h.clock.now_ms(), at_ms=M0 - n * 60_000)
+    h.clock.advance(5_000)
+    manual_run = await manual.trigger(h.outbox, spec, now_ms=h.clock.now_ms())
+    await store.mark_ready("raw.ready", "2026-05-28")
+    h.clock.advance(5_000)
+    await s.run_pass()
+    [last] = [d for d in await store.decisions("report") if d.fire_time_ms == M0 + 60_000][-1:]
+    assert (last.decision, last.details["overlap"]["active_id"]) == (
+        "skip_overlap",
+        manual_run.instance_id,
+    )
+    statuses = {r.status for r in await store.list_instances()}
+    assert statuses == {Status.DISPATCHED}
 
 
 async def test_replace_follows_a_previous_instance_claimed_during_the_cancel(

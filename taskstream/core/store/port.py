@@ -234,8 +234,11 @@ class Store(Protocol):
         """The earliest due time (ms) of any RETRYING row; None when none waits."""
         ...
 
-    async def active_instances(self, task_id: str, *, limit: int = 10) -> list[InstanceRow]:
-        """Instances of the task not yet settled, oldest fire time first."""
+    async def active_instances(
+        self, task_id: str, *, limit: int = 10, newest_first: bool = False
+    ) -> list[InstanceRow]:
+        """Up to `limit` instances of the task not yet settled, oldest fire time first (the
+        newest first with `newest_first`)."""
         ...
 
     async def existing_instances(self, instance_ids: Sequence[str]) -> set[str]:

@@ -90,12 +90,16 @@ class SchedulingMethods:
             value = (await conn.execute(stmt)).scalar_one_or_none()
         return None if value is None else int(value)
 
-    async def active_instances(self, task_id: str, *, limit: int = 10) -> list[InstanceRow]:
-        """Instances of `task_id` not yet settled, oldest fire time first."""
+    async def active_instances(
+        self, task_id: str, *, limit: int = 10, newest_first: bool = False
+    ) -> list[InstanceRow]:
+        """Up to `limit` instances of `task_id` not yet settled, oldest fire time first (the
+        newest first with `newest_first`)."""
+        order = [inst.c.scheduled_for_ms, inst.c.id]
         stmt = (
             select(inst)
             .where(inst.c.task_id == task_id, inst.c.settled.is_(None))
-            .order_by(inst.c.scheduled_for_ms, inst.c.id)
+            .order_by(*(c.desc() for c in order) if newest_first else order)
             .limit(limit)
         )
         async with self._read() as conn:
