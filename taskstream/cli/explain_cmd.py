@@ -34,7 +34,9 @@ def explain_cmd(
     async def go(cluster: Cluster, spec: TaskSpec) -> dict[str, Any]:
         fire_ms = await nearest_decided_fire(cluster.store, task, at_ms)
         trail = await decision_trail(cluster.store, task, fire_ms)
-        return explain_data(spec, at_ms, fire_ms, trail, now_ms=now_ms)
+        records = [] if trail else await cluster.store.list_definitions()
+        paused = any(r.task_id == task and r.paused for r in records)
+        return explain_data(spec, at_ms, fire_ms, trail, now_ms=now_ms, paused=paused)
 
     data = with_spec(task, go)
     if as_json:
@@ -50,6 +52,7 @@ def explain_data(
     trail: list[DecisionRow],
     *,
     now_ms: int,
+    paused: bool = False,
 ) -> dict[str, Any]:
     """The explain answer as JSON-ready data: the tick, its decisions and the outcome. With
     no decision at all, the outcome says when one comes (`undecided`)."""
@@ -63,7 +66,7 @@ def explain_data(
         "fire_local": None if fire_ms is None else local_iso(fire_ms, zone),
         "timezone": str(zone),
         "decisions": rows,
-        "outcome": _outcome(rows) if rows else undecided(spec, now_ms),
+        "outcome": _outcome(rows) if rows else undecided(spec, now_ms, paused=paused),
     }
 
 
@@ -77,10 +80,16 @@ def _trail_row(row: DecisionRow) -> dict[str, Any]:
     }
 
 
-def undecided(spec: TaskSpec, now_ms: int) -> str:
+def undecided(spec: TaskSpec, now_ms: int, *, paused: bool = False) -> str:
     """Why a task has no decision yet: the next fire time after `now_ms` (UTC epoch ms) in
-    UTC and local time, or that an on-demand task is decided only when asked to run."""
+    UTC and local time, that a paused task is not decided, or that an on-demand task is
+    decided only when asked to run."""
     trigger = trigger_of(spec)
+    if paused and trigger is not None:
+        return (
+            "no decision recorded: the task is paused, and the scheduler decides none of its "
+            f"fire times until `taskstream resume {spec.id}`"
+        )
     if trigger is None:
         return (
             "no decision recorded: the task has no schedule; "

@@ -30,6 +30,13 @@ def test_the_next_fire_time_is_strictly_after_now() -> None:
     assert at_fire.endswith("the next is 2026-12-04T15:20:00.000Z (2026-12-04T15:20:00.000+00:00)")
 
 
+def test_a_paused_task_says_it_is_paused() -> None:
+    assert undecided(DAILY, 0, paused=True) == (
+        "no decision recorded: the task is paused, and the scheduler decides none of its "
+        "fire times until `taskstream resume rep`"
+    )
+
+
 def test_an_on_demand_task_says_where_its_decisions_come_from() -> None:
     on_demand = TaskSpec.model_validate({"id": "od", "agent": "echo"})
     assert undecided(on_demand, 0) == (
