@@ -1,8 +1,9 @@
 """Scheduling commands: `plan`, `explain`, `trigger`, `backfill`, `pause`, `resume`, `mark`.
 
 Times (`--from`, `--to`, `--at`) are ISO 8601 with an offset or `Z`
-(`2026-12-01T09:00:00+01:00`), a bare date (`2026-12-01`, midnight UTC) or `now`. A time
-without an offset is refused: the host's timezone is never used.
+(`2026-12-01T09:00:00+01:00`), a bare date (`2026-12-01`: midnight UTC, and as `--to` the end
+of that day, so a range of dates holds its last day) or `now`. A time without an offset is
+refused: the host's timezone is never used.
 """
 
 from __future__ import annotations
@@ -41,9 +42,15 @@ UNPUBLISHED_NOTE = (
     "not on a work stream yet (Redis failed); the sweeper's reconciler publishes it once it"
     f" is {GRACE_MS // 1000} s old and Redis answers"
 )
+DAY_MS: Final = 86_400_000
 TIME_HELP: Final = "ISO 8601 with an offset or Z, a date (midnight UTC), or now"
 FROM_OPT = typer.Option(..., "--from", help=f"Range start (inclusive): {TIME_HELP}.")
-TO_OPT = typer.Option(..., "--to", help=f"Range end (inclusive): {TIME_HELP}.")
+TO_OPT = typer.Option(
+    ...,
+    "--to",
+    help="Range end (inclusive): ISO 8601 with an offset or Z, a date (to the end of that day,"
+    " UTC), or now.",
+)
 
 
 def parse_instant(text: str, *, name: str, now_ms: int) -> int:
@@ -67,9 +74,20 @@ def parse_instant(text: str, *, name: str, now_ms: int) -> int:
     return (moment - _EPOCH) // timedelta(milliseconds=1)
 
 
-def _range(from_: str, to: str, now_ms: int) -> tuple[int, int]:
+def range_end(text: str, *, now_ms: int, past_only: bool = False) -> int:
+    """`--to` as UTC epoch ms: as `parse_instant`, but a bare date is the last millisecond of
+    that day (UTC), so `--from 2026-12-01 --to 2026-12-31` holds all of December. With
+    `past_only` (backfill), a day that has begun ends at `now_ms`."""
+    at_ms = parse_instant(text, name="--to", now_ms=now_ms)
+    if not _DATE.fullmatch(text.strip()):
+        return at_ms
+    end_ms = at_ms + DAY_MS - 1
+    return min(end_ms, now_ms) if past_only and at_ms <= now_ms else end_ms
+
+
+def _range(from_: str, to: str, now_ms: int, *, past_only: bool = False) -> tuple[int, int]:
     from_ms = parse_instant(from_, name="--from", now_ms=now_ms)
-    to_ms = parse_instant(to, name="--to", now_ms=now_ms)
+    to_ms = range_end(to, now_ms=now_ms, past_only=past_only)
     if from_ms > to_ms:
         raise typer.BadParameter("--from is after --to", param_hint="--from")
     return from_ms, to_ms
@@ -207,7 +225,7 @@ def backfill_cmd(
 ) -> None:
     """Create instances for the past fire times in a range (refused when over --limit)."""
     now_ms = SystemClock().now_ms()
-    from_ms, to_ms = _range(from_, to, now_ms)
+    from_ms, to_ms = _range(from_, to, now_ms, past_only=True)
 
     async def go(cluster: Cluster, spec: TaskSpec) -> manual.BackfillResult:
         outbox = Outbox(cluster.store, cluster.queue, cluster.keys)

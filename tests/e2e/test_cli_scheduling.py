@@ -10,6 +10,7 @@ import subprocess
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -124,11 +125,11 @@ def test_plan_shows_a_start_held_until_maintenance_ends_or_skipped(cli: Cli) -> 
     span = ("--from", "2026-12-05", "--to", "2026-12-07")
     out = cli("plan", "backup", *span).stdout
     assert "deferred to 02:00, end of maintenance 01:00-02:00 on sun" in out
-    assert "2 fire time(s)" in out
+    assert "3 fire time(s)" in out  # to the end of 2026-12-07, a Monday
     plan = cli.json("plan", "backup", *span)
     assert isinstance(plan, dict)
     held = [f["deferred"] for f in plan["fires"]]
-    assert [h is not None for h in held] == [False, True]
+    assert [h is not None for h in held] == [False, True, False]
     assert held[1]["until_ms"] == 1_796_518_800_000  # 2026-12-06T02:00:00+01:00
     assert held[1]["past_window"] is False
     strict = cli("plan", "backup-strict", *span).stdout
@@ -214,6 +215,16 @@ def test_backfill_reports_published_duplicate_and_calendar_skipped(cli: Cli) -> 
     assert ": 0 published, 3 duplicate, 1 skipped" in cli(*args).stdout
     over = cli(*args, "--limit", "3", code=1).stderr
     assert "covers 4 fire times, over the limit of 3" in over
+
+
+def test_backfill_to_a_bare_date_covers_that_day_up_to_now(cli: Cli) -> None:
+    """`--to 2024-12-26` holds the whole day; `--to` today ends now, not in the future."""
+    whole_day = cli("backfill", "report", "--from", "2024-12-23", "--to", "2024-12-26").stdout
+    assert "4 fire time(s) from 2024-12-23T00:00:00.000Z to 2024-12-26T23:59:59.999Z" in whole_day
+    today = datetime.now(UTC).date()
+    span = ("--from", (today - timedelta(days=2)).isoformat(), "--to", today.isoformat())
+    out = cli("backfill", "nightly", *span).stdout
+    assert out.startswith("nightly: ") and " published, " in out
 
 
 def test_bad_input_exits_2_naming_the_argument_and_unknown_tasks_exit_1(cli: Cli) -> None:
