@@ -18,7 +18,7 @@ from rich.table import Table
 
 from taskstream.core.definitions import from_record, upstream_from_config
 from taskstream.core.errors import ConfigError
-from taskstream.core.spec_parts import UpstreamLimit
+from taskstream.core.spec_upstreams import UpstreamLimit
 from taskstream.core.store.port import DefinitionRecord, Store
 from taskstream.ratelimit.backend import Breakers, Limiter, Usage
 from taskstream.ratelimit.breaker import (

@@ -15,7 +15,7 @@ from pydantic_core import ErrorDetails
 
 from taskstream.core.errors import ConfigError
 from taskstream.core.spec import TaskFile, TaskSpec, spec_hash
-from taskstream.core.spec_parts import UpstreamLimit
+from taskstream.core.spec_upstreams import UpstreamLimit
 from taskstream.core.store.port import DefinitionRecord, Store
 
 

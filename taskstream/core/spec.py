@@ -41,8 +41,8 @@ from taskstream.core.spec_parts import (
     Schedule,
     SpecModel,
     TimeOfDay,
-    UpstreamLimit,
 )
+from taskstream.core.spec_upstreams import UpstreamLimit
 from taskstream.core.store.records import stored_json
 
 ID_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$"

@@ -1,5 +1,5 @@
-"""Building blocks of a task definition: schedule, calendar, catch-up, retry, upstream limits
-and breakers.
+"""Building blocks of a task definition: schedule, calendar, catch-up and retry (an upstream's
+limit and breaker are in `spec_upstreams`).
 
 Every model is frozen and forbids unknown fields. Durations are float seconds (see
 `taskstream.core.durations`); times of day are `datetime.time` read from `"HH:MM"` strings and
@@ -34,11 +34,6 @@ from taskstream.core.durations import Duration, PositiveDuration
 NAME_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}$"
 MAX_ATTEMPTS: Final = 10_000
 """The most attempts a task may allow (the store keeps attempts in a 32-bit column)."""
-MAX_COUNT: Final = 1_000_000_000
-"""The largest call count an upstream's limit, burst and breaker thresholds may name: the
-shared limiter keeps its counts as Lua numbers, exact only well below 2**53."""
-MAX_PROBES: Final = 1_000
-"""The most trial calls a half-open breaker may let through at once."""
 """Readiness markers, preconditions and upstreams: e.g. `raw_data.ready`, `openai`."""
 
 _CRON_PROBE_START: Final = datetime(2000, 1, 1, tzinfo=UTC)
@@ -286,49 +281,3 @@ class RetryPolicy(SpecModel):
     retry_on: Annotated[
         tuple[Literal["retriable", "timeout"], ...], AfterValidator(unique_items)
     ] = ("retriable", "timeout")
-
-
-class BreakerSpec(SpecModel):
-    """An upstream's circuit breaker, shared by every executor (`taskstream.ratelimit.breaker`).
-
-    It opens after `failures` consecutive failures, or when at least `min_calls` calls counted
-    in a `rate_window` include a `failure_rate` share (0 < rate <= 1) of failures; stays open
-    for `cooldown`; then lets `probes` trial calls through, each presumed lost when it has not
-    reported after `probe_timeout`. Durations are float seconds. The defaults are those of
-    `BreakerConfig`.
-    """
-
-    failures: Count = Field(default=5, ge=1, le=MAX_COUNT)
-    failure_rate: Number = Field(default=0.5, gt=0.0, le=1.0, allow_inf_nan=False)
-    min_calls: Count = Field(default=10, ge=1, le=MAX_COUNT)
-    rate_window: PositiveDuration = 30.0
-    cooldown: PositiveDuration = 30.0
-    probes: Count = Field(default=1, ge=1, le=MAX_PROBES)
-    probe_timeout: PositiveDuration = 60.0
-
-
-class UpstreamLimit(SpecModel):
-    """One upstream of the `upstreams:` section: a shared rate limit of at most `limit` calls
-    per sliding `window` seconds, plus `burst`, and its circuit `breaker`.
-
-    `limit` and `window` come together; without them the upstream has no rate limit (`burst`
-    then makes no sense and is rejected). `breaker` None means not configured: executors use
-    their default `BreakerConfig` (configs stored before `breaker` existed load that way).
-    """
-
-    limit: Count | None = Field(default=None, ge=1, le=MAX_COUNT)
-    window: PositiveDuration | None = None
-    burst: Count | None = Field(default=None, ge=0, le=MAX_COUNT)
-    breaker: BreakerSpec | None = None
-
-    @model_validator(mode="after")
-    def _limit_with_window(self) -> UpstreamLimit:
-        if (self.limit is None) != (self.window is None):
-            given, missing = ("limit", "window") if self.window is None else ("window", "limit")
-            raise ValueError(
-                f"limit and window go together: {given} is set but {missing} is missing "
-                "(set both for a rate limit, or neither for a breaker only)"
-            )
-        if self.burst is not None and self.limit is None:
-            raise ValueError("burst needs limit and window (it is headroom above the limit)")
-        return self

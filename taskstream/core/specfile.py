@@ -42,7 +42,8 @@ from taskstream.core.spec import (
     duplicate_ids,
     undeclared_upstreams,
 )
-from taskstream.core.spec_parts import Name, UpstreamLimit
+from taskstream.core.spec_parts import Name
+from taskstream.core.spec_upstreams import UpstreamLimit
 from taskstream.core.specyaml import problem_lines, read_document
 
 _TOP_LEVEL_KEYS: Final = frozenset({"tasks", "upstreams"})

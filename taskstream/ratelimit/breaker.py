@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from taskstream.core.errors import ConfigError
-from taskstream.core.spec_parts import BreakerSpec, UpstreamLimit
+from taskstream.core.spec_upstreams import BreakerSpec, UpstreamLimit
 
 
 class BreakerStatus(StrEnum):

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import Final, NamedTuple
 
 from taskstream.core.errors import ConfigError
-from taskstream.core.spec_parts import UpstreamLimit
+from taskstream.core.spec_upstreams import UpstreamLimit
 
 GUARD_PERCENT: Final = 2
 """The guard band in percent of the declared window (see the module doc): 200 ms of a 10 s

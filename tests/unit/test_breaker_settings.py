@@ -13,7 +13,7 @@ import pytest
 from taskstream.core.clock import FixedClock
 from taskstream.core.definitions import UpstreamCache
 from taskstream.core.errors import StoreUnavailable
-from taskstream.core.spec_parts import BreakerSpec, UpstreamLimit
+from taskstream.core.spec_upstreams import BreakerSpec, UpstreamLimit
 from taskstream.ratelimit.breaker import (
     BreakerConfig,
     Outcome,

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from taskstream.core.errors import ConfigError
-from taskstream.core.spec_parts import UpstreamLimit
+from taskstream.core.spec_upstreams import UpstreamLimit
 from taskstream.ratelimit.window import Admission, Limits, decide, limits_from_spec, restamped
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from taskstream.core.definitions import upstream_configs, upstream_from_config
 from taskstream.core.errors import ConfigError
-from taskstream.core.spec_parts import BreakerSpec, UpstreamLimit
+from taskstream.core.spec_upstreams import BreakerSpec, UpstreamLimit
 from taskstream.core.specfile import parse_task_file_text
 
 FULL = """

@@ -15,7 +15,7 @@ from taskstream.cli.upstreams_view import (
     stored_upstream,
 )
 from taskstream.core.definitions import to_records
-from taskstream.core.spec_parts import UpstreamLimit
+from taskstream.core.spec_upstreams import UpstreamLimit
 from taskstream.core.specfile import parse_task_file_text
 from taskstream.ratelimit.backend import Usage
 from taskstream.ratelimit.breaker import BreakerConfig, BreakerStatus, fresh
