@@ -47,6 +47,8 @@ class Run:
     """Other deliveries of the same attempt read in the same batch: acked with this run."""
     given_back: int = 0
     """Earlier attempts that do not count: released unrun, or before a manual requeue."""
+    counted: bool = False
+    """Whether `given_back` was read from the history (`count_budget`); until then it is 0."""
 
     @property
     def token(self) -> int:
@@ -75,6 +77,15 @@ class Run:
     @property
     def row(self) -> InstanceRow:
         return self.claimed.row
+
+
+async def count_budget(store: Store, run: Run) -> None:
+    """Read which earlier attempts of `run` count (`Run.attempts_used`) from its history:
+    those released unrun or before a manual requeue do not. One read; intake does it near
+    the attempt limit, the runner for a failure whose backoff grows with the count."""
+    history = await store.history(run.row.id)
+    used = attempts_used(run.token, [(h.reason, h.attempt) for h in history])
+    run.given_back, run.counted = run.token - used, True
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,14 +150,8 @@ class Intake:
             # At or past the last attempt by its token, earlier attempts given back may leave
             # one more; a first attempt has none before it.
             if run.token >= run.max_attempts and run.token > 1:
-                await self._count_budget(run)
+                await count_budget(self._store, run)
         return list(runs.values())
-
-    async def _count_budget(self, run: Run) -> None:
-        """Near the attempt limit: attempts before a requeue or released unrun do not count."""
-        history = await self._store.history(run.row.id)
-        used = attempts_used(run.token, [(h.reason, h.attempt) for h in history])
-        run.given_back = run.token - used
 
     async def _candidate(self, delivery: streams.Delivery) -> _Candidate | None:
         try:

@@ -556,16 +556,21 @@ STALLS = """
 tasks:
   - id: stalls
     agent: flaky
-    retry: {max_attempts: 2, backoff: {base: 1}}
-    payload: {stall_until: 1, seconds: 60, fail_until: 2}
+    retry: {{max_attempts: {max_attempts}, backoff: {{base: 1s, factor: 2}}, jitter: 0}}
+    payload: {{stall_until: 1, seconds: 60, fail_until: 2}}
 """
 
 
-async def test_a_released_attempt_does_not_count_at_the_last_attempt(h: Harness) -> None:
-    """Attempt 1 is released at shutdown (not counted); attempt 2, the last by the token but
-    only the first that ran, fails retriably: one attempt is left, so it retries."""
-    await h.apply(STALLS)
-    row = await h.trigger(STALLS, "stalls")
+@pytest.mark.parametrize("max_attempts", [2, 5])
+async def test_a_released_attempt_does_not_count(h: Harness, max_attempts: int) -> None:
+    """Attempt 1 is released at shutdown (not counted); attempt 2, only the first that ran,
+    fails retriably. At max_attempts 2 it is the last by the token, yet one attempt is left;
+    at 5 (below the limit, where intake does not read the history) its backoff is still the
+    first one's: base * factor**0 = 1 s, not 2 s."""
+    stalls = STALLS.format(max_attempts=max_attempts)
+    h.clock.set(await h.store.db_now_ms())
+    await h.apply(stalls)
+    row = await h.trigger(stalls, "stalls")
     ex = Running(h.executor(grace_s=0.05))
     await reach(h, row.id, Status.RUNNING)
     await ex.close()
@@ -585,6 +590,7 @@ async def test_a_released_attempt_does_not_count_at_the_last_attempt(h: Harness)
     ended = await h.store.get_instance(row.id)
     assert ended is not None
     assert (ended.status, ended.fail_class) == (Status.RETRYING, None)
+    assert ended.next_attempt_at_ms == h.clock.now_ms() + 1000
 
 
 LONG_KEY = f"""
