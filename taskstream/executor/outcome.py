@@ -17,7 +17,7 @@ from taskstream.core.spec_parts import RetryPolicy
 from taskstream.core.states import FailClass, Status
 from taskstream.core.store.port import FinishRequest
 from taskstream.core.store.records import stored_json, utf8_size
-from taskstream.executor.retry import Failure, RetryDecision, decide
+from taskstream.executor.retry import Failure, RetryDecision, before_deadline, decide
 
 MAX_ERROR_CHARS = 2000
 
@@ -184,6 +184,4 @@ def _retry(
     if due is not None and decision.delay_ms < min_delay_ms:
         due = now_ms + min_delay_ms
         decision = replace(decision, next_attempt_at_ms=due, delay_ms=min_delay_ms)
-    if due is not None and attempt.deadline_ms is not None and due >= attempt.deadline_ms:
-        return RetryDecision(Status.FAILED, fail_class=FailClass.EXHAUSTED)
-    return decision
+    return before_deadline(decision, attempt.deadline_ms)

@@ -16,6 +16,7 @@ from taskstream.executor.retry import (
     Failure,
     RetryDecision,
     attempts_used,
+    before_deadline,
     decide,
     every_run_lost,
     policy_of,
@@ -57,13 +58,14 @@ class Recovery:
         policy = policy_of(self._defs.get(row.task_id), row.max_attempts)
         rows = await self._store.history(row.id)
         history = [(h.reason, h.attempt) for h in rows]
-        decision = decide(
+        decided = decide(
             Failure.TIMEOUT,
             attempts_used=attempts_used(row.attempt, history),
             policy=policy,
             now_ms=now_ms,
             rng=self._rng,
         )
+        decision = before_deadline(decided, row.deadline_ms)
         if decision.status is Status.FAILED and reason == OWNER_LOST and every_run_lost(rows):
             decision = RetryDecision(Status.FAILED, fail_class=FailClass.POISON)
         cas = await self._store.transition(

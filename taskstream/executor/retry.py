@@ -74,6 +74,15 @@ def decide(
     return RetryDecision(Status.RETRYING, next_attempt_at_ms=now_ms + delay, delay_ms=delay)
 
 
+def before_deadline(decision: RetryDecision, deadline_ms: int | None) -> RetryDecision:
+    """`decision`, unless it plans a retry due at or after `deadline_ms` (epoch ms): a retry
+    that could not start in time is not planned, and the instance fails `exhausted`."""
+    due = decision.next_attempt_at_ms
+    if due is not None and deadline_ms is not None and due >= deadline_ms:
+        return RetryDecision(Status.FAILED, fail_class=FailClass.EXHAUSTED)
+    return decision
+
+
 def attempts_used(token: int, history: list[tuple[str, int]]) -> int:
     """Attempts that count against `max_attempts` for a run holding `token`, given the
     instance's history as (reason, attempt) pairs, oldest first: attempts before the last

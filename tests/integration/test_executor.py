@@ -16,7 +16,7 @@ from taskstream.core import streams_admin as admin
 from taskstream.core.definitions import DefinitionCache
 from taskstream.core.operations import requeue
 from taskstream.core.protocol import GROUP, Keys, Priority, decode
-from taskstream.core.reasons import OWNER_LOST, RELEASED, SEEN_ON_STREAM
+from taskstream.core.reasons import LEASE_EXPIRED, OWNER_LOST, RELEASED, SEEN_ON_STREAM
 from taskstream.core.states import FailClass, Status
 from taskstream.core.store.port import CasResult, ClaimRequest, InstanceRow
 from taskstream.core.store.sql import SqlStore
@@ -745,3 +745,42 @@ async def test_a_timed_out_run_of_a_task_not_defined_keeps_the_attempts_stored_w
     assert done.ok and done.decision is not None
     assert done.decision.status is Status.RETRYING
     assert await status_of(h, row.id) is Status.RETRYING
+
+
+DEADLINED = """
+tasks:
+  - id: deadlined
+    agent: slow
+    timeout: 1s
+    deadline: 5s
+    retry: {max_attempts: 3, backoff: {base: 30s}, jitter: 0}
+    payload: {seconds: 0}
+"""
+
+
+async def test_a_recovered_run_whose_retry_would_miss_the_deadline_is_exhausted(
+    h: Harness,
+) -> None:
+    """Its executor died; the next attempt would be due 30 s on, 25 s past the deadline. As
+    for a failure the executor commits, that retry is not planned: FAILED `exhausted` now,
+    instead of a claim after the deadline that only finds it passed."""
+    h.clock.set(await h.store.db_now_ms())
+    await h.apply(DEADLINED)
+    row = await h.trigger(DEADLINED, "deadlined", fire_ms=h.clock.now_ms())
+    assert row.deadline_ms == h.clock.now_ms() + 5000
+    assert row.id in await h.store.claim_many([ClaimRequest(row.id, 0, 30)], owner="gone")
+    running = await h.store.get_instance(row.id)
+    assert running is not None
+    defs = DefinitionCache(h.store)
+    await defs.refresh(force=True)
+    done = await Recovery(h.store, defs, Random(7)).time_out(
+        running, reason=LEASE_EXPIRED, now_ms=h.clock.now_ms()
+    )
+    assert done.ok and done.decision is not None
+    final = await h.store.get_instance(row.id)
+    assert final is not None
+    assert (final.status, final.fail_class, final.next_attempt_at_ms) == (
+        Status.FAILED,
+        FailClass.EXHAUSTED,
+        None,
+    )

@@ -19,7 +19,15 @@ from taskstream.core.reasons import (
 from taskstream.core.spec_parts import Backoff, RetryPolicy
 from taskstream.core.states import FailClass, Status
 from taskstream.core.store.port import HistoryRow
-from taskstream.executor.retry import Failure, backoff_ms, decide, every_run_lost, owner_losses
+from taskstream.executor.retry import (
+    Failure,
+    RetryDecision,
+    backoff_ms,
+    before_deadline,
+    decide,
+    every_run_lost,
+    owner_losses,
+)
 
 NO_JITTER = RetryPolicy(max_attempts=6, backoff=Backoff(base=1.0, factor=2.0, max=10.0), jitter=0)
 
@@ -151,3 +159,17 @@ def test_owner_losses_count_again_from_the_last_requeue() -> None:
     again = _h(TIMEOUT, RETRY, 3, after(OWNER_LOST))
     assert owner_losses([*history, requeued, again]) == 1
     assert owner_losses([*history, _h(TIMEOUT, RETRY, 3, after(LEASE_EXPIRED))]) == 2
+
+
+@pytest.mark.parametrize(
+    ("due_ms", "deadline_ms", "kept"),
+    [(4_999, 5_000, True), (5_000, 5_000, False), (30_000, 5_000, False), (30_000, None, True)],
+)
+def test_a_retry_due_at_or_after_the_deadline_is_not_planned(
+    due_ms: int, deadline_ms: int | None, kept: bool
+) -> None:
+    retry = RetryDecision(Status.RETRYING, next_attempt_at_ms=due_ms, delay_ms=due_ms)
+    exhausted = RetryDecision(Status.FAILED, fail_class=FailClass.EXHAUSTED)
+    assert before_deadline(retry, deadline_ms) == (retry if kept else exhausted)
+    fatal = RetryDecision(Status.FAILED, fail_class=FailClass.FATAL)
+    assert before_deadline(fatal, deadline_ms) == fatal
