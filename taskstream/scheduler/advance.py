@@ -152,8 +152,10 @@ class Advancer:
         plan = plan_catchup(
             closed, now_ms, spec, newer_on_time=newer_on_time, later_ms=later_ms, starts_held=starts
         )
-        idle = [f for f, planned in plan.entries if not planned.runs and f not in state.emitted]
-        own = await own_unrecorded(self._store, spec, idle)
+        # Selected ticks too: deciding one again may now run nothing (a failed precondition,
+        # an overlap), though a pass created its instance before it could record that.
+        fresh = [f for f, _ in plan.entries if f not in state.emitted]
+        own = await own_unrecorded(self._store, spec, fresh)
         for fire, planned in plan.entries:
             decision = planned
             if fire in own:
