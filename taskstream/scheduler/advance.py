@@ -195,16 +195,36 @@ class Advancer:
     ) -> int:
         """Fire times older than the catch-up horizon are `missed`. Up to `MISSED_ROWS` of
         them are decided one by one (each leaves a SKIPPED instance); more than that (a long
-        outage) are summarised in one record and skipped over, waiting ticks among them too
-        (else they would hold the cursor back)."""
+        outage) are summarised in one record, named after the first that was not waiting,
+        and skipped over. Waiting ticks among them are decided first (`_end_waits`): else
+        they would hold the cursor back, with no final decision."""
         horizon = catchup_horizon_ms(spec, now_ms)
         old = fire_times(trigger, cursor, horizon - 1, limit=MISSED_ROWS + 1)
         if len(old) <= MISSED_ROWS:
             return cursor
-        decision = bound_missed(old[0], horizon - 1, None)
-        await self._record(spec, old[0], decision, None, now_ms)
+        await self._end_waits(spec, sorted(f for f in state.waiting if f < horizon), now_ms, state)
+        first = next((f for f in old if f not in state.decided), old[0])
+        await self._record(spec, first, bound_missed(first, horizon - 1, None), None, now_ms)
         state.waiting = {f: d for f, d in state.waiting.items() if f >= horizon}
         return horizon - 1
+
+    async def _end_waits(
+        self, spec: TaskSpec, fires: list[int], now_ms: int, state: TaskState
+    ) -> None:
+        """Decide waiting ticks that a long outage put past the catch-up horizon as their
+        window's close would have: late ones (held for maintenance or a breaker) `missed`,
+        the others by their own rules (`skip_dep`, `skip_window`)."""
+        held = await self._held_by(spec, now_ms) if fires else {}
+        for fire in fires:
+            previous = state.waiting[fire]
+            if late_when_closed(previous):
+                decision = bound_missed(fire, fire, 1)
+            else:
+                late = decided_late(previous)
+                decision = await self._decide(
+                    spec, fire, now_ms, held, catchup=late, previous=previous
+                )
+            await self._settle(spec, fire, decision, now_ms, state)
 
     async def _held_by(self, spec: TaskSpec, now_ms: int) -> dict[str, int]:
         """The upstreams of `spec` whose breaker is open now, each with the instant (ms) its

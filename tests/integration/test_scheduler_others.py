@@ -180,6 +180,32 @@ async def test_a_late_successor_records_a_catch_up_tick_that_ran_though_it_now_f
     assert decided.details["recorded_after_creation"] is True
 
 
+async def test_ticks_waiting_when_a_long_outage_began_get_a_final_decision(
+    store: SqlStore, redis: streams.Redis, keys: Keys
+) -> None:
+    """Five ticks wait for a marker; the scheduler is then down for 3 h, past the catch-up
+    horizon (1 h), with more than 100 fire times in between (summarised in one `missed`).
+    Each waiting tick still ends as its window's close would have ended it, `skip_dep`, and
+    the summary names a tick that was not waiting."""
+    h = Harness(store, redis, keys, FixedClock(FRI - 1))
+    await h.apply(
+        "tasks:\n  - {id: w, agent: echo, schedule: {every: 1m}, window: 10m,"
+        " depends_on: [raw.ready]}\n"
+    )
+    s = Scheduler(store, h.outbox, h.clock, SchedulerConfig())
+    await s.run_pass()
+    for m in range(5):
+        h.clock.set(FRI + m * MIN + 100)
+        await s.run_pass()
+    h.clock.set(FRI + 3 * HOUR)
+    await Scheduler(store, h.outbox, h.clock, SchedulerConfig()).run_pass()
+    last: dict[int, str] = {}
+    for row in await store.decisions("w", since_ms=FRI, limit=200):
+        last[(row.fire_time_ms - FRI) // MIN] = row.decision
+    assert [last[m] for m in range(5)] == ["skip_dep"] * 5
+    assert last[5] == "missed"
+
+
 async def test_a_stored_precondition_no_module_provides_is_logged_once_per_load(
     store: SqlStore, redis: streams.Redis, keys: Keys
 ) -> None:
