@@ -105,6 +105,8 @@ def late_when_closed(waiting: Decision | None) -> bool:
     return waiting is None or is_held(waiting) or waits_for_maintenance(waiting)
 
 
-def waits_for(decision: Decision) -> tuple[str, tuple[str, ...]]:
-    """What a waiting tick waits for; it is recorded again only when this changes."""
-    return decision.decision, held_upstreams(decision)
+def waits_for(decision: Decision) -> tuple[str, tuple[str, ...], bool]:
+    """What a waiting tick waits for; it is recorded again only when this changes. A move
+    between a maintenance window and another hold counts: a scheduler that starts later
+    recalls the tick from its last record, and only a maintenance wait makes it late."""
+    return decision.decision, held_upstreams(decision), waits_for_maintenance(decision)

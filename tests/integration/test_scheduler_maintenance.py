@@ -197,3 +197,38 @@ async def test_held_ticks_whose_window_is_still_open_all_run_under_latest(
         *held,
         (120, 120),
     ]
+
+
+NOT_BEFORE_THEN_MAINTENANCE = (
+    "tasks:\n  - {id: r, agent: echo, schedule: {cron: '0 6 * * *', timezone: UTC},"
+    " window: 1h, not_before: '06:30', catchup: {max_delay: 2h},"
+    " calendar: {maintenance: [{start: '06:30', end: '07:30'}]}}\n"
+)
+
+
+@pytest.mark.parametrize("restart", [False, True])
+async def test_a_hold_that_turns_into_a_maintenance_wait_is_recorded(
+    store: SqlStore, redis: streams.Redis, keys: Keys, restart: bool
+) -> None:
+    """06:00 is held until 06:30 by `not_before`; at 06:30 maintenance holds it until 07:30.
+    That second hold is recorded, so a scheduler that starts at 07:10 (restart or new
+    leader) recalls a maintenance wait, and at 07:30 the tick runs rather than closing as
+    `skip_window` (its window ended at 07:00)."""
+
+    def at(hour: int, minute: int, second: int = 0) -> int:
+        return D0 + hour * HOUR + minute * MIN + second * 1000
+
+    h = Harness(store, redis, keys, FixedClock(at(5, 0)))
+    await h.apply(NOT_BEFORE_THEN_MAINTENANCE)
+    s = Scheduler(store, h.outbox, h.clock, SchedulerConfig())
+    for now_ms in (at(5, 0), at(6, 0, 1), at(6, 30, 1)):
+        h.clock.set(now_ms)
+        await s.run_pass()
+    if restart:
+        s = Scheduler(store, h.outbox, h.clock, SchedulerConfig())
+    for now_ms in (at(7, 10), at(7, 30, 1)):
+        h.clock.set(now_ms)
+        await s.run_pass()
+    rows = [r for r in await store.decisions("r", since_ms=at(6, 0), limit=20)]
+    assert [r.decision for r in rows] == ["deferred", "deferred", "should_run"]
+    assert "maintenance" in rows[1].reason
