@@ -28,6 +28,7 @@ from taskstream.scheduler.localtime import local_at, resolve
 
 WEEKDAYS: Final = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 _DAY_MIN: Final = 24 * 60
+_DAY_MS: Final = 86_400_000
 
 CalendarRule = Literal["weekend", "exclude_date", "maintenance"]
 
@@ -171,7 +172,8 @@ def defer_until(spec: TaskSpec, at_ms: int) -> Deferral | None:
 
     Otherwise `until_ms` is the earliest later instant whose local time of day is allowed by
     both: the next start of an allowed range, today, tomorrow or (when a DST gap swallows
-    tomorrow's range) the day after (local). A range start that a DST gap skips becomes the
+    tomorrow's range) the day after (local), or, on the day the clocks fall back into an
+    allowed range, the instant they do. A range start that a DST gap skips becomes the
     first instant after the gap when that instant is still inside the range; a range wholly
     inside the gap has no local time that day, so the start waits for the next day's range.
     """
@@ -203,20 +205,47 @@ def _range_text(window: OffPeak) -> str:
 def _next_allowed_ms(
     local: datetime, ranges: list[tuple[int, int]], after_ms: int, zone: ZoneInfo
 ) -> int | None:
-    """The earliest allowed range start after `after_ms`, on the local date of `local` or one
-    of the next two (a DST gap can swallow a whole range on one of them, never on two days in
-    a row). A start in a DST gap resolves to the end of the gap, one in a fold to either
-    showing; a candidate counts only if its local time really is allowed."""
-    found: int | None = None
+    """The earliest allowed instant after `after_ms`: a range start on the local date of
+    `local` or one of the next two (a DST gap can swallow a whole range on one of them, never
+    on two days in a row), or the instant the clocks fall back into a range. A start in a DST
+    gap resolves to the end of the gap, one in a fold to either showing; a candidate counts
+    only if its local time really is allowed."""
+    candidates: list[int] = []
     for offset in (0, 1, 2):
         day = local.date() + timedelta(days=offset)
         for a, _ in ranges:
             resolved = resolve(datetime(day.year, day.month, day.day, a // 60, a % 60), zone)
-            for candidate in (resolved.first_ms, resolved.second_ms):
-                if candidate is None or candidate <= after_ms:
-                    continue
-                if _allowed(local_at(candidate, zone), ranges) and (
-                    found is None or candidate < found
-                ):
-                    found = candidate
-    return found
+            candidates += [c for c in (resolved.first_ms, resolved.second_ms) if c is not None]
+    # When the clocks fall back into an allowed range, its first instant is no range start.
+    candidates += offset_changes(after_ms, after_ms + 3 * _DAY_MS, zone)
+    allowed = [c for c in candidates if c > after_ms and _allowed(local_at(c, zone), ranges)]
+    return min(allowed, default=None)
+
+
+def offset_changes(start_ms: int, end_ms: int, zone: ZoneInfo) -> list[int]:
+    """The instants (UTC epoch ms) in (start_ms, end_ms] at which `zone`'s UTC offset
+    changes, each the first millisecond with the new offset. A day whose two ends share an
+    offset is passed over whole: no zone changes its offset and back within one day."""
+    changes: list[int] = []
+    for day_start in range(start_ms, end_ms, _DAY_MS):
+        day_end = min(day_start + _DAY_MS, end_ms)
+        if _offset(day_start, zone) != _offset(day_end, zone):
+            changes.append(_first_change(day_start, day_end, zone))
+    return changes
+
+
+def _first_change(low_ms: int, high_ms: int, zone: ZoneInfo) -> int:
+    """The first instant in (low_ms, high_ms] whose offset differs from `low_ms`'s (which
+    `high_ms`'s does): a binary search, to the millisecond."""
+    before = _offset(low_ms, zone)
+    while high_ms - low_ms > 1:
+        middle = (low_ms + high_ms) // 2
+        if _offset(middle, zone) == before:
+            low_ms = middle
+        else:
+            high_ms = middle
+    return high_ms
+
+
+def _offset(at_ms: int, zone: ZoneInfo) -> timedelta | None:
+    return local_at(at_ms, zone).utcoffset()

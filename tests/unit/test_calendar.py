@@ -14,6 +14,7 @@ from taskstream.scheduler.calendar import (
     allowed_ranges,
     calendar_block,
     defer_until,
+    offset_changes,
 )
 from taskstream.scheduler.maintenance import maintenance_wait
 
@@ -195,6 +196,7 @@ BOTH = spec(TOKYO, not_before="07:30", off_peak={"start": "22:00", "end": "06:00
 NEVER = spec(TOKYO, not_before="07:30", off_peak={"start": "01:00", "end": "05:00"})
 GAP = spec(BERLIN, off_peak={"start": "02:30", "end": "05:00"})
 IN_GAP = spec(BERLIN, off_peak={"start": "02:10", "end": "02:50"})
+EARLY_FOLD = spec(BERLIN, off_peak={"start": "01:00", "end": "02:30"})
 
 
 @pytest.mark.parametrize(
@@ -226,6 +228,12 @@ IN_GAP = spec(BERLIN, off_peak={"start": "02:10", "end": "02:50"})
         # 2026-10-25: Berlin's clocks fall back from 03:00 CEST to 02:00 CET; 02:30 shows twice.
         (GAP, utc(2026, 10, 25, 0, 10), utc(2026, 10, 25, 0, 30)),  # 02:10 CEST -> 02:30 CEST
         (GAP, utc(2026, 10, 25, 1, 10), utc(2026, 10, 25, 1, 30)),  # 02:10 CET -> 02:30 CET
+        # An allowed range that the clocks fall back into: the first instant after the fold
+        # begins (02:00 CET), not the next day's start.
+        (EARLY_FOLD, utc(2026, 10, 25, 0, 30), utc(2026, 10, 25, 1, 0)),  # 02:30 CEST -> 02:00 CET
+        (EARLY_FOLD, utc(2026, 10, 25, 0, 45), utc(2026, 10, 25, 1, 0)),  # 02:45 CEST -> 02:00 CET
+        (EARLY_FOLD, utc(2026, 10, 25, 1, 30), at(BERLIN, 2026, 10, 26, 1, 0)),  # 02:30 CET
+        (EARLY_FOLD, utc(2026, 10, 25, 0, 20), None),  # 02:20 CEST is allowed
     ],
 )
 def test_defer_until(task: TaskSpec, at_ms: int, until_ms: int | None) -> None:
@@ -233,6 +241,24 @@ def test_defer_until(task: TaskSpec, at_ms: int, until_ms: int | None) -> None:
     assert (None if held is None else held.until_ms) == until_ms
     if held is not None:
         assert held.until_ms is not None and held.until_ms > at_ms
+
+
+@pytest.mark.parametrize(
+    ("tz", "changes"),
+    [
+        (BERLIN, [utc(2026, 3, 29, 1, 0), utc(2026, 10, 25, 1, 0)]),
+        (NEW_YORK, [utc(2026, 3, 8, 7, 0), utc(2026, 11, 1, 6, 0)]),
+        (TOKYO, []),
+    ],
+)
+def test_offset_changes_are_the_first_instants_of_each_new_offset(
+    tz: str, changes: list[int]
+) -> None:
+    year = (utc(2026, 1, 1, 0, 0), utc(2027, 1, 1, 0, 0))
+    assert offset_changes(*year, ZoneInfo(tz)) == changes
+    for change in changes:  # (start, end]: a search that starts at a change does not see it
+        assert offset_changes(change, change + 1, ZoneInfo(tz)) == []
+        assert offset_changes(change - 1, change, ZoneInfo(tz)) == [change]
 
 
 def test_rules_that_exclude_each_other_never_allow_a_start() -> None:
