@@ -92,20 +92,31 @@ class UpstreamGate:
         kept one would count until its window passed, for a call never sent)."""
         probes: list[str] = []
         hits: dict[str, str] = {}
-        for name in upstreams:
-            wait_ms, probe, hit = await self._admit(name)
-            if wait_ms is not None:
-                await self._hand_back(probes, hits)
-                return wait_ms
-            if probe:
-                probes.append(name)
-            if hit is not None:
-                hits[name] = hit
+        try:
+            for name in upstreams:
+                wait_ms, probe, hit = await self._admit(name)
+                if wait_ms is not None:
+                    await self._hand_back(probes, hits)
+                    return wait_ms
+                if probe:
+                    probes.append(name)
+                if hit is not None:
+                    hits[name] = hit
+        except Exception:  # admission undecided (Redis, the store): no call goes out either
+            await self._hand_back(probes, hits)
+            raise
         return RunUpstreams(self, upstreams, hits, probes)
 
     async def _hand_back(self, probes: list[str], hits: dict[str, str]) -> None:
+        """Give back what an admission took for calls that will not go out. Best effort: a
+        probe that cannot be given back is presumed lost after its `probe_timeout_ms`."""
         for taken in probes:
-            await self._breakers.record(taken, Outcome.IGNORE, self.config(taken), probe=True)
+            try:
+                await self._breakers.record(taken, Outcome.IGNORE, self.config(taken), probe=True)
+            except GuardUnavailable as exc:
+                self._log.warning(
+                    "upstream.probe_return_failed", upstream=taken, error=str(exc)[:300]
+                )
         for name, hit in hits.items():
             try:
                 await self._limiter.release(name, hit)
@@ -145,7 +156,11 @@ class UpstreamGate:
         limits = self._limits.get(name)
         if limits is None:
             return None, decision.probe, None
-        admission = await self._limiter.acquire(name, *limits)
+        try:
+            admission = await self._limiter.acquire(name, *limits)
+        except Exception:
+            await self._hand_back([name] if decision.probe else [], {})
+            raise
         if not admission.allowed:
             self._log.info(
                 "upstream.limited", upstream=name, retry_after_ms=admission.retry_after_ms

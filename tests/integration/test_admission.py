@@ -9,15 +9,18 @@ import pytest
 
 from taskstream.agents.registry import default_registry
 from taskstream.core import streams
+from taskstream.core.clock import FixedClock
 from taskstream.core.protocol import GROUP, Keys, Priority
 from taskstream.core.states import Status
 from taskstream.core.store.sql import SqlStore
 from taskstream.executor.admission import RunUpstreams, UpstreamGate
 from taskstream.executor.outcome import defer_jitter_max_ms
 from taskstream.executor.service import Executor, ExecutorConfig, ExecutorDeps
+from taskstream.ratelimit.backend import GuardUnavailable
 from taskstream.ratelimit.breaker import BreakerConfig, BreakerStatus, Outcome
+from taskstream.ratelimit.memory import MemoryBreakers, MemoryLimiter
 from taskstream.ratelimit.redis_backend import RedisBreakers, RedisLimiter
-from taskstream.ratelimit.window import guard_ms
+from taskstream.ratelimit.window import Admission, guard_ms
 from tests.integration.harness import Harness, Running, until
 from tests.ratelimit.rigs import RedisRig
 
@@ -245,3 +248,37 @@ async def test_a_run_admitted_before_the_breaker_opened_does_not_decide_its_prob
     assert (await gate.admit_call("api"))[0] is not None  # the probe is still out
     await probe.settle(["api"], Outcome.SUCCESS)
     assert (await breakers.state("api")).status is BreakerStatus.CLOSED
+
+
+class _BlipOnce(MemoryLimiter):
+    """The in-process limiter, whose next `acquire` fails as a Redis blip would."""
+
+    blip = False
+
+    async def acquire(self, name: str, limit: int, window_ms: int, burst: int = 0) -> Admission:
+        if self.blip:
+            self.blip = False
+            raise GuardUnavailable(f"limiter {name}: connection reset")
+        return await super().acquire(name, limit, window_ms, burst)
+
+
+async def test_an_admission_that_fails_midway_gives_back_its_half_open_probe(h: Harness) -> None:
+    """The breaker's cool-down is over and the run takes its one probe, then the limiter
+    cannot be reached: the run is deferred with no call sent, and the probe is given back,
+    so the next run may try at once instead of after `probe_timeout` (60 s)."""
+    await h.store.upsert_upstreams({"llm": {"limit": 10, "window": 60.0, "burst": None}})
+    clock = FixedClock(h.clock.now_ms())
+    limiter, breakers = _BlipOnce(clock), MemoryBreakers(clock)
+    config = BreakerConfig(failure_threshold=1, cooldown_ms=30_000, probe_timeout_ms=60_000)
+    gate = UpstreamGate(h.store, limiter, breakers, config)
+    opened = await gate.admit_run(["llm"])
+    assert isinstance(opened, RunUpstreams)
+    await opened.settle(["llm"], Outcome.FAILURE)
+    clock.advance(30_000)
+    limiter.blip = True
+    with pytest.raises(GuardUnavailable):
+        await gate.admit_run(["llm"])
+    state = await breakers.state("llm")
+    assert (state.status, state.probes_admitted) == (BreakerStatus.HALF_OPEN, 0)
+    clock.advance(1_000)
+    assert isinstance(await gate.admit_run(["llm"]), RunUpstreams)
