@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from taskstream.core.definitions import UpstreamCache
+from taskstream.core.errors import StoreUnavailable
 from taskstream.core.logging import get_logger
 from taskstream.core.store.port import Store
 from taskstream.ratelimit.backend import Breakers, BreakerUpdate, GuardUnavailable, Limiter
@@ -58,17 +59,30 @@ class UpstreamGate:
         limiter: Limiter,
         breakers: Breakers,
         config: BreakerConfig | None = None,
+        reload_s: float = RELOAD_S,
     ) -> None:
         self._limiter, self._breakers = limiter, breakers
         self._default = config or BreakerConfig()
-        self._upstreams = UpstreamCache(store, min_interval_s=RELOAD_S)
+        self._upstreams = UpstreamCache(store, min_interval_s=reload_s)
         self._limits: dict[str, Limits] = {}
         self._configs: dict[str, BreakerConfig] = {}
+        self._loaded = False
         self._log = get_logger(role="executor")
 
     async def _reload(self) -> None:
-        if not await self._upstreams.refresh():
+        """Read the upstreams' settings again (at most every `reload_s`). Once they have
+        been read, a store that does not answer keeps the last ones (as `BreakerHolds`
+        does): a blip must not fail a run's call, nor count against its upstreams."""
+        try:
+            read = await self._upstreams.refresh()
+        except StoreUnavailable as exc:
+            if not self._loaded:
+                raise
+            self._log.warning("upstream.settings_kept", error=str(exc)[:300])
             return
+        if not read:
+            return
+        self._loaded = True
         for name, reason in self._upstreams.invalid.items():
             self._log.warning("upstream.config_invalid", upstream=name, reason=reason)
         specs = self._upstreams.specs

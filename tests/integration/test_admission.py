@@ -3,9 +3,11 @@ behind an open breaker, is deferred without spending an attempt."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
+from sqlalchemy import text
 
 from taskstream.agents.registry import default_registry
 from taskstream.core import streams
@@ -21,6 +23,7 @@ from taskstream.ratelimit.breaker import BreakerConfig, BreakerStatus, Outcome
 from taskstream.ratelimit.memory import MemoryBreakers, MemoryLimiter
 from taskstream.ratelimit.redis_backend import RedisBreakers, RedisLimiter
 from taskstream.ratelimit.window import Admission, guard_ms
+from tests.integration import outages
 from tests.integration.harness import Harness, Running, until
 from tests.ratelimit.rigs import RedisRig
 
@@ -282,3 +285,24 @@ async def test_an_admission_that_fails_midway_gives_back_its_half_open_probe(h: 
     assert (state.status, state.probes_admitted) == (BreakerStatus.HALF_OPEN, 0)
     clock.advance(1_000)
     assert isinstance(await gate.admit_run(["llm"]), RunUpstreams)
+
+
+async def test_a_store_that_drops_a_settings_read_keeps_the_last_settings(
+    h: Harness, db_url: str
+) -> None:
+    """Settings are read again before a call's admission; the store fails that read (its
+    connection is killed). The call is admitted on the settings read before, instead of the
+    error failing the run and counting against its upstreams."""
+    if not db_url.startswith("mysql"):
+        pytest.skip("kills a MariaDB connection")
+    clock = FixedClock(h.clock.now_ms())
+    gate = UpstreamGate(h.store, MemoryLimiter(clock), MemoryBreakers(clock), reload_s=0)
+    assert isinstance(await gate.admit_run(["llm"]), RunUpstreams)
+    clock.advance(65_000)  # the run's window slot (60 s and its guard) has passed
+    async with h.store.engine.connect() as conn:
+        await conn.execute(text("LOCK TABLES upstreams WRITE"))
+        call = asyncio.create_task(gate.admit_call("llm"))
+        await outages.kill_waiter(conn, "SELECT upstreams.%", release=False)
+        wait_ms, hit, probe = await call
+        await conn.execute(text("UNLOCK TABLES"))
+    assert (wait_ms, hit is not None, probe) == (None, True, False)
