@@ -24,7 +24,7 @@ from zoneinfo import ZoneInfo
 
 from taskstream.core.spec import TaskSpec
 from taskstream.core.spec_parts import Calendar, MaintenanceWindow, OffPeak
-from taskstream.scheduler.localtime import local_at, resolve
+from taskstream.scheduler.localtime import local_at, offset_change_ms, resolve
 
 WEEKDAYS: Final = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 _DAY_MIN: Final = 24 * 60
@@ -224,28 +224,8 @@ def _next_allowed_ms(
 
 def offset_changes(start_ms: int, end_ms: int, zone: ZoneInfo) -> list[int]:
     """The instants (UTC epoch ms) in (start_ms, end_ms] at which `zone`'s UTC offset
-    changes, each the first millisecond with the new offset. A day whose two ends share an
-    offset is passed over whole: no zone changes its offset and back within one day."""
-    changes: list[int] = []
-    for day_start in range(start_ms, end_ms, _DAY_MS):
-        day_end = min(day_start + _DAY_MS, end_ms)
-        if _offset(day_start, zone) != _offset(day_end, zone):
-            changes.append(_first_change(day_start, day_end, zone))
-    return changes
-
-
-def _first_change(low_ms: int, high_ms: int, zone: ZoneInfo) -> int:
-    """The first instant in (low_ms, high_ms] whose offset differs from `low_ms`'s (which
-    `high_ms`'s does): a binary search, to the millisecond."""
-    before = _offset(low_ms, zone)
-    while high_ms - low_ms > 1:
-        middle = (low_ms + high_ms) // 2
-        if _offset(middle, zone) == before:
-            low_ms = middle
-        else:
-            high_ms = middle
-    return high_ms
-
-
-def _offset(at_ms: int, zone: ZoneInfo) -> timedelta | None:
-    return local_at(at_ms, zone).utcoffset()
+    changes (`localtime.offset_change_ms`, looked for a day at a time: no zone changes its
+    offset and back within one day)."""
+    days = range(start_ms, end_ms, _DAY_MS)
+    found = (offset_change_ms(zone, day, min(day + _DAY_MS, end_ms)) for day in days)
+    return [change for change in found if change is not None]
