@@ -47,8 +47,6 @@ class Run:
     """Other deliveries of the same attempt read in the same batch: acked with this run."""
     given_back: int = 0
     """Earlier attempts that do not count: released unrun, or before a manual requeue."""
-    counted: bool = False
-    """Whether `given_back` was read from the history (`count_budget`); until then it is 0."""
 
     @property
     def token(self) -> int:
@@ -81,11 +79,10 @@ class Run:
 
 async def count_budget(store: Store, run: Run) -> None:
     """Read which earlier attempts of `run` count (`Run.attempts_used`) from its history:
-    those released unrun or before a manual requeue do not. One read; intake does it near
-    the attempt limit, the runner for a failure whose backoff grows with the count."""
+    those released unrun or before a manual requeue do not. One read per run after the
+    first attempt (a retry); first attempts, the bulk of the work, read nothing."""
     history = await store.history(run.row.id)
-    used = attempts_used(run.token, [(h.reason, h.attempt) for h in history])
-    run.given_back, run.counted = run.token - used, True
+    run.given_back = run.token - attempts_used(run.token, [(h.reason, h.attempt) for h in history])
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,9 +144,9 @@ class Intake:
             if (owner := runs.get(dupe.entry.instance_id)) is not None:
                 owner.duplicates.append(dupe.delivery)
         for run in runs.values():
-            # At or past the last attempt by its token, earlier attempts given back may leave
-            # one more; a first attempt has none before it.
-            if run.token >= run.max_attempts and run.token > 1:
+            # Earlier attempts given back (released, deferred, before a requeue) count
+            # neither against the limit nor towards the backoff; a first attempt has none.
+            if run.token > 1:
                 await count_budget(self._store, run)
         return list(runs.values())
 

@@ -21,7 +21,7 @@ from taskstream.core.states import FailClass
 from taskstream.core.store.port import Store
 from taskstream.core.store.records import stored_payload_bytes
 from taskstream.executor.admission import RunUpstreams, UpstreamGate
-from taskstream.executor.intake import Run, count_budget
+from taskstream.executor.intake import Run
 from taskstream.executor.outcome import RunEnd, deferred, failed, final, succeeded
 from taskstream.executor.retry import Failure
 from taskstream.ratelimit.breaker import Outcome
@@ -31,8 +31,6 @@ ADMISSION_RETRY_MS = 1000
 """Wait before a run whose admission could not be decided (Redis or the store down) is
 tried again (ms)."""
 UNAVAILABLE = (QueueUnavailable, StoreUnavailable, *streams.DRIVER_ERRORS)
-RETRIED = (Failure.RETRIABLE, Failure.TIMEOUT)
-"""Failures whose retry waits a backoff that grows with the attempts counted."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,19 +52,6 @@ async def execute(run: Run, env: RunEnv) -> RunEnd:
     """Run the agent of `run` once and say how it ended. Never raises but for cancellation."""
     row = run.row
     log = (env.log or get_logger()).bind(instance_id=row.id, task_id=row.task_id, attempt=run.token)
-    end = await _execute(run, env, log)
-    if end.failure in RETRIED and run.token > 1 and not run.counted:
-        try:
-            await count_budget(env.store, run)
-        except UNAVAILABLE as exc:
-            # The backoff then grows with the token: longer, and never past the attempt limit,
-            # which intake counted from the history already when the token reached it.
-            log.warning("instance.attempts_uncounted", error=str(exc)[:300])
-    return end
-
-
-async def _execute(run: Run, env: RunEnv, log: FilteringBoundLogger) -> RunEnd:
-    row = run.row
     if run.attempts_used > run.max_attempts:
         return final(
             "attempts_exhausted",
