@@ -160,6 +160,11 @@ class UpstreamCache:
     invalid: dict[str, str] = field(default_factory=dict)
     _checked_at: float = float("-inf")
 
+    @property
+    def loaded(self) -> bool:
+        """Whether a read has completed, so `specs` holds what the store had then."""
+        return self._checked_at != float("-inf")
+
     async def refresh(self) -> bool:
         """Read the store unless it was read less than `min_interval_s` ago; True when read.
 

@@ -66,7 +66,6 @@ class UpstreamGate:
         self._upstreams = UpstreamCache(store, min_interval_s=reload_s)
         self._limits: dict[str, Limits] = {}
         self._configs: dict[str, BreakerConfig] = {}
-        self._loaded = False
         self._log = get_logger(role="executor")
 
     async def _reload(self) -> None:
@@ -76,13 +75,12 @@ class UpstreamGate:
         try:
             read = await self._upstreams.refresh()
         except StoreUnavailable as exc:
-            if not self._loaded:
+            if not self._upstreams.loaded:
                 raise
             self._log.warning("upstream.settings_kept", error=str(exc)[:300])
             return
         if not read:
             return
-        self._loaded = True
         for name, reason in self._upstreams.invalid.items():
             self._log.warning("upstream.config_invalid", upstream=name, reason=reason)
         specs = self._upstreams.specs
@@ -170,17 +168,17 @@ class UpstreamGate:
         limits = self._limits.get(name)
         if limits is None:
             return None, decision.probe, None
+        taken = [name] if decision.probe else []
         try:
             admission = await self._limiter.acquire(name, *limits)
         except Exception:
-            await self._hand_back([name] if decision.probe else [], {})
+            await self._hand_back(taken, {})  # no call goes out: the probe slot goes back
             raise
         if not admission.allowed:
             self._log.info(
                 "upstream.limited", upstream=name, retry_after_ms=admission.retry_after_ms
             )
-            if decision.probe:  # hand the half-open probe slot back: no call goes out
-                await self._breakers.record(name, Outcome.IGNORE, cfg, probe=True)
+            await self._hand_back(taken, {})
             return max(1, admission.retry_after_ms), False, None
         return None, decision.probe, admission.member
 
