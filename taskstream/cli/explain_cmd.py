@@ -10,10 +10,11 @@ from typing import Any
 import typer
 
 from taskstream.cli.common import Cluster, print_json
-from taskstream.cli.sched_cmds import JSON_OPT, TASK_ARG, parse_instant, with_spec
+from taskstream.cli.sched_cmds import JSON_OPT, TASK_ARG, parse_instant, with_record
 from taskstream.core.clock import SystemClock
+from taskstream.core.definitions import from_record
 from taskstream.core.spec import TaskSpec, format_utc_ms
-from taskstream.core.store.port import DecisionRow
+from taskstream.core.store.port import DecisionRow, DefinitionRecord
 from taskstream.scheduler.calendar import local_iso, zone_of
 from taskstream.scheduler.instances import trigger_of
 from taskstream.scheduler.ticks import next_fire
@@ -31,14 +32,13 @@ def explain_cmd(
     now_ms = SystemClock().now_ms()
     at_ms = None if at is None else parse_instant(at, name="--at", now_ms=now_ms)
 
-    async def go(cluster: Cluster, spec: TaskSpec) -> dict[str, Any]:
+    async def go(cluster: Cluster, record: DefinitionRecord) -> dict[str, Any]:
         fire_ms = await nearest_decided_fire(cluster.store, task, at_ms)
         trail = await decision_trail(cluster.store, task, fire_ms)
-        records = [] if trail else await cluster.store.list_definitions()
-        paused = any(r.task_id == task and r.paused for r in records)
-        return explain_data(spec, at_ms, fire_ms, trail, now_ms=now_ms, paused=paused)
+        spec = from_record(record)
+        return explain_data(spec, at_ms, fire_ms, trail, now_ms=now_ms, paused=record.paused)
 
-    data = with_spec(task, go)
+    data = with_record(task, go)
     if as_json:
         print_json(data)
         return

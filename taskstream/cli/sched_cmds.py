@@ -27,6 +27,7 @@ from taskstream.core.outbox import Emitted, Outbox
 from taskstream.core.payloads import parse_json_object, payload_problem
 from taskstream.core.spec import TaskSpec, format_utc_ms
 from taskstream.core.spec_parts import NAME_PATTERN
+from taskstream.core.store.port import DefinitionRecord
 from taskstream.executor.reconciler import GRACE_MS
 from taskstream.scheduler import manual
 
@@ -93,24 +94,39 @@ def _range(from_: str, to: str, now_ms: int, *, past_only: bool = False) -> tupl
     return from_ms, to_ms
 
 
-async def load_spec(cluster: Cluster, task_id: str) -> TaskSpec:
-    """The stored definition of `task_id`; TaskstreamError (exit 1) when there is none."""
+async def load_record(cluster: Cluster, task_id: str) -> DefinitionRecord:
+    """The stored record of `task_id` (its spec and whether it is paused); TaskstreamError
+    (exit 1) when there is none."""
     for record in await cluster.store.list_definitions():
         if record.task_id == task_id:
-            return from_record(record)
+            return record
     raise TaskstreamError(f"unknown task {task_id!r} (define it with `taskstream tasks apply`)")
+
+
+def with_record(
+    task: str,
+    use: Callable[[Cluster, DefinitionRecord], Awaitable[T]],
+    *,
+    need_redis: bool = False,
+) -> T:
+    """Open the cluster, load `task`'s stored record and run `use` on both."""
+
+    async def go() -> T:
+        async with open_cluster(settings(), need_redis=need_redis) as cluster:
+            return await use(cluster, await load_record(cluster, task))
+
+    return run_async(go())
 
 
 def with_spec(
     task: str, use: Callable[[Cluster, TaskSpec], Awaitable[T]], *, need_redis: bool = False
 ) -> T:
-    """Open the cluster, load `task`'s definition and run `use` on both."""
+    """`with_record`, given `task`'s definition."""
 
-    async def go() -> T:
-        async with open_cluster(settings(), need_redis=need_redis) as cluster:
-            return await use(cluster, await load_spec(cluster, task))
+    async def spec_of(cluster: Cluster, record: DefinitionRecord) -> T:
+        return await use(cluster, from_record(record))
 
-    return run_async(go())
+    return with_record(task, spec_of, need_redis=need_redis)
 
 
 async def _spec(_: Cluster, spec: TaskSpec) -> TaskSpec:

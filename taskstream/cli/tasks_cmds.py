@@ -13,6 +13,7 @@ from taskstream.cli.common import console, open_cluster, print_json, run_async, 
 from taskstream.core import preconditions
 from taskstream.core.definitions import from_record, to_records, upstream_configs
 from taskstream.core.errors import ConfigError
+from taskstream.core.settings import Settings
 from taskstream.core.spec import TaskFile, TaskSpec
 from taskstream.core.specfile import load_task_file
 
@@ -23,7 +24,12 @@ FILE_ARG = typer.Argument(..., help="A tasks YAML file.")
 
 
 def _load(path: Path) -> TaskFile:
-    s = settings()
+    return load_checked(path, settings())
+
+
+def load_checked(path: Path, s: Settings) -> TaskFile:
+    """`path` validated against what this host's settings load: agents, precondition
+    checks and the payload limit (`tasks validate|apply`, `up --tasks`)."""
     return load_task_file(
         path,
         known_agents=default_registry(s.agent_modules).names(),

@@ -8,14 +8,12 @@ from pathlib import Path
 
 import typer
 
-from taskstream.agents.registry import default_registry
 from taskstream.cli.common import open_cluster, run_async, settings
-from taskstream.core import preconditions
+from taskstream.cli.tasks_cmds import load_checked
 from taskstream.core.definitions import to_records, upstream_configs
 from taskstream.core.logging import get_logger
 from taskstream.core.settings import Settings
 from taskstream.core.spec import TaskFile
-from taskstream.core.specfile import load_task_file
 from taskstream.runtime import endpoint
 from taskstream.runtime.embedded import EmbeddedValkey
 from taskstream.runtime.supervisor import Child, Supervisor, install_stop_signals, role_argv
@@ -42,13 +40,7 @@ def up_cmd(
     s = settings()
     taskfile = None
     if path.exists():
-        agents = default_registry(s.agent_modules).names()
-        taskfile = load_task_file(
-            path,
-            known_agents=agents,
-            max_payload_bytes=s.max_payload_bytes,
-            known_checks=preconditions.load(s.precondition_modules).keys(),
-        )
+        taskfile = load_checked(path, s)
     else:
         # Without a task file the cluster runs the definitions stored before.
         get_logger(role="supervisor").warning("tasks.file_missing", path=str(path))
