@@ -22,7 +22,7 @@ from taskstream.core.store.port import CasResult, ClaimRequest, InstanceRow
 from taskstream.core.store.sql import SqlStore
 from taskstream.core.store.tables import review_queue
 from taskstream.executor import service
-from taskstream.executor.recovery import Recovery
+from taskstream.executor.recovery import Recovered, Recovery
 from taskstream.executor.sweeper import Sweeper
 from taskstream.scheduler.instances import new_instance
 from tests.integration.harness import T0, Harness, Running, until
@@ -689,6 +689,22 @@ async def test_a_row_no_entry_can_be_made_of_does_not_stop_the_reconciler(h: Har
     assert good.id in await admin.instance_ids(h.redis, h.keys)
 
 
+async def time_out_claimed(
+    h: Harness, instance_id: str, expected_attempt: int, reason: str
+) -> Recovered:
+    """Claim the instance for an owner that then vanishes, and time its run out as the
+    sweeper (`OWNER_LOST`) or the reconciler (`LEASE_EXPIRED`) would."""
+    claim = ClaimRequest(instance_id, expected_attempt, 30)
+    assert instance_id in await h.store.claim_many([claim], owner="gone")
+    running = await h.store.get_instance(instance_id)
+    assert running is not None
+    defs = DefinitionCache(h.store)
+    await defs.refresh(force=True)
+    return await Recovery(h.store, defs, Random(7)).time_out(
+        running, reason=reason, now_ms=h.clock.now_ms()
+    )
+
+
 async def test_a_last_run_that_lost_its_owner_after_ordinary_failures_is_exhausted(
     h: Harness,
 ) -> None:
@@ -699,14 +715,7 @@ async def test_a_last_run_that_lost_its_owner_after_ordinary_failures_is_exhaust
     h.clock.advance(60_000)
     await h.scheduler().run_pass()
     await reach(h, row.id, Status.DISPATCHED)
-    assert row.id in await h.store.claim_many([ClaimRequest(row.id, 1, 30)], owner="gone")
-    running = await h.store.get_instance(row.id)
-    assert running is not None
-    defs = DefinitionCache(h.store)
-    await defs.refresh(force=True)
-    done = await Recovery(h.store, defs, Random(7)).time_out(
-        running, reason=OWNER_LOST, now_ms=h.clock.now_ms()
-    )
+    done = await time_out_claimed(h, row.id, 1, OWNER_LOST)
     assert done.ok and done.decision is not None
     assert done.decision.fail_class is FailClass.EXHAUSTED
     final = await h.store.get_instance(row.id)
@@ -733,15 +742,10 @@ async def test_a_timed_out_run_of_a_task_not_defined_keeps_the_attempts_stored_w
     row was created with (3), as its executor would, instead of failing it after one."""
     row = await h.trigger(UNDEFINED, "undefined")
     assert row.max_attempts == 3
-    assert row.id in await h.store.claim_many([ClaimRequest(row.id, 0, 30)], owner="gone")
-    running = await h.store.get_instance(row.id)
-    assert running is not None
     defs = DefinitionCache(h.store)
     await defs.refresh(force=True)
     assert defs.get("undefined") is None
-    done = await Recovery(h.store, defs, Random(7)).time_out(
-        running, reason=OWNER_LOST, now_ms=h.clock.now_ms()
-    )
+    done = await time_out_claimed(h, row.id, 0, OWNER_LOST)
     assert done.ok and done.decision is not None
     assert done.decision.status is Status.RETRYING
     assert await status_of(h, row.id) is Status.RETRYING
@@ -768,14 +772,7 @@ async def test_a_recovered_run_whose_retry_would_miss_the_deadline_is_exhausted(
     await h.apply(DEADLINED)
     row = await h.trigger(DEADLINED, "deadlined", fire_ms=h.clock.now_ms())
     assert row.deadline_ms == h.clock.now_ms() + 5000
-    assert row.id in await h.store.claim_many([ClaimRequest(row.id, 0, 30)], owner="gone")
-    running = await h.store.get_instance(row.id)
-    assert running is not None
-    defs = DefinitionCache(h.store)
-    await defs.refresh(force=True)
-    done = await Recovery(h.store, defs, Random(7)).time_out(
-        running, reason=LEASE_EXPIRED, now_ms=h.clock.now_ms()
-    )
+    done = await time_out_claimed(h, row.id, 0, LEASE_EXPIRED)
     assert done.ok and done.decision is not None
     final = await h.store.get_instance(row.id)
     assert final is not None

@@ -12,7 +12,9 @@ from structlog.testing import capture_logs
 
 from taskstream.core import streams
 from taskstream.core.clock import FixedClock
+from taskstream.core.outbox import Emitted
 from taskstream.core.protocol import Keys
+from taskstream.core.spec import TaskSpec
 from taskstream.core.states import FailClass, Status
 from taskstream.core.store.port import CasResult, ClaimRequest, FinishRequest
 from taskstream.core.store.sql import SqlStore
@@ -170,24 +172,36 @@ async def test_overlap_policies(
         assert rows[M0 + 120_000].status is Status.DISPATCHED
 
 
+async def waiting_replace_tick(h: Harness) -> tuple[Scheduler, TaskSpec]:
+    """A `concurrency: replace` task whose tick at M0 + 1 min waits for its marker."""
+    await h.apply(DEPS + "    concurrency: replace\n")
+    s = make(h)
+    await s.run_pass()
+    h.clock.advance(60_000)
+    await s.run_pass()
+    [spec] = await h.definitions()
+    return s, spec
+
+
+async def run_by_hand_then_mark(h: Harness, s: Scheduler, spec: TaskSpec) -> Emitted:
+    """An operator triggers the task by hand, then the marker comes and a pass decides."""
+    h.clock.advance(5_000)
+    manual_run = await manual.trigger(h.outbox, spec, now_ms=h.clock.now_ms())
+    await h.store.mark_ready("raw.ready", "2026-05-28")
+    h.clock.advance(5_000)
+    await s.run_pass()
+    return manual_run
+
+
 async def test_replace_does_not_cancel_a_later_manual_run(
     store: SqlStore, redis: streams.Redis, keys: Keys
 ) -> None:
     """A tick waits for its marker; meanwhile an operator triggers the task by hand. When the
     marker comes, the older tick gives way to the newer manual run instead of cancelling it."""
     h = Harness(store, redis, keys, FixedClock(M0 + 1))
-    await h.apply(DEPS + "    concurrency: replace\n")
-    s = make(h)
-    await s.run_pass()
-    h.clock.advance(60_000)
-    await s.run_pass()
+    s, spec = await waiting_replace_tick(h)
     assert [d.decision for d in await store.decisions("report")] == ["wait_dep"]
-    h.clock.advance(5_000)
-    [spec] = await h.definitions()
-    manual_run = await manual.trigger(h.outbox, spec, now_ms=h.clock.now_ms())
-    await store.mark_ready("raw.ready", "2026-05-28")
-    h.clock.advance(5_000)
-    await s.run_pass()
+    manual_run = await run_by_hand_then_mark(h, s, spec)
     tick = [d for d in await store.decisions("report") if d.fire_time_ms == M0 + 60_000]
     assert [d.decision for d in tick] == ["wait_dep", "skip_overlap"]
     last = tick[-1]
@@ -203,19 +217,10 @@ async def test_replace_sees_a_later_run_behind_many_earlier_ones(
     times) than the scheduler reads at once: the later manual run is still found, and the
     tick gives way to it instead of cancelling the oldest earlier run."""
     h = Harness(store, redis, keys, FixedClock(M0 + 1))
-    await h.apply(DEPS + "    concurrency: replace\n")
-    s = make(h)
-    await s.run_pass()
-    h.clock.advance(60_000)
-    await s.run_pass()
-    [spec] = await h.definitions()
+    s, spec = await waiting_replace_tick(h)
     for n in range(1, ACTIVE_READ + 1):
         await manual.trigger(h.outbox, spec, now_ms=h.clock.now_ms(), at_ms=M0 - n * 60_000)
-    h.clock.advance(5_000)
-    manual_run = await manual.trigger(h.outbox, spec, now_ms=h.clock.now_ms())
-    await store.mark_ready("raw.ready", "2026-05-28")
-    h.clock.advance(5_000)
-    await s.run_pass()
+    manual_run = await run_by_hand_then_mark(h, s, spec)
     [last] = [d for d in await store.decisions("report") if d.fire_time_ms == M0 + 60_000][-1:]
     assert (last.decision, last.details["overlap"]["active_id"]) == (
         "skip_overlap",

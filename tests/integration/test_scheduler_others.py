@@ -124,56 +124,38 @@ async def test_latest_does_not_coalesce_into_an_on_time_tick_the_calendar_skips(
     assert [r.scheduled_for_ms for r in await store.list_instances(task_id="t")] == [friday]
 
 
+@pytest.mark.parametrize(
+    ("task", "successor_ms"),
+    [
+        # In the tick's window (1h) the successor decides it again.
+        ("schedule: {every: 1m}, window: 1h", FRI + 2_000),
+        # After the window (5m) closed, within catchup.max_delay (1h): a catch-up tick.
+        (
+            "schedule: {every: 1h}, window: 5m, catchup: {only_if_ready: true}",
+            FRI + 30 * MIN,
+        ),
+    ],
+)
 async def test_a_tick_whose_own_instance_exists_unrecorded_is_not_recorded_skipped(
-    store: SqlStore, redis: streams.Redis, keys: Keys
+    store: SqlStore, redis: streams.Redis, keys: Keys, task: str, successor_ms: int
 ) -> None:
     """A leader decided `should_run`, created the instance and stopped before recording it;
-    its successor decides the tick again in its window and a precondition now fails. The
-    instance exists and runs: the record says the tick ran, naming it, not `skip_dep`."""
+    its successor decides the tick again, in its window or (later) as a catch-up tick under
+    `only_if_ready`, and a precondition now fails. The instance exists and runs: the record
+    says the tick ran, naming it, not `skip_dep`."""
     gate = {"result": "pass"}
 
     async def check(task_id: str, business_date: str) -> str:
         return gate["result"]
 
     h = Harness(store, redis, keys, FixedClock(FRI - 1))
-    await h.apply(
-        "tasks:\n  - {id: g, agent: echo, schedule: {every: 1m}, window: 1h,"
-        " preconditions: [gate]}\n"
-    )
+    await h.apply(f"tasks:\n  - {{id: g, agent: echo, {task}, preconditions: [gate]}}\n")
     await Scheduler(store, h.outbox, h.clock, SchedulerConfig(), checks={"gate": check}).run_pass()
     [spec] = await h.definitions()
     h.clock.set(FRI + 1_000)
     made = await h.outbox.emit(new_instance(spec, FRI), now_ms=h.clock.now_ms())
     gate["result"] = "fail"
-    h.clock.set(FRI + 2_000)
-    await Scheduler(store, h.outbox, h.clock, SchedulerConfig(), checks={"gate": check}).run_pass()
-    [decided] = [d for d in await store.decisions("g", limit=10) if d.fire_time_ms == FRI]
-    assert (decided.decision, decided.instance_id) == ("should_run", made.instance_id)
-    assert decided.details["recorded_after_creation"] is True
-
-
-async def test_a_late_successor_records_a_catch_up_tick_that_ran_though_it_now_fails(
-    store: SqlStore, redis: streams.Redis, keys: Keys
-) -> None:
-    """As above, but the successor comes after the tick's window closed (a catch-up tick
-    under `only_if_ready`, whose precondition now fails): the tick's instance exists and
-    runs, so the record is `should_run` naming it, not `skip_dep`."""
-    gate = {"result": "pass"}
-
-    async def check(task_id: str, business_date: str) -> str:
-        return gate["result"]
-
-    h = Harness(store, redis, keys, FixedClock(FRI - 1))
-    await h.apply(
-        "tasks:\n  - {id: g, agent: echo, schedule: {every: 1h}, window: 5m,"
-        " preconditions: [gate], catchup: {only_if_ready: true}}\n"
-    )
-    await Scheduler(store, h.outbox, h.clock, SchedulerConfig(), checks={"gate": check}).run_pass()
-    [spec] = await h.definitions()
-    h.clock.set(FRI + 1_000)
-    made = await h.outbox.emit(new_instance(spec, FRI), now_ms=h.clock.now_ms())
-    gate["result"] = "fail"
-    h.clock.set(FRI + 30 * MIN)  # the window (5m) closed, within catchup.max_delay (1h)
+    h.clock.set(successor_ms)
     await Scheduler(store, h.outbox, h.clock, SchedulerConfig(), checks={"gate": check}).run_pass()
     [decided] = [d for d in await store.decisions("g", limit=10) if d.fire_time_ms == FRI]
     assert (decided.decision, decided.instance_id) == ("should_run", made.instance_id)
