@@ -102,16 +102,16 @@ class UpstreamGate:
         the refusing one, since no call goes out: their half-open probes (a kept one would
         refuse everyone else until its `probe_timeout_ms` passed) and their window slots (a
         kept one would count until its window passed, for a call never sent)."""
-        probes: list[str] = []
+        probes: dict[str, int] = {}
         hits: dict[str, str] = {}
         try:
             for name in upstreams:
-                wait_ms, probe, hit = await self._admit(name)
+                wait_ms, probe_round, hit = await self._admit(name)
                 if wait_ms is not None:
                     await self._hand_back(probes, hits)
                     return wait_ms
-                if probe:
-                    probes.append(name)
+                if probe_round is not None:
+                    probes[name] = probe_round
                 if hit is not None:
                     hits[name] = hit
         except Exception:  # admission undecided (Redis, the store): no call goes out either
@@ -119,12 +119,14 @@ class UpstreamGate:
             raise
         return RunUpstreams(self, upstreams, hits, probes)
 
-    async def _hand_back(self, probes: list[str], hits: dict[str, str]) -> None:
-        """Give back what an admission took for calls that will not go out. Best effort: a
-        probe that cannot be given back is presumed lost after its `probe_timeout_ms`."""
-        for taken in probes:
+    async def _hand_back(self, probes: Mapping[str, int], hits: Mapping[str, str]) -> None:
+        """Give back what an admission took for calls that will not go out (`probes`: the
+        round of each probe taken, by upstream). Best effort: a probe that cannot be given
+        back is presumed lost after its `probe_timeout_ms`."""
+        for taken, probe_round in probes.items():
+            cfg = self.config(taken)
             try:
-                await self._breakers.record(taken, Outcome.IGNORE, self.config(taken), probe=True)
+                await self._breakers.record(taken, Outcome.IGNORE, cfg, probe_round=probe_round)
             except GuardUnavailable as exc:
                 self._log.warning(
                     "upstream.probe_return_failed", upstream=taken, error=str(exc)[:300]
@@ -135,12 +137,13 @@ class UpstreamGate:
             except GuardUnavailable as exc:  # the slot then counts until its window passes
                 self._log.warning("upstream.release_failed", upstream=name, error=str(exc)[:300])
 
-    async def admit_call(self, name: str) -> tuple[int | None, str | None, bool]:
+    async def admit_call(self, name: str) -> tuple[int | None, str | None, int | None]:
         """Admit one call to `name`: None when it may go now (a breaker probe or a window slot
         is taken), else the wait (ms, >= 1) before asking again; the call's hit in the
-        window, if the upstream has a limit; and whether it goes as a half-open probe."""
-        wait_ms, probe, hit = await self._admit(name)
-        return wait_ms, hit, probe
+        window, if the upstream has a limit; and the round of the half-open probe it goes as,
+        if it does (`BreakerDecision.probe_round`)."""
+        wait_ms, probe_round, hit = await self._admit(name)
+        return wait_ms, hit, probe_round
 
     async def restamp(self, name: str, hit: str) -> bool:
         """The call of `hit` is being sent: move the hit to now (see `window`). False when it
@@ -155,8 +158,8 @@ class UpstreamGate:
             self._log.warning("upstream.restamp_failed", upstream=name, error=str(exc)[:300])
             return True
 
-    async def _admit(self, name: str) -> tuple[int | None, bool, str | None]:
-        """`admit_call`'s answer, with whether a half-open probe was taken for the call."""
+    async def _admit(self, name: str) -> tuple[int | None, int | None, str | None]:
+        """`admit_call`'s answer: the wait, the round of the probe taken for the call, the hit."""
         await self._reload()
         cfg = self.config(name)
         decision = await self._breakers.admit(name, cfg)
@@ -164,11 +167,11 @@ class UpstreamGate:
         if not decision.allowed:
             wait_ms = refused_wait_ms(decision, cfg)
             self._log.info("upstream.breaker_refused", upstream=name, retry_after_ms=wait_ms)
-            return wait_ms, False, None
+            return wait_ms, None, None
         limits = self._limits.get(name)
         if limits is None:
-            return None, decision.probe, None
-        taken = [name] if decision.probe else []
+            return None, decision.probe_round, None
+        taken = {} if decision.probe_round is None else {name: decision.probe_round}
         try:
             admission = await self._limiter.acquire(name, *limits)
         except Exception:
@@ -179,17 +182,19 @@ class UpstreamGate:
                 "upstream.limited", upstream=name, retry_after_ms=admission.retry_after_ms
             )
             await self._hand_back(taken, {})
-            return max(1, admission.retry_after_ms), False, None
-        return None, decision.probe, admission.member
+            return max(1, admission.retry_after_ms), None, None
+        return None, decision.probe_round, admission.member
 
-    async def record_call(self, name: str, outcome: Outcome, *, probe: bool) -> int | None:
-        """Record one call's `outcome` in `name`'s breaker (`probe`: it was admitted as a
-        half-open probe). A failure that leaves the breaker open (it tripped it, a probe
-        failed, or the call was in flight when it opened) returns the cool-down left (ms,
-        >= 1): the outage is known, so the run is to be deferred until then. Anything else
-        returns None."""
+    async def record_call(
+        self, name: str, outcome: Outcome, *, probe_round: int | None
+    ) -> int | None:
+        """Record one call's `outcome` in `name`'s breaker (`probe_round`: the round of the
+        half-open probe it was admitted as, if it was). A failure that leaves the breaker
+        open (it tripped it, a probe failed, or the call was in flight when it opened)
+        returns the cool-down left (ms, >= 1): the outage is known, so the run is to be
+        deferred until then. Anything else returns None."""
         cfg = self.config(name)
-        update = await self._breakers.record(name, outcome, cfg, probe=probe)
+        update = await self._breakers.record(name, outcome, cfg, probe_round=probe_round)
         self._changed(name, update.transition)
         if outcome is not Outcome.FAILURE or update.state.status is not BreakerStatus.OPEN:
             return None
@@ -231,18 +236,19 @@ class RunUpstreams:
         gate: UpstreamGate,
         admitted: Sequence[str],
         hits: Mapping[str, str],
-        probes: Sequence[str] = (),
+        probes: Mapping[str, int] | None = None,
     ) -> None:
         """`hits`: the window hits of the admissions in `admitted`, by upstream; `probes`:
-        those of them admitted as half-open probes."""
+        the rounds of those of them admitted as half-open probes, by upstream."""
         self._gate = gate
         self._spare = set(admitted)
         self._called: set[str] = set()
         self._open: dict[str, int] = {}  # admitted calls not reported yet, by upstream
         self._unsent: dict[str, list[str]] = {name: [hit] for name, hit in hits.items()}
-        self._probes: dict[str, int] = {name: 1 for name in probes}
-        """Probe admissions not reported yet, by upstream: the first reports to each carry
-        the probe's outcome (one run's calls to one upstream follow each other)."""
+        self._probes = {name: [round_] for name, round_ in (probes or {}).items()}
+        """Rounds of the probe admissions not reported yet, by upstream, oldest first: the
+        first reports to each carry the probes' outcomes (one run's calls to one upstream
+        follow each other)."""
 
     async def acquire(self, name: str) -> int | None:
         """Admit one call to `name` (the run's spare admission first); None or a wait (ms)."""
@@ -252,9 +258,9 @@ class RunUpstreams:
             self._spare.discard(name)
             wait_ms = None
         else:
-            wait_ms, hit, probe = await self._gate.admit_call(name)
-            if wait_ms is None and probe:
-                self._probes[name] = self._probes.get(name, 0) + 1
+            wait_ms, hit, probe_round = await self._gate.admit_call(name)
+            if wait_ms is None and probe_round is not None:
+                self._probes.setdefault(name, []).append(probe_round)
         if wait_ms is None:
             self._open[name] = self._open.get(name, 0) + 1
             if hit is not None:
@@ -275,14 +281,13 @@ class RunUpstreams:
         """Record one admitted call's outcome in `name`'s breaker; for a failure that leaves
         it open, the cool-down left (ms) to defer the run by (see `UpstreamGate.record_call`)."""
         self._open[name] = max(0, self._open.get(name, 0) - 1)
-        return await self._gate.record_call(name, outcome, probe=self._probe_reported(name))
+        return await self._gate.record_call(name, outcome, probe_round=self._probe_reported(name))
 
-    def _probe_reported(self, name: str) -> bool:
-        """Whether the report now made for `name` is a probe's (uses up one)."""
-        left = self._probes.get(name, 0)
-        if left:
-            self._probes[name] = left - 1
-        return left > 0
+    def _probe_reported(self, name: str) -> int | None:
+        """The round of the probe whose report is now made for `name` (uses it up), or None
+        when the report is not a probe's."""
+        rounds = self._probes.get(name)
+        return rounds.pop(0) if rounds else None
 
     async def settle(self, declared: Sequence[str], outcome: Outcome) -> int | None:
         """After the run: record `outcome` for the admissions that no call has reported on.
@@ -292,7 +297,7 @@ class RunUpstreams:
         unreported = [name for name, count in self._open.items() for _ in range(count)]
         self._open.clear()
         waits = [
-            await self._gate.record_call(name, outcome, probe=self._probe_reported(name))
+            await self._gate.record_call(name, outcome, probe_round=self._probe_reported(name))
             for name in [*unused, *unreported]
         ]
         return max((w for w in waits if w is not None), default=None)

@@ -103,10 +103,11 @@ class Breakers(Protocol):
         ...
 
     async def record(
-        self, name: str, outcome: Outcome, cfg: BreakerConfig, *, probe: bool
+        self, name: str, outcome: Outcome, cfg: BreakerConfig, *, probe_round: int | None
     ) -> BreakerUpdate:
-        """Report the outcome of a call that `admit` allowed; `probe` is its decision's
-        `probe` (see `breaker.record`: while half-open, only probes count)."""
+        """Report the outcome of a call that `admit` allowed; `probe_round` is its decision's
+        `probe_round` (see `breaker.record`: while half-open, only the current round's probes
+        count)."""
         ...
 
     async def state(self, name: str) -> BreakerState:

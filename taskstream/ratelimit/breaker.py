@@ -11,15 +11,21 @@ States and rules (times are UTC epoch ms; `cfg` is a `BreakerConfig`):
 - **open**: calls are rejected until `since_ms + cooldown_ms`; the first admission at or after
   that moves to half-open. Outcomes recorded while open (calls admitted before it opened)
   change nothing.
-- **half_open**: exactly `probes` calls are admitted; the rest are rejected. Only the probes'
-  outcomes count: the breaker closes once `probes` probe successes have been recorded and
-  re-opens on any probe failure; an ignored probe gives its slot back. Outcomes of calls
-  admitted before (while closed) change nothing. Slots whose probes report nothing within
-  `probe_timeout_ms` are presumed lost and handed out again (successes already recorded stay).
+- **half_open**: exactly `probes` calls are admitted; the rest are rejected. Only the outcomes
+  of the current round's probes count: the breaker closes once `probes` probe successes have
+  been recorded and re-opens on any probe failure; an ignored probe gives its slot back.
+  Outcomes of calls admitted before (while closed) change nothing. Slots whose probes report
+  nothing within `probe_timeout_ms` are presumed lost and handed out again (successes already
+  recorded stay), which starts a new round.
+- **rounds**: a round is named by its `since_ms`, set when the breaker half-opens and when
+  slots are handed out again; a probe carries the round that admitted it (`probe_round`). A
+  probe that reports after its round ended (its slot was handed out again, or the breaker has
+  closed or opened since) changes nothing while half-open, so it can neither free a newer
+  probe's slot nor close or re-open the breaker on its own stale call.
 
 Opening, half-opening and closing each start from a fresh state (all counters 0,
 `since_ms = window_start_ms = now`). Outcomes are attributed to the state current when they are
-recorded (and, while half-open, only a probe's). `classify_http` maps an HTTP result to an
+recorded (and, while half-open, only a current probe's). `classify_http` maps an HTTP result to an
 outcome: failures are what the upstream's health is judged by, and "ignore" counts neither way.
 `breaker_config` reads an upstream's `breaker:` settings from a task file (`BreakerSpec`,
 seconds) into a `BreakerConfig` (ms).
@@ -158,16 +164,22 @@ class BreakerState:
 class BreakerDecision:
     """Whether one call may go to the upstream now.
 
-    `probe` is true for a half-open trial call. `retry_after_ms` (0 when allowed) is when to
-    ask again: the end of the cool-down, or of the current probes' timeout. `transition` is set
-    when this admission changed the status.
+    `probe_round` is set for a half-open trial call: the round that admitted it (the
+    half-open state's `since_ms`), to be passed back to `record`. `retry_after_ms` (0 when
+    allowed) is when to ask again: the end of the cool-down, or of the current probes'
+    timeout. `transition` is set when this admission changed the status.
     """
 
     allowed: bool
-    probe: bool
+    probe_round: int | None
     retry_after_ms: int
     status: BreakerStatus
     transition: Transition | None
+
+    @property
+    def probe(self) -> bool:
+        """Whether the call goes as a half-open probe."""
+        return self.probe_round is not None
 
 
 def fresh(status: BreakerStatus, now_ms: int) -> BreakerState:
@@ -195,7 +207,7 @@ def _decision(
 ) -> BreakerDecision:
     return BreakerDecision(
         allowed=retry_after_ms == 0,
-        probe=probe,
+        probe_round=after.since_ms if probe else None,
         retry_after_ms=retry_after_ms,
         status=after.status,
         transition=transition(before, after.status),
@@ -281,14 +293,21 @@ def _probe_result(
 
 
 def record(
-    state: BreakerState, outcome: Outcome, now_ms: int, cfg: BreakerConfig, *, probe: bool
+    state: BreakerState,
+    outcome: Outcome,
+    now_ms: int,
+    cfg: BreakerConfig,
+    *,
+    probe_round: int | None,
 ) -> BreakerState:
-    """The state after one call's `outcome` is reported at `now_ms`; `probe`: the call was
-    admitted as a half-open probe. While half-open only probes count: a call admitted before
-    the breaker opened that reports late neither frees a probe's slot nor closes or re-opens
-    the breaker, so exactly `cfg.probes` trial calls decide it."""
+    """The state after one call's `outcome` is reported at `now_ms`; `probe_round`: the
+    `BreakerDecision.probe_round` that admitted the call (None: not a probe). While half-open
+    only the current round's probes count: a call admitted before the breaker opened, or a
+    probe of an ended round, that reports late neither frees a probe's slot nor closes or
+    re-opens the breaker, so exactly `cfg.probes` trial calls at a time decide it."""
     if state.status is BreakerStatus.HALF_OPEN:
-        return _probe_result(state, outcome, now_ms, cfg) if probe else state
+        current = probe_round is not None and probe_round == state.since_ms
+        return _probe_result(state, outcome, now_ms, cfg) if current else state
     if state.status is BreakerStatus.OPEN or outcome is Outcome.IGNORE:
         return state
     return _count(state, outcome is Outcome.FAILURE, now_ms, cfg)

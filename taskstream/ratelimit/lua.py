@@ -14,7 +14,8 @@ is now at now), 0 when it was not (gone, or older than the window: stale, left a
 {used, in_horizon, now_ms}, the hits in the window and in twice the window ending now.
 
 Breaker: KEYS[1] is a hash whose fields are the `BreakerState` field names. ARGV starts with
-the `BreakerConfig` fields in declaration order; `record` adds the outcome. Reply:
+the `BreakerConfig` fields in declaration order; `record` adds the outcome and the probe's
+round (its half-open `since_ms`; empty when the call was not a probe). Reply:
 {allowed, probe, retry_after_ms, status before, then every `BreakerState` field in order};
 `record` replies 0, 0, 0 for the first three. The hash has no TTL: a breaker's state survives
 any quiet period, and there is one small hash per upstream.
@@ -157,7 +158,7 @@ return reply(1, 1, 0, before, s)
 
 _BREAKER_RECORD: Final = """
 local outcome = ARGV[#CONFIG + 1]
-local probe = ARGV[#CONFIG + 2] == '1'
+local probe_round = tonumber(ARGV[#CONFIG + 2])
 
 local function count(s, failed)
   if now >= s.window_start_ms + cfg.window_ms then
@@ -193,7 +194,7 @@ end
 local s = load()
 local before = s.status
 if s.status == HALF_OPEN then
-  if not probe then return reply(0, 0, 0, before, s) end
+  if probe_round ~= s.since_ms then return reply(0, 0, 0, before, s) end
   s = probe_result(s)
 elseif s.status == OPEN or outcome == IGNORE then
   return reply(0, 0, 0, before, s)

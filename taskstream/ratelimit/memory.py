@@ -80,10 +80,11 @@ class MemoryBreakers:
         return decision
 
     async def record(
-        self, name: str, outcome: Outcome, cfg: BreakerConfig, *, probe: bool
+        self, name: str, outcome: Outcome, cfg: BreakerConfig, *, probe_round: int | None
     ) -> BreakerUpdate:
         before = self._states.get(name, BreakerState())
-        after = breaker.record(before, outcome, self._clock.now_ms(), cfg, probe=probe)
+        now_ms = self._clock.now_ms()
+        after = breaker.record(before, outcome, now_ms, cfg, probe_round=probe_round)
         self._states[name] = after
         update = BreakerUpdate(after, breaker.transition(before.status, after.status))
         self._metrics.breaker_seen(name, after.status, update.transition)

@@ -141,7 +141,7 @@ class RedisBreakers:
         after = state_from_reply(fields)
         decision = BreakerDecision(
             allowed=bool(allowed),
-            probe=bool(probe),
+            probe_round=after.since_ms if probe else None,
             retry_after_ms=int(retry_after_ms),
             status=after.status,
             transition=breaker.transition(BreakerStatus(_text(before)), after.status),
@@ -150,9 +150,9 @@ class RedisBreakers:
         return decision
 
     async def record(
-        self, name: str, outcome: Outcome, cfg: BreakerConfig, *, probe: bool
+        self, name: str, outcome: Outcome, cfg: BreakerConfig, *, probe_round: int | None
     ) -> BreakerUpdate:
-        args = [*_config_args(cfg), outcome.value, "1" if probe else "0"]
+        args = [*_config_args(cfg), outcome.value, "" if probe_round is None else str(probe_round)]
         async with _guarded("breaker", name):
             reply = await self._record(keys=[self._keys.breaker(name)], args=args)
         before, *fields = reply[3:]

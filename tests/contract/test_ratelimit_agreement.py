@@ -121,11 +121,12 @@ async def _check_record(
     rig: RedisRig, breakers: RedisBreakers, name: str, start: BreakerState, cfg: BreakerConfig
 ) -> tuple[BreakerState, int, int]:
     pick = Random(name)
-    outcome, probe = pick.choice(list(Outcome)), pick.random() < 0.7
+    outcome = pick.choice(list(Outcome))
+    probe_round = pick.choice((None, start.since_ms, start.since_ms, start.since_ms - 1))
     before = await rig.now_ms()
-    got = await breakers.record(name, outcome, cfg, probe=probe)
+    got = await breakers.record(name, outcome, cfg, probe_round=probe_round)
     after = await rig.now_ms()
-    state = breaker.record(start, outcome, before, cfg, probe=probe)
+    state = breaker.record(start, outcome, before, cfg, probe_round=probe_round)
     assert got.transition == breaker.transition(start.status, state.status), (cfg, start, got)
     assert _same_state(got.state, state, before, after), (cfg, start, outcome, got)
     return state, before, after

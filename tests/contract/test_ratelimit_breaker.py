@@ -27,16 +27,25 @@ async def rig(request: pytest.FixtureRequest, redis_url: str, namespace: str) ->
 
 
 async def _report(rig: Rig, cfg: BreakerConfig, *outcomes: Outcome) -> list[Transition | None]:
-    return [(await rig.breakers.record("api", o, cfg, probe=True)).transition for o in outcomes]
+    """Record `outcomes` one by one, each as a probe of the round current when it is recorded
+    (a closed breaker does not look at the round)."""
+    transitions = []
+    for outcome in outcomes:
+        current = (await rig.breakers.state("api")).since_ms
+        update = await rig.breakers.record("api", outcome, cfg, probe_round=current)
+        transitions.append(update.transition)
+    return transitions
 
 
-async def _half_open(rig: Rig, cfg: BreakerConfig) -> None:
-    """Open the breaker, outlast the cool-down, take the first probe."""
+async def _half_open(rig: Rig, cfg: BreakerConfig) -> int:
+    """Open the breaker, outlast the cool-down, take the first probe; its round."""
     await _report(rig, cfg, *[F] * cfg.failure_threshold)
     opened = await rig.breakers.state("api")
     await rig.wait_until_ms(opened.since_ms + cfg.cooldown_ms)
     first = await rig.breakers.admit("api", cfg)
     assert (first.allowed, first.probe, first.transition) == (True, True, Transition.HALF_OPENED)
+    assert first.probe_round == (await rig.breakers.state("api")).since_ms
+    return first.probe_round
 
 
 async def test_a_new_breaker_is_closed_and_admits(rig: Rig) -> None:
@@ -102,15 +111,16 @@ async def test_after_the_cool_down_one_probe_goes_and_others_wait(rig: Rig) -> N
 async def test_a_probe_outcome_closes_or_reopens(
     rig: Rig, outcome: Outcome, status: str, transition: Transition
 ) -> None:
-    await _half_open(rig, SHORT)
-    update = await rig.breakers.record("api", outcome, SHORT, probe=True)
+    probe_round = await _half_open(rig, SHORT)
+    update = await rig.breakers.record("api", outcome, SHORT, probe_round=probe_round)
     assert (update.state.status, update.transition) == (status, transition)
     assert update.state.consecutive_failures == update.state.probes_admitted == 0
 
 
 async def test_an_ignored_probe_gives_its_slot_back(rig: Rig) -> None:
-    await _half_open(rig, SHORT)
-    assert (await rig.breakers.record("api", IGNORE, SHORT, probe=True)).transition is None
+    probe_round = await _half_open(rig, SHORT)
+    given = await rig.breakers.record("api", IGNORE, SHORT, probe_round=probe_round)
+    assert given.transition is None
     assert (await rig.breakers.admit("api", SHORT)).probe
 
 
@@ -121,11 +131,11 @@ async def test_while_half_open_only_the_probes_outcomes_count(rig: Rig, outcome:
     probe's slot for a second probe, its failure must not re-open it: the probe decides."""
     old = await rig.breakers.admit("api", SHORT)
     assert (old.allowed, old.probe) == (True, False)
-    await _half_open(rig, SHORT)
-    update = await rig.breakers.record("api", outcome, SHORT, probe=False)
+    probe_round = await _half_open(rig, SHORT)
+    update = await rig.breakers.record("api", outcome, SHORT, probe_round=None)
     assert (update.state.status, update.transition) == (BreakerStatus.HALF_OPEN, None)
     assert not (await rig.breakers.admit("api", SHORT)).allowed  # still the one probe out
-    closed = await rig.breakers.record("api", S, SHORT, probe=True)
+    closed = await rig.breakers.record("api", S, SHORT, probe_round=probe_round)
     assert closed.transition is Transition.CLOSED
 
 
@@ -144,6 +154,27 @@ async def test_a_lost_probe_slot_is_handed_out_again(rig: Rig) -> None:
     await rig.wait_until_ms(slots_given.since_ms + cfg.probe_timeout_ms)
     again = await rig.breakers.admit("api", cfg)
     assert (again.allowed, again.probe, again.transition) == (True, True, None)
+
+
+@pytest.mark.parametrize("outcome", [S, F, IGNORE])
+async def test_a_probe_reporting_after_its_slot_was_handed_out_again_changes_nothing(
+    rig: Rig, outcome: Outcome
+) -> None:
+    """`probes` 1: the first probe outlives `probe_timeout`, its slot goes to a second probe,
+    then the first reports. It must not free the slot for a third concurrent probe, nor close
+    or re-open the breaker: the second probe decides. The timeout is long enough that the
+    second probe's slot is still out when the test asks for a third."""
+    cfg = BreakerConfig(failure_threshold=3, cooldown_ms=50, probe_timeout_ms=500)
+    stale = await _half_open(rig, cfg)
+    await rig.wait_until_ms(stale + cfg.probe_timeout_ms)
+    newer = await rig.breakers.admit("api", cfg)
+    assert newer.probe and newer.probe_round != stale
+    before = await rig.breakers.state("api")
+    update = await rig.breakers.record("api", outcome, cfg, probe_round=stale)
+    assert (update.state, update.transition) == (before, None)
+    assert not (await rig.breakers.admit("api", cfg)).allowed
+    closed = await rig.breakers.record("api", S, cfg, probe_round=newer.probe_round)
+    assert closed.transition is Transition.CLOSED
 
 
 async def test_exactly_one_probe_among_concurrent_callers(rig: Rig) -> None:

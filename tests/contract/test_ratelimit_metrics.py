@@ -55,11 +55,11 @@ async def test_limiter_refusals_are_counted_by_upstream(rig: Rig) -> None:
 
 
 async def test_every_breaker_transition_is_counted_and_the_gauge_follows(rig: Rig) -> None:
-    await rig.breakers.record("api", Outcome.FAILURE, SHORT, probe=True)
+    await rig.breakers.record("api", Outcome.FAILURE, SHORT, probe_round=None)
     assert _state(rig, "api") == STATE_VALUES[BreakerStatus.CLOSED] == 0
     assert _transitions(rig, "api", Transition.OPENED) is None
 
-    update = await rig.breakers.record("api", Outcome.FAILURE, SHORT, probe=True)
+    update = await rig.breakers.record("api", Outcome.FAILURE, SHORT, probe_round=None)
     assert update.transition is Transition.OPENED
     assert _transitions(rig, "api", Transition.OPENED) == 1
     assert _state(rig, "api") == STATE_VALUES[BreakerStatus.OPEN] == 2
@@ -74,7 +74,7 @@ async def test_every_breaker_transition_is_counted_and_the_gauge_follows(rig: Ri
     assert _transitions(rig, "api", Transition.HALF_OPENED) == 1
     assert _state(rig, "api") == STATE_VALUES[BreakerStatus.HALF_OPEN] == 1
 
-    closed = await rig.breakers.record("api", Outcome.SUCCESS, SHORT, probe=True)
+    closed = await rig.breakers.record("api", Outcome.SUCCESS, SHORT, probe_round=probe.probe_round)
     assert closed.transition is Transition.CLOSED
     assert _transitions(rig, "api", Transition.CLOSED) == 1
     assert _state(rig, "api") == 0
@@ -83,7 +83,7 @@ async def test_every_breaker_transition_is_counted_and_the_gauge_follows(rig: Ri
 
 async def test_state_reads_update_the_gauge(rig: Rig) -> None:
     for _ in range(2):
-        await rig.breakers.record("api", Outcome.FAILURE, SHORT, probe=True)
+        await rig.breakers.record("api", Outcome.FAILURE, SHORT, probe_round=None)
     rig.metrics.state.clear()
     await rig.breakers.state("api")
     assert _state(rig, "api") == 2

@@ -42,7 +42,7 @@ async def test_hits_are_unique_members_of_the_limiter_key(rig: RedisRig) -> None
 
 async def test_breaker_state_lives_in_one_hash(rig: RedisRig) -> None:
     breakers = RedisBreakers(rig.redis, rig.keys)
-    await breakers.record("api", Outcome.FAILURE, BreakerConfig(), probe=True)
+    await breakers.record("api", Outcome.FAILURE, BreakerConfig(), probe_round=None)
     stored = await rig.redis.hgetall(rig.keys.breaker("api"))
     assert stored[b"status"] == b"closed"
     assert stored[b"consecutive_failures"] == b"1"
@@ -61,7 +61,7 @@ async def test_an_unreachable_redis_is_a_guard_error() -> None:
         calls = [
             limiter.acquire("api", 1, 1_000),
             breakers.admit("api", cfg),
-            breakers.record("api", Outcome.SUCCESS, cfg, probe=True),
+            breakers.record("api", Outcome.SUCCESS, cfg, probe_round=None),
             breakers.state("api"),
         ]
         for call in calls:

@@ -107,8 +107,8 @@ async def test_a_window_out_of_range_is_a_config_error(rig: Rig, window_ms: int)
 async def test_breaker_states_are_read_together(rig: Rig) -> None:
     cfg = BreakerConfig(failure_threshold=2, cooldown_ms=MINUTE_MS)
     for _ in range(2):
-        await rig.breakers.record("down", Outcome.FAILURE, cfg, probe=True)
-    await rig.breakers.record("flaky", Outcome.FAILURE, cfg, probe=True)
+        await rig.breakers.record("down", Outcome.FAILURE, cfg, probe_round=None)
+    await rig.breakers.record("flaky", Outcome.FAILURE, cfg, probe_round=None)
     before = await rig.now_ms()
     got = await rig.breakers.states(["down", "flaky", "unused"])
     after = await rig.now_ms()

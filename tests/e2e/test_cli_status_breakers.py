@@ -53,8 +53,8 @@ async def _open_llm(cli: Cli) -> BreakerState:
     try:
         breakers = RedisBreakers(client, cli.keys)
         for _ in range(LLM.failure_threshold):
-            await breakers.record("llm", Outcome.FAILURE, LLM, probe=True)
-        await breakers.record("search", Outcome.FAILURE, BreakerConfig(), probe=True)
+            await breakers.record("llm", Outcome.FAILURE, LLM, probe_round=None)
+        await breakers.record("search", Outcome.FAILURE, BreakerConfig(), probe_round=None)
         return await breakers.state("llm")
     finally:
         await client.aclose()

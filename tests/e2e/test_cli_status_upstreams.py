@@ -49,9 +49,9 @@ async def _load_guards(cli: Cli) -> BreakerState:
         for _ in range(3):
             assert (await limiter.acquire("llm", 4, 60_000, 1)).allowed
         for _ in range(EXECUTOR_BREAKERS.failure_threshold):
-            await breakers.record("search", Outcome.FAILURE, EXECUTOR_BREAKERS, probe=True)
+            await breakers.record("search", Outcome.FAILURE, EXECUTOR_BREAKERS, probe_round=None)
         for _ in range(2):
-            await breakers.record("webhook", Outcome.FAILURE, EXECUTOR_BREAKERS, probe=True)
+            await breakers.record("webhook", Outcome.FAILURE, EXECUTOR_BREAKERS, probe_round=None)
         return await breakers.state("search")
     finally:
         await client.aclose()

@@ -241,7 +241,7 @@ async def test_a_run_admitted_before_the_breaker_opened_does_not_decide_its_prob
     await h.store.upsert_upstreams({"api": {"limit": 100, "window": 60.0, "burst": None}})
     old = await gate.admit_run(["api"])
     assert isinstance(old, RunUpstreams)
-    assert await gate.record_call("api", Outcome.FAILURE, probe=False) is not None
+    assert await gate.record_call("api", Outcome.FAILURE, probe_round=None) is not None
     opened = await breakers.state("api")
     await RedisRig(h.redis, h.keys).wait_until_ms(opened.since_ms + cfg.cooldown_ms)
     probe = await gate.admit_run(["api"])
@@ -250,6 +250,33 @@ async def test_a_run_admitted_before_the_breaker_opened_does_not_decide_its_prob
     assert (await breakers.state("api")).status is BreakerStatus.HALF_OPEN
     assert (await gate.admit_call("api"))[0] is not None  # the probe is still out
     await probe.settle(["api"], Outcome.SUCCESS)
+    assert (await breakers.state("api")).status is BreakerStatus.CLOSED
+
+
+@pytest.mark.parametrize("outcome", [Outcome.SUCCESS, Outcome.FAILURE, Outcome.IGNORE])
+async def test_a_probe_run_that_outlived_its_slot_does_not_decide_the_next_probe(
+    h: Harness, outcome: Outcome
+) -> None:
+    """`probes` 1. A probe's run outlives `probe_timeout`, so its slot goes to a second run;
+    then the first run ends. Its outcome must not free the slot for a third run (two trial
+    calls at once), close the breaker, or re-open it: the second run's probe decides."""
+    cfg = BreakerConfig(failure_threshold=1, cooldown_ms=50, probes=1, probe_timeout_ms=500)
+    breakers = RedisBreakers(h.redis, h.keys)
+    gate = UpstreamGate(h.store, RedisLimiter(h.redis, h.keys), breakers, cfg)
+    await h.store.upsert_upstreams({"api": {"limit": 100, "window": 60.0, "burst": None}})
+    assert await gate.record_call("api", Outcome.FAILURE, probe_round=None) is not None
+    rig = RedisRig(h.redis, h.keys)
+    await rig.wait_until_ms((await breakers.state("api")).since_ms + cfg.cooldown_ms)
+    slow = await gate.admit_run(["api"])
+    assert isinstance(slow, RunUpstreams)
+    await rig.wait_until_ms((await breakers.state("api")).since_ms + cfg.probe_timeout_ms)
+    second = await gate.admit_run(["api"])
+    assert isinstance(second, RunUpstreams)
+    held = await breakers.state("api")
+    await slow.settle(["api"], outcome)
+    assert await breakers.state("api") == held
+    assert isinstance(await gate.admit_run(["api"]), int)  # the second probe is still out
+    await second.settle(["api"], Outcome.SUCCESS)
     assert (await breakers.state("api")).status is BreakerStatus.CLOSED
 
 
@@ -303,6 +330,6 @@ async def test_a_store_that_drops_a_settings_read_keeps_the_last_settings(
         await conn.execute(text("LOCK TABLES upstreams WRITE"))
         call = asyncio.create_task(gate.admit_call("llm"))
         await outages.kill_waiter(conn, "SELECT upstreams.%", release=False)
-        wait_ms, hit, probe = await call
+        wait_ms, hit, probe_round = await call
         await conn.execute(text("UNLOCK TABLES"))
-    assert (wait_ms, hit is not None, probe) == (None, True, False)
+    assert (wait_ms, hit is not None, probe_round) == (None, True, None)

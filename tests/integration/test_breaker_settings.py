@@ -59,8 +59,9 @@ def gate(h: Harness) -> UpstreamGate:
 
 
 async def fail_once(g: UpstreamGate, name: str) -> int | None:
-    assert (await g.admit_call(name))[0] is None
-    return await g.record_call(name, Outcome.FAILURE, probe=True)
+    wait_ms, _, probe_round = await g.admit_call(name)
+    assert wait_ms is None
+    return await g.record_call(name, Outcome.FAILURE, probe_round=probe_round)
 
 
 async def test_the_gate_opens_after_the_configured_failures_for_the_configured_cool_down(
@@ -124,7 +125,7 @@ async def test_the_scheduler_holds_ticks_for_the_configured_cool_down(h: Harness
     await s.run_pass()
     breakers = RedisBreakers(h.redis, h.keys)
     update = await breakers.record(
-        "hook", Outcome.FAILURE, BreakerConfig(failure_threshold=1), probe=True
+        "hook", Outcome.FAILURE, BreakerConfig(failure_threshold=1), probe_round=None
     )
     assert update.state.status is BreakerStatus.OPEN
     h.clock.set(H0)

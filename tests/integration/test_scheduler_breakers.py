@@ -50,7 +50,9 @@ def held_by(h: Harness, cfg: BreakerConfig, holds: UpstreamHolds | None = None) 
 
 async def open_breaker(h: Harness, name: str, cfg: BreakerConfig) -> int:
     """Open `name`'s breaker by reporting one failure; returns when it opened (Redis ms)."""
-    update = await RedisBreakers(h.redis, h.keys).record(name, Outcome.FAILURE, cfg, probe=True)
+    update = await RedisBreakers(h.redis, h.keys).record(
+        name, Outcome.FAILURE, cfg, probe_round=None
+    )
     assert update.state.status == "open"
     return update.state.since_ms
 

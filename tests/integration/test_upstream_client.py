@@ -152,7 +152,7 @@ async def test_a_probe_taken_for_one_upstream_is_handed_back_when_the_next_refus
         }
     )
     gate = make_gate(limits, redis, keys, failure_threshold=1, cooldown_ms=1, probes=1)
-    assert await gate.record_call("api", Outcome.FAILURE, probe=True) is not None
+    assert await gate.record_call("api", Outcome.FAILURE, probe_round=None) is not None
     opened = await breaker(redis, keys)
     assert opened.status is BreakerStatus.OPEN
     await RedisRig(redis, keys).wait_until_ms(opened.since_ms + 1)

@@ -151,9 +151,13 @@ async def test_holds_use_each_upstreams_own_cool_down() -> None:
         }
     )
     holds = BreakerHolds(breakers, DEFAULT, UpstreamCache(store, min_interval_s=0))
-    await breakers.record("llm", Outcome.FAILURE, BreakerConfig(failure_threshold=1), probe=True)
-    await breakers.record("web", Outcome.FAILURE, DEFAULT, probe=True)  # stored without breaker
-    await breakers.record("db", Outcome.FAILURE, DEFAULT, probe=True)  # nothing stored
+    await breakers.record(
+        "llm", Outcome.FAILURE, BreakerConfig(failure_threshold=1), probe_round=None
+    )
+    await breakers.record(
+        "web", Outcome.FAILURE, DEFAULT, probe_round=None
+    )  # stored without breaker
+    await breakers.record("db", Outcome.FAILURE, DEFAULT, probe_round=None)  # nothing stored
     clock.advance(1_000)
     assert await holds.held(["llm", "web", "db"]) == {"llm": 4_000, "web": 29_000, "db": 29_000}
     clock.advance(4_000)
@@ -165,7 +169,7 @@ async def test_holds_keep_the_last_settings_when_the_store_is_down() -> None:
     breakers = MemoryBreakers(clock)
     store = Stored({"llm": {"breaker": {"cooldown": 5}}})
     holds = BreakerHolds(breakers, DEFAULT, UpstreamCache(store, min_interval_s=0))
-    await breakers.record("llm", Outcome.FAILURE, DEFAULT, probe=True)
+    await breakers.record("llm", Outcome.FAILURE, DEFAULT, probe_round=None)
     assert await holds.held(["llm"]) == {"llm": 5_000}
     store.down = True
     assert await holds.held(["llm"]) == {"llm": 5_000}

@@ -213,7 +213,7 @@ async def test_the_adapter_reports_open_breakers_until_their_cool_down_ends() ->
     breakers = MemoryBreakers(clock)
     holds = BreakerHolds(breakers, COOL)
     assert await holds.held(["llm", "db"]) == {}
-    await breakers.record("llm", Outcome.FAILURE, COOL, probe=True)
+    await breakers.record("llm", Outcome.FAILURE, COOL, probe_round=None)
     clock.advance(10_000)
     assert await holds.held(["llm", "db", "llm"]) == {"llm": 20_000}
     assert await holds.held([]) == {}

@@ -36,7 +36,7 @@ def _run(steps: list[Step], cfg: BreakerConfig = CFG) -> BreakerState:
     state = BreakerState()
     for at_ms, what in steps:
         if isinstance(what, Outcome):
-            state = record(state, what, at_ms, cfg, probe=True)
+            state = record(state, what, at_ms, cfg, probe_round=state.since_ms)
             continue
         decision, state = admit(state, at_ms, cfg)
         assert decision.allowed == (what == "+"), (at_ms, what, state)
@@ -118,10 +118,53 @@ def test_half_opening_is_reported_once() -> None:
 
 
 def test_every_change_starts_fresh() -> None:
-    opened = record(replace(fresh(CLOSED, 0), consecutive_failures=4), F, 7, CFG, probe=True)
+    opened = record(replace(fresh(CLOSED, 0), consecutive_failures=4), F, 7, CFG, probe_round=None)
     assert opened == fresh(OPEN, 7)
-    closed = record(replace(fresh(HALF, 7), probes_admitted=1), S, 9, CFG, probe=True)
+    closed = record(replace(fresh(HALF, 7), probes_admitted=1), S, 9, CFG, probe_round=7)
     assert closed == fresh(CLOSED, 9)
+
+
+def _half_open_with_probe(cfg: BreakerConfig = CFG) -> tuple[BreakerState, int]:
+    """A breaker half-opened at 30 s with one probe out; and that probe's round."""
+    decision, state = admit(fresh(OPEN, 0), 30_000, cfg)
+    assert decision.probe_round == 30_000
+    return state, decision.probe_round
+
+
+@pytest.mark.parametrize("outcome", [S, F, IG])
+def test_a_probe_of_an_ended_round_changes_nothing(outcome: Outcome) -> None:
+    state, stale = _half_open_with_probe()
+    # Its slot timed out and went to a new probe, which is still out.
+    newer, state = admit(state, 30_000 + CFG.probe_timeout_ms, CFG)
+    assert newer.probe_round == 30_000 + CFG.probe_timeout_ms != stale
+    assert record(state, outcome, 95_000, CFG, probe_round=stale) == state
+    refused, _ = admit(state, 95_001, CFG)  # one probe at a time, not the stale one's freed slot
+    assert not refused.allowed
+
+
+def test_the_new_rounds_probe_still_decides() -> None:
+    state, _ = _half_open_with_probe()
+    newer, state = admit(state, 90_000, CFG)
+    assert record(state, S, 90_001, CFG, probe_round=newer.probe_round).status is CLOSED
+
+
+def test_a_probe_from_an_earlier_half_open_does_not_close_a_later_one() -> None:
+    state, early = _half_open_with_probe()
+    state = record(state, F, 30_001, CFG, probe_round=state.since_ms)  # another probe failed
+    later, state = admit(state, 60_001, CFG)  # cool-down over: a new half-open round
+    assert later.probe_round == 60_001 != early
+    assert record(state, S, 60_002, CFG, probe_round=early) == state
+    assert record(state, S, 60_002, CFG, probe_round=later.probe_round).status is CLOSED
+
+
+def test_successes_of_a_round_stay_when_its_slots_are_handed_out_again() -> None:
+    state, first = _half_open_with_probe(TWO_PROBES)
+    second, state = admit(state, 30_000, TWO_PROBES)
+    state = record(state, S, 30_001, TWO_PROBES, probe_round=first)
+    third, state = admit(state, 90_000, TWO_PROBES)  # the second probe's slot timed out
+    assert third.probe_round == 90_000 and state.probe_successes == 1
+    assert record(state, S, 90_001, TWO_PROBES, probe_round=second.probe_round) == state
+    assert record(state, S, 90_001, TWO_PROBES, probe_round=90_000).status is CLOSED
 
 
 @pytest.mark.parametrize(
@@ -218,7 +261,7 @@ def test_random_sequences_keep_the_invariants(
     for gap, what in events:
         now += gap
         if what != "admit":
-            state = record(state, Outcome(what), now, cfg, probe=True)
+            state = record(state, Outcome(what), now, cfg, probe_round=state.since_ms)
             _check_invariants(state, cfg)
             continue
         before = state
