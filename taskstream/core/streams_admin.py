@@ -128,10 +128,15 @@ async def prune_consumers(redis: Redis, keys: Keys, stream: str, *, idle_ms: int
 
 async def trim(redis: Redis, stream: str) -> int:
     """XTRIM MINID below both the oldest pending entry and the group's last delivered id, so
-    only entries already acknowledged (and deleted) can go."""
+    only entries already acknowledged (and deleted) can go.
+
+    The last delivered id is read first: an entry delivered after that read has a higher id,
+    and one delivered before it and still pending is at or above the pending list's oldest,
+    read after. (Read the other way round, entries delivered between the reads to a group
+    with an empty pending list would lie below the floor.)"""
     try:
-        summary: dict[str, Any] = await redis.xpending(stream, GROUP)
         groups: list[dict[str, Any]] = await redis.xinfo_groups(stream)
+        summary: dict[str, Any] = await redis.xpending(stream, GROUP)
     except ResponseError:
         return 0
     group = next((g for g in groups if as_text(g["name"]) == GROUP), None)

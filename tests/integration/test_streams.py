@@ -170,3 +170,35 @@ async def test_an_entry_whose_instance_id_is_not_utf8_names_no_instance(
     fields: dict[str, str | bytes] = {**encode(entry(2)), "instance_id": b"\xff\xfe"}
     await redis.xadd(keys.stream(Priority.LOW), fields)  # type: ignore[arg-type]
     assert await admin.instance_ids(redis, keys) == {"i_1"}
+
+
+async def test_trim_keeps_entries_delivered_between_its_reads(
+    redis: streams.Redis, keys: Keys
+) -> None:
+    """The group's pending list is empty (all work done) when `trim` starts; an executor reads
+    three new entries between trim's two reads of the group, whichever comes first. They
+    are pending, so none may go ("only acknowledged entries can go")."""
+    await streams.ensure_groups(redis, keys)
+    stream = keys.stream(Priority.DEFAULT)
+    for n in range(3):
+        await streams.publish(redis, keys, Priority.DEFAULT, entry(n))
+    reads = [redis.xinfo_groups, redis.xpending]
+    between: list[int] = []
+
+    def then_an_executor_reads(call: Any) -> Any:
+        async def wrapped(*args: Any) -> Any:
+            answer = await call(*args)
+            if not between:
+                between.append(len(await streams.read(redis, keys, "c1", count=3, block_ms=10)))
+            return answer
+
+        return wrapped
+
+    redis.xinfo_groups, redis.xpending = (then_an_executor_reads(r) for r in reads)  # type: ignore[method-assign]
+    try:
+        await admin.trim(redis, stream)
+    finally:
+        del redis.xinfo_groups, redis.xpending  # back to the class's methods
+    assert between == [3]
+    assert (await redis.xpending(stream, GROUP))["pending"] == 3
+    assert await redis.xlen(stream) == 3
