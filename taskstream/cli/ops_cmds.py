@@ -121,11 +121,16 @@ REPLAY_PAGE = 1000
 
 
 async def _replay_all(cluster: Cluster) -> None:
-    """Every dead letter, oldest first, a page at a time; letters kept (not replayable) are
-    passed over, so each is looked at once."""
+    """Every dead letter there was when it started, oldest first, a page at a time. Letters
+    kept (not replayable) are passed over and letters written meanwhile are left (a replayed
+    instance can be dead-lettered again at once), so each is looked at once."""
+    dead = cluster.keys.dead
+    newest = await operations.newest_dead_id(cluster.queue, dead)
     after: str | None = None
-    while letters := await operations.dead_letters(
-        cluster.queue, cluster.keys.dead, limit=REPLAY_PAGE, after=after
+    while newest and (
+        letters := await operations.dead_letters(
+            cluster.queue, dead, limit=REPLAY_PAGE, after=after, until=newest
+        )
     ):
         for letter in letters:
             _say(f"{letter.dead_id}: {await _replay(cluster, letter)}")

@@ -69,11 +69,23 @@ DEAD_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
 
 
 async def dead_letters(
-    redis: streams.Redis, dead_key: str, *, limit: int, after: str | None = None
+    redis: streams.Redis,
+    dead_key: str,
+    *,
+    limit: int,
+    after: str | None = None,
+    until: str | None = None,
 ) -> list[DeadLetter]:
-    """The oldest `limit` dead letters (after the id `after`, when given)."""
+    """The oldest `limit` dead letters (after the id `after`, up to and with the id `until`,
+    when given)."""
     start = "-" if after is None else f"({after}"
-    return _letters(await redis.xrange(dead_key, start, "+", count=limit))
+    return _letters(await redis.xrange(dead_key, start, until or "+", count=limit))
+
+
+async def newest_dead_id(redis: streams.Redis, dead_key: str) -> str | None:
+    """The id of the newest dead letter, None when there is none."""
+    rows: Any = await redis.xrevrange(dead_key, "+", "-", count=1)
+    return streams.as_text(rows[0][0]) if rows else None
 
 
 async def dead_letter(redis: streams.Redis, dead_key: str, dead_id: str) -> DeadLetter | None:

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+from dataclasses import dataclass
+
 import pytest
 
+from taskstream.cli import ops_cmds
+from taskstream.cli.common import Cluster
 from taskstream.core import operations, streams
 from taskstream.core import streams_admin as admin
 from taskstream.core.errors import TaskstreamError
 from taskstream.core.outbox import Outbox
 from taskstream.core.protocol import GROUP, Keys, Priority
 from taskstream.core.states import FailClass, Status
+from taskstream.core.store.port import InstanceRow
 from taskstream.core.store.sql import SqlStore
 from tests.integration.harness import Harness, Running, until
 
@@ -62,7 +68,9 @@ async def test_requeue_gives_a_failed_instance_a_new_budget(h: Harness) -> None:
         await operations.requeue(h.outbox, row.id, who="ops", why="again", now_ms=0)
 
 
-async def test_dead_letters_are_listed_and_replayed(h: Harness) -> None:
+async def ghost_and_garbage_letters(h: Harness) -> InstanceRow:
+    """An executor dead-letters a run of an agent it does not know (the instance FAILED
+    poison) and an entry that is no work entry; returns the failed instance."""
     row = await h.trigger(TASKS.replace("nobody-knows-me", "no-such-agent"), "ghost")
     await h.redis.xadd(h.keys.stream(Priority.DEFAULT), {"garbage": "1"})
     ex = Running(h.executor())
@@ -75,6 +83,11 @@ async def test_dead_letters_are_listed_and_replayed(h: Harness) -> None:
         await until(two_dead)
     finally:
         await ex.close()
+    return row
+
+
+async def test_dead_letters_are_listed_and_replayed(h: Harness) -> None:
+    row = await ghost_and_garbage_letters(h)
     failed = await h.store.get_instance(row.id)
     assert failed is not None and failed.fail_class is FailClass.POISON
     letters = await operations.dead_letters(h.redis, h.keys.dead, limit=10)
@@ -166,3 +179,35 @@ async def test_a_requeue_with_redis_down_stands_and_the_reconciler_publishes_it(
     reconciler = h.reconciler()
     assert await reconciler.reconcile() == 1
     assert row.id in await admin.instance_ids(h.redis, h.keys)
+
+
+@dataclass
+class _Cluster:
+    """What `dead replay` uses of an open cluster."""
+
+    store: SqlStore
+    queue: streams.Redis
+    keys: Keys
+
+
+async def test_replay_all_looks_at_the_letters_there_were_once(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each replayed instance is dead-lettered again at once (as an executor that still does
+    not know its agent would): `--all` must not chase the letters its own replays cause."""
+    await ghost_and_garbage_letters(h)
+    seen: list[str] = []
+    replay = ops_cmds._replay
+
+    async def replay_then_dead_again(cluster: Cluster, letter: operations.DeadLetter) -> str:
+        seen.append(letter.dead_id)
+        said = await replay(cluster, letter)
+        if said == "requeued":
+            await h.redis.xadd(h.keys.dead, {"reason": "unknown_agent", "instance_id": "x"})
+        return said
+
+    monkeypatch.setattr(ops_cmds, "_replay", replay_then_dead_again)
+    cluster = _Cluster(h.store, h.redis, h.keys)
+    await asyncio.wait_for(ops_cmds._replay_all(cluster), timeout=30)  # type: ignore[arg-type]
+    assert len(seen) == len(set(seen)) == 2
+    assert await h.redis.xlen(h.keys.dead) == 2  # the kept garbage and the new letter
