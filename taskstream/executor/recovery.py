@@ -9,7 +9,7 @@ from random import Random
 
 from taskstream.core.definitions import DefinitionCache
 from taskstream.core.logging import get_logger
-from taskstream.core.reasons import OWNER_LOST, after
+from taskstream.core.reasons import LEASE_EXPIRED, OWNER_LOST, after
 from taskstream.core.states import FailClass, Status
 from taskstream.core.store.port import InstanceRow, Store
 from taskstream.executor.retry import (
@@ -20,6 +20,7 @@ from taskstream.executor.retry import (
     decide,
     every_run_lost,
     policy_of,
+    timed_out_for,
 )
 
 
@@ -52,11 +53,17 @@ class Recovery:
             return Recovered(ok=False)
         return await self.leave_timeout(row, reason=reason, now_ms=now_ms)
 
-    async def leave_timeout(self, row: InstanceRow, *, reason: str, now_ms: int) -> Recovered:
+    async def leave_timeout(
+        self, row: InstanceRow, *, now_ms: int, reason: str | None = None
+    ) -> Recovered:
         """TIMEOUT -> RETRYING (backoff) or FAILED (exhausted; poison when every run so far
-        lost its owner)."""
+        lost its owner). `reason`: why the run timed out; None (a TIMEOUT left behind when
+        the second move failed) reads it from the move into TIMEOUT, so an `owner_lost` run
+        still counts as one that lost its owner."""
         policy = policy_of(self._defs.get(row.task_id), row.max_attempts)
         rows = await self._store.history(row.id)
+        if reason is None:
+            reason = timed_out_for(rows, row.attempt) or LEASE_EXPIRED
         history = [(h.reason, h.attempt) for h in rows]
         decided = decide(
             Failure.TIMEOUT,

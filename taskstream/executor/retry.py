@@ -111,6 +111,15 @@ def every_run_lost(history: list[HistoryRow]) -> bool:
     return lost is True
 
 
+def timed_out_for(history: list[HistoryRow], attempt: int) -> str | None:
+    """Why the run at `attempt` timed out: the reason of its last move into TIMEOUT (history
+    oldest first), e.g. `owner_lost`; None when the history holds no such move."""
+    for h in reversed(history):
+        if h.to_status is Status.TIMEOUT and h.attempt == attempt:
+            return h.reason
+    return None
+
+
 def owner_losses(history: list[HistoryRow]) -> int:
     """Runs that lost their owner since the last manual requeue (history oldest first), as
     the sweeper counts them towards `max_deliveries`: a requeue starts this count again, as

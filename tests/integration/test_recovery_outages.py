@@ -13,6 +13,7 @@ import pytest
 from taskstream.core import streams
 from taskstream.core.outbox import row_entry
 from taskstream.core.protocol import GROUP, Priority
+from taskstream.core.reasons import OWNER_LOST, after
 from taskstream.core.states import FailClass, Status
 from taskstream.core.store.port import ClaimRequest, FinishRequest
 from taskstream.executor.heartbeat import Heartbeat
@@ -217,3 +218,26 @@ async def test_a_poison_entry_of_a_row_not_yet_dispatched_fails_the_instance(
         (status, Status.DISPATCHED),
         (Status.DISPATCHED, Status.FAILED),
     ]
+
+
+async def test_a_timeout_whose_second_move_failed_is_finished_with_its_own_cause(
+    outage: Harness,
+) -> None:
+    """The only run (max_attempts 1) lost its executor; the sweeper committed RUNNING ->
+    TIMEOUT (`owner_lost`), and the store failed before TIMEOUT -> FAILED. When the
+    reconciler finishes the move, every run lost its owner: poison, as when the sweeper's
+    move is not interrupted, and the history says `after_owner_lost`."""
+    h = outage
+    instance_id, _ = await claimed_unrun(h, "gone")
+    first = await h.store.transition(
+        instance_id, Status.RUNNING, Status.TIMEOUT, reason=OWNER_LOST, attempt=1, owner="gone"
+    )
+    assert first.ok
+    sweeper = h.sweeper()
+    for _ in range(2):  # the entry (an older attempt's now) is acked, then the row recovered
+        h.clock.advance(60_000)
+        await sweeper.sweep_once()
+    done = await h.store.get_instance(instance_id)
+    assert done is not None
+    assert (done.status, done.fail_class) == (Status.FAILED, FailClass.POISON)
+    assert (await h.store.history(instance_id))[-1].reason == after(OWNER_LOST)

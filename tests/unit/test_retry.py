@@ -27,6 +27,7 @@ from taskstream.executor.retry import (
     decide,
     every_run_lost,
     owner_losses,
+    timed_out_for,
 )
 
 NO_JITTER = RetryPolicy(max_attempts=6, backoff=Backoff(base=1.0, factor=2.0, max=10.0), jitter=0)
@@ -173,3 +174,15 @@ def test_a_retry_due_at_or_after_the_deadline_is_not_planned(
     assert before_deadline(retry, deadline_ms) == (retry if kept else exhausted)
     fatal = RetryDecision(Status.FAILED, fail_class=FailClass.FATAL)
     assert before_deadline(fatal, deadline_ms) == fatal
+
+
+def test_a_run_timed_out_for_the_reason_of_its_own_move_into_timeout() -> None:
+    history = [
+        _h(None, Status.PENDING, 0, "created"),
+        _h(RUN, TIMEOUT, 1, LEASE_EXPIRED),
+        _h(TIMEOUT, RETRY, 1, after(LEASE_EXPIRED)),
+        _h(RUN, TIMEOUT, 2, OWNER_LOST),
+    ]
+    assert timed_out_for(history, 2) == OWNER_LOST
+    assert timed_out_for(history, 1) == LEASE_EXPIRED
+    assert timed_out_for(history, 3) is None
