@@ -40,7 +40,9 @@ class Recovery:
         self._log = get_logger(role="sweeper")
 
     async def time_out(self, row: InstanceRow, *, reason: str, now_ms: int) -> Recovered:
-        """RUNNING (attempt = row.attempt) -> TIMEOUT -> RETRYING | FAILED."""
+        """RUNNING (attempt = row.attempt) -> TIMEOUT -> RETRYING | FAILED, only while the
+        lease is still as `row` shows it: a heartbeat that extended it since the row was read
+        proves its owner alive, and the run is left to it (`ok` False)."""
         cas = await self._store.transition(
             row.id,
             Status.RUNNING,
@@ -48,6 +50,7 @@ class Recovery:
             reason=reason,
             attempt=row.attempt,
             owner=row.lease_owner,
+            lease_until=row.lease_expires_at_ms,
         )
         if not cas.ok:
             return Recovered(ok=False)

@@ -4,6 +4,7 @@ learn the status they found, and the state table is enforced before any SQL is s
 from __future__ import annotations
 
 import itertools
+from functools import partial
 
 import pytest
 
@@ -75,6 +76,32 @@ async def test_cas_lost_on_attempt_returns_found_and_writes_nothing(
 
     assert outcome == CasResult(ok=False, found=Status.DISPATCHED)
     assert await store.history("inst-a") == before
+
+
+async def test_cas_lost_on_a_lease_extended_since_it_was_read(
+    store: SqlStore, make_new: MakeNew, advance: Advance
+) -> None:
+    """A recovery read the row (lease ending at `seen`); the heartbeat then extended the lease.
+    The move conditioned on the lease it read loses; one on the lease as it is now wins."""
+    await store.create_instance(make_new("a"))
+    await advance("inst-a", Status.DISPATCHED)
+    claim = await store.claim("inst-a", expected_attempt=0, owner="exec-1", lease_s=30)
+    assert claim is not None
+    seen = claim.lease_expires_at_ms
+    assert await store.extend_lease("inst-a", token=claim.token, lease_s=90)
+    now = await store.get_instance("inst-a")
+    assert now is not None and now.lease_expires_at_ms is not None
+    assert now.lease_expires_at_ms > seen
+    before = await store.history("inst-a")
+    timed_out = partial(
+        store.transition, "inst-a", Status.RUNNING, Status.TIMEOUT, reason="lease_expired"
+    )
+
+    lost = await timed_out(attempt=claim.token, lease_until=seen)
+
+    assert lost == CasResult(ok=False, found=Status.RUNNING)
+    assert await store.history("inst-a") == before
+    assert (await timed_out(attempt=claim.token, lease_until=now.lease_expires_at_ms)).ok
 
 
 async def test_cas_on_missing_instance_finds_nothing(store: SqlStore) -> None:

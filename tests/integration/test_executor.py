@@ -781,3 +781,31 @@ async def test_a_recovered_run_whose_retry_would_miss_the_deadline_is_exhausted(
         FailClass.EXHAUSTED,
         None,
     )
+
+
+async def test_a_run_whose_lease_was_extended_after_the_sweepers_read_is_left_running(
+    h: Harness,
+) -> None:
+    """The sweeper read the row with its lease run out; before its move, the heartbeat
+    extended the lease. The owner is alive: the run stays RUNNING under it, no attempt is
+    spent, and nothing is recorded."""
+    row = await h.trigger(TASKS, "twice")
+    await reach(h, row.id, Status.DISPATCHED)
+    claim = ClaimRequest(row.id, 0, 30)
+    won = await h.store.claim_many([claim], owner="exec-1")
+    seen = await h.store.get_instance(row.id)
+    assert seen is not None
+    assert await h.store.extend_lease(row.id, token=won[row.id].token, lease_s=90)
+    before = await h.store.history(row.id)
+    defs = DefinitionCache(h.store)
+    recovered = await Recovery(h.store, defs, Random(7)).time_out(
+        seen, reason=LEASE_EXPIRED, now_ms=h.clock.now_ms()
+    )
+    after_read = await h.store.get_instance(row.id)
+    assert after_read is not None
+    assert (recovered.ok, after_read.status, after_read.lease_owner) == (
+        False,
+        Status.RUNNING,
+        "exec-1",
+    )
+    assert await h.store.history(row.id) == before

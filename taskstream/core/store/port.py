@@ -131,8 +131,10 @@ class Store(Protocol):
         fail_class: FailClass | None = None,
         error: str | None = None,
         next_attempt_at_ms: int | None = None,
+        lease_until: int | None = None,
     ) -> CasResult:
-        """CAS src -> dst (and attempt == `attempt` when given), plus a history row."""
+        """CAS src -> dst (and attempt == `attempt`, and the lease still ending at
+        `lease_until` ms, when given), plus a history row."""
         ...
 
     async def claim(

@@ -107,8 +107,10 @@ async def cas_update(
     src: Status,
     attempt: int | None,
     values: Mapping[str, Any],
+    lease_until: int | None = None,
 ) -> bool:
-    """Apply `values` (plus `updated_at_ms`) where status == src [and attempt == attempt].
+    """Apply `values` (plus `updated_at_ms`) where status == src [and attempt == attempt]
+    [and lease_expires_at_ms == lease_until].
 
     True when the row matched. MySQL counts matched rows (FOUND_ROWS), so an update that
     leaves every value as it was still reports 1.
@@ -116,6 +118,8 @@ async def cas_update(
     stmt = update(inst).where(inst.c.id == instance_id, inst.c.status == src.value)
     if attempt is not None:
         stmt = stmt.where(inst.c.attempt == attempt)
+    if lease_until is not None:
+        stmt = stmt.where(inst.c.lease_expires_at_ms == lease_until)
     result = await conn.execute(stmt.values(**values, updated_at_ms=db_now_ms()))
     return result.rowcount == 1
 
@@ -174,11 +178,13 @@ async def move(
     fail_class: FailClass | None = None,
     error: str | None = None,
     next_attempt_at_ms: int | None = None,
+    lease_until: int | None = None,
 ) -> bool:
-    """CAS `src` -> `dst` (at `attempt` when given) with the columns of `status_values`, and
-    its history row; False, writing nothing, when the row was not at `src`."""
+    """CAS `src` -> `dst` (at `attempt`, with the lease ending at `lease_until`, when given)
+    with the columns of `status_values`, and its history row; False, writing nothing, when
+    the row was not so."""
     values = status_values(dst, fail_class, error, next_attempt_at_ms)
-    if not await cas_update(conn, instance_id, src, attempt, values):
+    if not await cas_update(conn, instance_id, src, attempt, values, lease_until):
         return False
     await append_history(conn, instance_id, src=src, dst=dst, owner=owner, reason=reason)
     return True
