@@ -34,7 +34,8 @@ async def requeue(
     outbox: Outbox, instance_id: str, *, who: str, why: str, now_ms: int
 ) -> str | None:
     """FAILED -> PENDING (recorded with who and why), then publish it. The attempt budget
-    starts again from this point; the attempt counter (fencing token) keeps growing.
+    starts again from this point; the attempt counter (fencing token) moves on by one, so
+    entries of the failed attempts left on a stream are acked as older ones.
 
     Returns None when published, else why it was not (Redis down): the requeue stands, and
     the reconciler publishes the PENDING row once Redis is back."""

@@ -228,9 +228,10 @@ async def test_retry_fail_and_requeue_set_and_clear_their_fields(
         None,
         None,
     )
-    assert (requeued.attempt, requeued.last_error) == (token, "boom")
+    # A requeue starts a new attempt: entries of the failed ones are older attempts now.
+    assert (requeued.attempt, requeued.last_error) == (token + 1, "boom")
     last = (await store.history("inst-a"))[-1]
-    assert (last.owner, last.reason, last.attempt) == ("alice", "fixed", token)
+    assert (last.owner, last.reason, last.attempt) == ("alice", "fixed", token + 1)
 
 
 async def test_long_reason_is_cut_to_the_column(store: SqlStore, make_new: MakeNew) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -211,3 +212,28 @@ async def test_replay_all_looks_at_the_letters_there_were_once(
     await asyncio.wait_for(ops_cmds._replay_all(cluster), timeout=30)  # type: ignore[arg-type]
     assert len(seen) == len(set(seen)) == 2
     assert await h.redis.xlen(h.keys.dead) == 2  # the kept garbage and the new letter
+
+
+async def test_a_requeue_is_not_failed_again_by_the_entry_it_replaces(h: Harness) -> None:
+    """The sweeper failed an unclaimed entry as poison (FAILED committed) and Redis failed
+    before the entry reached the dead-letter stream. The operator fixes the cause and
+    requeues: the old entry, still pending with its delivery count, is of an older attempt
+    now and acked, not taken for the requeued run's and failed as poison again."""
+    row = await h.trigger(TASKS, "once-fails")
+    sweeper = h.sweeper(max_deliveries=1)
+    await streams.read(h.redis, h.keys, "doomed-1", count=1, block_ms=10)
+    assert (await sweeper.sweep_once()).get("redeliver") == 1
+    [old] = await streams.read(h.redis, h.keys, "doomed-2", count=1, block_ms=10)
+    poisoned = await h.store.transition(  # as the sweeper commits it; its XADD then failed
+        row.id, Status.DISPATCHED, Status.FAILED, reason="poison", fail_class=FailClass.POISON
+    )
+    assert poisoned.ok
+    said = await operations.requeue(h.outbox, row.id, who="ops", why="fixed", now_ms=0)
+    assert said is None
+    counts = await sweeper.sweep_once()
+    after = await h.store.get_instance(row.id)
+    assert after is not None
+    assert (after.status, after.fail_class, after.attempt) == (Status.DISPATCHED, None, 1)
+    assert counts.get("ack") == 1 and not counts.get("poison")
+    pending: Any = await h.redis.xpending_range(old.stream, GROUP, "-", "+", 10)
+    assert old.entry_id.encode() not in [p["message_id"] for p in pending]

@@ -165,6 +165,8 @@ class SqlStore(DefinitionMethods, OutboxMethods, SchedulingMethods):
         Sets `fail_class` (None unless FAILED) and `next_attempt_at_ms` (None clears it), sets
         `last_error` when `error` is given, and clears the lease unless dst is RUNNING. Entering
         RUNNING this way neither bumps the attempt nor takes a lease: executors use `claim`.
+        FAILED -> PENDING (a manual requeue) moves to attempt + 1, fencing off the entries
+        and runs of the attempts before.
         Raises `InvalidTransition` before any SQL when the table forbids src -> dst.
 
         A lost CAS reports the status that stopped it. Under READ COMMITTED another commit can

@@ -182,8 +182,12 @@ async def move(
 ) -> bool:
     """CAS `src` -> `dst` (at `attempt`, with the lease ending at `lease_until`, when given)
     with the columns of `status_values`, and its history row; False, writing nothing, when
-    the row was not so."""
+    the row was not so. FAILED -> PENDING (a manual requeue) also moves to attempt + 1."""
     values = status_values(dst, fail_class, error, next_attempt_at_ms)
+    if src is Status.FAILED and dst is Status.PENDING:
+        # A new life: every entry and run of the failed one is of an older attempt now, so
+        # a leftover entry (its dead-lettering failed) is acked, not failed as poison again.
+        values["attempt"] = inst.c.attempt + 1
     if not await cas_update(conn, instance_id, src, attempt, values, lease_until):
         return False
     await append_history(conn, instance_id, src=src, dst=dst, owner=owner, reason=reason)
