@@ -1,25 +1,33 @@
-"""Heartbeat of one executor process.
+"""Heartbeat of one executor process: two loops, so that neither waits for the other.
 
-Every beat (every third of the liveness TTL, or of the shortest lease held when that is
-shorter): refresh the liveness key (the sweeper reclaims the work of a consumer whose key has
-expired, without waiting for leases); when a third of the shortest lease has passed, extend
-every held lease by its own run's lease length (one store write per distinct length, `WHERE
-attempt = token`) and XCLAIM our pending entries to ourselves (JUSTID) so their idle time
-resets without raising their delivery count. A run whose lease is no longer held has been
-fenced: it is cancelled and will not commit or ack. Runs stay tracked until their end is
-committed, so that a commit the store makes wait keeps its lease.
+The liveness loop refreshes the liveness key every third of the liveness TTL (the sweeper
+reclaims the work of a consumer whose key has expired, without waiting for leases). It never
+waits for the store: a store write held up by a lock wait, SQLite's busy timeout or an
+exhausted pool must not make a live process look dead, which would time out its healthy runs.
+
+The lease loop beats every third of the liveness TTL, or of the shortest lease held when that
+is shorter. When a third of the shortest lease has passed it extends every held lease by its
+own run's lease length (one store write per distinct length, `WHERE attempt = token`), then
+XCLAIMs our pending entries to ourselves (JUSTID) so their idle time resets without raising
+their delivery count. A run whose lease is no longer held has been fenced: it is cancelled and
+will not commit or ack. Runs stay tracked until their end is committed, so that a commit the
+store makes wait keeps its lease. Leases are the store's truth: a process that keeps its key
+but cannot write to the store lets its leases lapse and leaves its entries idle, and the
+sweeper takes those runs over once the leases have expired.
 
 Runs are tracked by claim, (instance id, token): a fenced run still winding down and a newer
-attempt of the same instance claimed by this process are two runs. The beat loop survives any
-error (logged); only cancellation ends it early, because without it every lease would lapse
-while the process kept claiming.
+attempt of the same instance claimed by this process are two runs. Both loops survive any
+error (logged); only cancellation ends them early, because without the lease loop every lease
+would lapse while the process kept claiming.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 from asyncio import FIRST_COMPLETED
+from collections.abc import Awaitable, Callable
 
 from redis.exceptions import ResponseError
 
@@ -52,13 +60,19 @@ class Heartbeat:
         self._last_extend_ms = 0
         self._sooner = asyncio.Event()
         self._waiting_s = math.inf
-        """How long the beat loop's current sleep lasts (s; inf when it is not sleeping)."""
+        """How long the lease loop's current sleep lasts (s; inf when it is not sleeping)."""
         self._log = get_logger(role="executor", consumer=consumer)
 
     @property
+    def alive_interval_s(self) -> float:
+        """Seconds between refreshes of the liveness key: a third of its TTL, at least 0.2 s."""
+        return max(0.2, self._ttl_ms / 3000)
+
+    @property
     def interval_s(self) -> float:
-        """Seconds between beats: a third of the liveness TTL, or of the shortest lease held
-        when that is shorter (a lease must be extended before it lapses); at least 0.2 s."""
+        """Seconds between lease beats: a third of the liveness TTL (an extension that failed
+        is tried again that soon), or of the shortest lease held when that is shorter (a lease
+        must be extended before it lapses); at least 0.2 s."""
         third_s = self._ttl_ms / 3000
         if self._runs:
             third_s = min(third_s, min(_lease_s(run) for run, _ in self._runs.values()) / 3)
@@ -67,7 +81,7 @@ class Heartbeat:
     def track(self, run: Run, task: asyncio.Task[None]) -> None:
         self._runs[(run.row.id, run.token)] = (run, task)
         if max(0.2, _lease_s(run) / 3) < self._waiting_s:
-            self._sooner.set()  # the beat loop sleeps longer than this run's lease allows
+            self._sooner.set()  # the lease loop sleeps longer than this run's lease allows
 
     def untrack(self, run: Run) -> None:
         self._runs.pop((run.row.id, run.token), None)
@@ -86,15 +100,35 @@ class Heartbeat:
         }
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Beat until `stop` is set. The liveness key is removed on the way out."""
+        """Keep the liveness key and the leases until `stop` is set, each on a loop of its own.
+        The liveness key is left to expire; `clear` removes it."""
+        async with asyncio.TaskGroup() as loops:
+            loops.create_task(self._loop(stop, "liveness", self.refresh, self._rest))
+            loops.create_task(self._loop(stop, "leases", self.beat, self._pause))
+
+    async def _loop(
+        self,
+        stop: asyncio.Event,
+        part: str,
+        step: Callable[[], Awaitable[None]],
+        pause: Callable[[asyncio.Event], Awaitable[None]],
+    ) -> None:
         while not stop.is_set():
             try:
-                await self._beat_once()
+                await self._beat_once(part, step)
             except Exception as exc:  # the loop must outlive any one beat
                 self._log.error(
-                    "heartbeat.failed", error_type=type(exc).__name__, error=str(exc)[:300]
+                    "heartbeat.failed",
+                    part=part,
+                    error_type=type(exc).__name__,
+                    error=str(exc)[:300],
                 )
-            await self._pause(stop)
+            await pause(stop)
+
+    async def _rest(self, stop: asyncio.Event) -> None:
+        """Sleep `alive_interval_s`, or less when `stop` is set."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=self.alive_interval_s)
 
     async def _pause(self, stop: asyncio.Event) -> None:
         """Sleep `interval_s`, or less when `stop` is set or a run with a shorter lease is
@@ -109,29 +143,25 @@ class Heartbeat:
                 waiter.cancel()
             self._waiting_s = math.inf
 
-    async def _beat_once(self) -> None:
+    async def _beat_once(self, part: str, step: Callable[[], Awaitable[None]]) -> None:
         try:
-            await self.beat()
+            await step()
         except (StoreUnavailable, *streams.DRIVER_ERRORS) as exc:
-            self._log.warning("heartbeat.dependency_down", error=str(exc)[:300])
+            self._log.warning("heartbeat.dependency_down", part=part, error=str(exc)[:300])
         except ResponseError as exc:
             if "NOGROUP" not in str(exc):
                 raise
             await streams.ensure_groups(self._redis, self._keys)
 
+    async def refresh(self) -> None:
+        """Set the liveness key again, for the liveness TTL (Redis only)."""
+        await streams.mark_alive(self._redis, self._keys, self._consumer, self._ttl_ms)
+
     async def beat(self) -> None:
-        """Refresh the liveness key, and the leases when a third of the shortest has passed.
-        Redis and the store are independent here: with Redis down the leases (in the store)
-        are still extended, and the Redis error is raised afterwards."""
-        down: Exception | None = None
-        try:
-            await streams.mark_alive(self._redis, self._keys, self._consumer, self._ttl_ms)
-        except streams.DRIVER_ERRORS as exc:
-            down = exc
+        """Extend the leases when a third of the shortest has passed. The liveness key is not
+        this beat's: it is refreshed however long the store takes here."""
         if self._runs:
             await self._extend_due()
-        if down is not None:
-            raise down
 
     async def _extend_due(self) -> None:
         now = self._clock.now_ms()

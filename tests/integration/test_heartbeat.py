@@ -1,19 +1,22 @@
 """The heartbeat of one executor process: each run's lease is extended by its own length, runs
-are tracked by claim (instance id, token), and the beat loop outlives an unexpected error."""
+are tracked by claim (instance id, token), the loops outlive an unexpected error, and the
+liveness key does not wait for the store."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 import pytest
 from redis.exceptions import ReadOnlyError
 
 from taskstream.core import streams
+from taskstream.core.reasons import LEASE_EXPIRED
 from taskstream.core.states import Status
 from taskstream.executor.heartbeat import Heartbeat
 from taskstream.executor.intake import Run
-from tests.integration.harness import Harness
+from tests.integration.harness import Harness, until
 from tests.integration.outages import intake, lease_end
 
 LEASES = """
@@ -156,20 +159,20 @@ async def test_the_beat_loop_outlives_an_unexpected_error(
 async def test_beats_come_often_enough_for_the_shortest_lease_held(
     outage: Harness, tasks: list[asyncio.Task[None]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """With a long liveness TTL (60 s: a beat every 20 s) a run with a 10 s lease would lapse
-    between beats, and the sweeper would time out a healthy run. Tracking it wakes the
-    sleeping beat loop, and beats then come every third of that lease."""
+    """With a long liveness TTL (60 s: a lease beat every 20 s) a run with a 10 s lease would
+    lapse between beats, and the sweeper would time out a healthy run. Tracking it wakes the
+    sleeping lease loop, and beats then come every third of that lease."""
     h = outage
     await h.apply(LEASES)
     beats: list[asyncio.Event] = [asyncio.Event(), asyncio.Event()]
-    mark_alive = streams.mark_alive
-
-    async def counted(redis: streams.Redis, keys: object, consumer: str, ttl_ms: int) -> None:
-        await mark_alive(redis, h.keys, consumer, ttl_ms)
-        next((beat for beat in beats if not beat.is_set()), asyncio.Event()).set()
-
-    monkeypatch.setattr(streams, "mark_alive", counted)
     heartbeat = Heartbeat(h.store, h.redis, h.keys, "c1", h.clock, liveness_ttl_s=60)
+    beat = heartbeat.beat
+
+    async def counted() -> None:
+        await beat()
+        next((b for b in beats if not b.is_set()), asyncio.Event()).set()
+
+    monkeypatch.setattr(heartbeat, "beat", counted)
     assert heartbeat.interval_s == 20
     stop = asyncio.Event()
     loop = asyncio.create_task(heartbeat.run(stop))
@@ -182,5 +185,106 @@ async def test_beats_come_often_enough_for_the_shortest_lease_held(
         heartbeat.untrack(short)
         assert heartbeat.interval_s == 20
     finally:
+        stop.set()
+        await asyncio.wait_for(loop, timeout=20)
+
+
+@dataclass
+class _SlowStore:
+    """Holds the store's lease extensions until `answer` is set, counting the liveness
+    refreshes made meanwhile."""
+
+    h: Harness
+    extending: asyncio.Event = field(default_factory=asyncio.Event)
+    answer: asyncio.Event = field(default_factory=asyncio.Event)
+    refreshed: list[asyncio.Event] = field(default_factory=list)
+
+    def install(self, monkeypatch: pytest.MonkeyPatch, refreshes: int) -> None:
+        self.refreshed = [asyncio.Event() for _ in range(refreshes)]
+        extend_leases, mark_alive = self.h.store.extend_leases, streams.mark_alive
+
+        async def slow(held: list[tuple[str, int]], *, lease_s: float) -> set[tuple[str, int]]:
+            self.extending.set()
+            await self.answer.wait()
+            return await extend_leases(held, lease_s=lease_s)
+
+        async def counted(redis: streams.Redis, keys: object, consumer: str, ttl_ms: int) -> None:
+            await mark_alive(redis, self.h.keys, consumer, ttl_ms)
+            if self.extending.is_set():
+                next((r for r in self.refreshed if not r.is_set()), asyncio.Event()).set()
+
+        monkeypatch.setattr(self.h.store, "extend_leases", slow)
+        monkeypatch.setattr(streams, "mark_alive", counted)
+
+    async def refreshes_while_extending(self) -> None:
+        await asyncio.wait_for(self.extending.wait(), timeout=20)
+        await asyncio.wait_for(self.refreshed[-1].wait(), timeout=5)  # bounds a broken run only
+
+
+async def test_a_slow_lease_extension_does_not_let_the_liveness_key_expire(
+    outage: Harness, tasks: list[asyncio.Task[None]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store answers the lease extension slowly (a lock wait, SQLite's busy timeout, an
+    exhausted pool) but does answer. The liveness key is still refreshed every third of its
+    TTL, a whole TTL long, so the sweeper leaves the run to its live owner instead of timing
+    it out (owner_lost) and running it again; the extension then lands."""
+    h = outage
+    await h.apply(LEASES)
+    run = await _claim(h, "long")
+    slow = _SlowStore(h)
+    slow.install(monkeypatch, refreshes=3)
+    heartbeat = Heartbeat(h.store, h.redis, h.keys, "c1", h.clock, liveness_ttl_s=0.6)
+    heartbeat.track(run, _running(tasks))
+    claimed = await lease_end(h, run.row.id)
+    stop = asyncio.Event()
+    loop = asyncio.create_task(heartbeat.run(stop))
+    try:
+        await slow.refreshes_while_extending()
+        assert (await h.sweeper().sweep_once()).get("timeout") is None
+        row = await h.store.get_instance(run.row.id)
+        assert row is not None and (row.status, row.attempt) == (Status.RUNNING, 1)
+        slow.answer.set()
+
+        async def extended() -> bool:
+            return await lease_end(h, run.row.id) > claimed
+
+        await until(extended)
+        assert not run.fenced
+    finally:
+        slow.answer.set()
+        stop.set()
+        await asyncio.wait_for(loop, timeout=20)
+
+
+async def test_a_process_whose_store_does_not_answer_loses_its_leases_though_alive(
+    outage: Harness, tasks: list[asyncio.Task[None]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lease extension never returns while Redis and the event loop are fine: the liveness
+    key is kept, but the lease is not, and the entry is left idle. Once the lease has expired
+    the sweeper times the run out (lease_expired), and the process fences the run when its
+    extension at last finds the lease gone."""
+    h = outage
+    await h.apply(LEASES)
+    run = await _claim(h, "short")
+    slow = _SlowStore(h)
+    slow.install(monkeypatch, refreshes=1)
+    heartbeat = Heartbeat(h.store, h.redis, h.keys, "c1", h.clock, liveness_ttl_s=0.6)
+    heartbeat.track(run, _running(tasks))
+    stop = asyncio.Event()
+    loop = asyncio.create_task(heartbeat.run(stop))
+    try:
+        await slow.refreshes_while_extending()
+        h.clock.set(await lease_end(h, run.row.id))
+        # min_idle_ms=0: the entry is idle, as nothing touches it while the extension waits.
+        assert (await h.sweeper(min_idle_ms=0).sweep_once()).get("timeout") == 1
+        assert LEASE_EXPIRED in [x.reason for x in await h.store.history(run.row.id)]
+        slow.answer.set()
+
+        async def fenced() -> bool:
+            return run.fenced
+
+        await until(fenced)
+    finally:
+        slow.answer.set()
         stop.set()
         await asyncio.wait_for(loop, timeout=20)

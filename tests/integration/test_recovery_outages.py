@@ -141,8 +141,8 @@ async def test_a_duplicate_read_by_a_consumer_now_gone_does_not_end_the_run(
 
 
 async def test_leases_are_extended_while_redis_is_down(outage: Harness) -> None:
-    """The liveness key cannot be set (Redis down), but the leases live in the store, which
-    answers: they are extended, and the Redis error is reported after."""
+    """Redis is down (the entries cannot be touched), but the leases live in the store,
+    which answers: a lease beat extends them, and the Redis error is reported after."""
     h = outage
     instance_id, delivery = await claimed_unrun(h, "c1")
     [run] = await (await intake(h, "c1")).admit([delivery])  # adopted: its claim is ours
