@@ -413,6 +413,25 @@ async def test_finish_many_falls_back_when_a_key_is_taken_after_the_check(
     )
 
 
+async def test_side_effect_keys_differing_only_by_trailing_spaces_are_distinct(
+    store: SqlStore, make_new: MakeNew, advance: Advance
+) -> None:
+    await _record_key(store, "k")
+    a, a_t = await _running(store, make_new, advance, "a")
+    b, b_t = await _running(store, make_new, advance, "b")
+
+    results = await store.finish_many(
+        [
+            FinishRequest(a, a_t, Status.SUCCESS, "ok", side_effects=("k ",)),
+            FinishRequest(b, b_t, Status.SUCCESS, "ok", side_effects=("k  ", "k:b")),
+        ]
+    )
+
+    assert results == {a: CasResult(ok=True), b: CasResult(ok=True)}
+    done = [await store.side_effect_done(k) for k in ("k", "k ", "k  ", "k   ")]
+    assert done == [True, True, True, False]
+
+
 # finish_many == sequential finish
 
 

@@ -101,6 +101,22 @@ async def test_duplicate_dedupe_key_returns_the_existing_id(
     assert len(await store.history("inst-a")) == 1
 
 
+async def test_keys_differing_only_by_trailing_spaces_are_distinct(
+    store: SqlStore, make_new: MakeNew
+) -> None:
+    """Ids and dedupe keys compare byte for byte on every dialect: a PAD SPACE collation
+    (MariaDB's utf8mb4_bin) would take "report:acme " for a duplicate of "report:acme"."""
+    plain, spaced = make_new("acme"), make_new("acme ")
+
+    assert await store.create_instance(plain) == CreateResult(True, "inst-acme")
+    assert await store.create_instance(spaced) == CreateResult(True, "inst-acme ")
+
+    found = await store.get_instance("inst-acme ")
+    assert found is not None and found.dedupe_key == "report:acme "
+    assert len(await store.history("inst-acme")) == 1
+    assert await store.get_instance("inst-acme  ") is None
+
+
 async def test_duplicate_id_is_not_a_second_row(store: SqlStore, make_new: MakeNew) -> None:
     await store.create_instance(make_new("a"))
     same_id = dataclasses.replace(make_new("b"), id="inst-a")

@@ -1,6 +1,6 @@
-"""Migrations build exactly the schema `tables.py` declares (the generated `settled` column
-included), the database clock is sane, and an unreachable database is a `StoreUnavailable`
-that does not leak the password."""
+"""Migrations build exactly the schema `tables.py` declares (the generated `settled` column and
+the NO PAD collation on MySQL/MariaDB included), the database clock is sane, and an unreachable
+database is a `StoreUnavailable` that does not leak the password."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Column, Integer, MetaData, Table, select, text
+from sqlalchemy import Column, Integer, MetaData, Table, bindparam, select, text
 from sqlalchemy.engine import Connection, make_url
 
 from taskstream.core.errors import SchemaMissing, StoreError, StoreUnavailable
@@ -26,7 +26,7 @@ from taskstream.core.store import sql_engine
 from taskstream.core.store.migrate import alembic_config, current_revision, upgrade
 from taskstream.core.store.port import ClaimRequest
 from taskstream.core.store.sql import SqlStore
-from taskstream.core.store.tables import SETTLED_SQL, metadata
+from taskstream.core.store.tables import NOPAD_COLLATIONS, SETTLED_SQL, metadata
 from taskstream.core.store.tables import task_instances as inst
 from tests.contract.conftest import Advance, MakeNew
 from tests.support.databases import admin_url, available_kinds, empty_database
@@ -62,7 +62,7 @@ async def test_upgrade_is_idempotent_and_reports_head(
     # Nothing may depend on the working directory (no alembic.ini, no relative paths).
     monkeypatch.chdir(tmp_path)
 
-    assert HEAD == "0004"
+    assert HEAD == "0005"
     assert await current_revision(db_url) == HEAD
     await upgrade(db_url)
     assert await current_revision(db_url) == HEAD
@@ -254,15 +254,74 @@ async def test_upgrade_to_0004_computes_settled_for_existing_rows(
         await store.close()
 
 
-def test_the_migration_keeps_the_generation_expression_of_tables() -> None:
+_COLLATIONS = text(
+    "SELECT TABLE_COLLATION FROM information_schema.TABLES"
+    " WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN :names"
+    " UNION ALL SELECT COLLATION_NAME FROM information_schema.COLUMNS"
+    " WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN :names AND COLLATION_NAME IS NOT NULL"
+).bindparams(bindparam("names", sorted(metadata.tables), expanding=True))
+"""The collations of the store's tables and of their text columns (MySQL/MariaDB)."""
+
+
+async def _collations(store: SqlStore) -> tuple[set[str], str] | None:
+    """(collations found, the server's NO PAD one) on MySQL/MariaDB, None elsewhere."""
+    async with store.engine.connect() as conn:
+        if conn.dialect.name != "mysql":
+            return None
+        found = {str(c) for c in (await conn.execute(_COLLATIONS)).scalars()}
+        server = "mariadb" if getattr(conn.dialect, "is_mariadb", False) else "mysql"
+        return found, NOPAD_COLLATIONS[server]
+
+
+async def test_mysql_tables_and_text_columns_have_the_no_pad_binary_collation(
+    store: SqlStore,
+) -> None:
+    collations = await _collations(store)
+    if collations is None:
+        pytest.skip("SQLite and PostgreSQL compare strings byte for byte without options")
+    found, nopad = collations
+    assert found == {nopad}
+
+
+async def test_upgrade_to_0005_keeps_the_rows_and_tells_keys_apart_by_trailing_spaces(
+    db_url: str, make_new: MakeNew
+) -> None:
+    store = await SqlStore.connect(db_url)
+    try:
+        await _downgrade(store, "0004")
+        await store.create_instance(make_new("acme"))
+        before = await _collations(store)
+        assert before is None or before[0] == {"utf8mb4_bin"}
+
+        await upgrade(db_url)
+
+        after = await _collations(store)
+        assert after is None or after[0] == {after[1]}
+        async with store.engine.connect() as conn:
+            assert await conn.run_sync(_diff(metadata)) == [], "the foreign key is back"
+        assert (await store.create_instance(make_new("acme "))).created
+        assert len(await store.history("inst-acme")) == 1
+    finally:
+        await store.close()
+
+
+def _written(migration: str, name: str) -> object:
+    """The constant `name` as written out in the migration file `migration`."""
     path = Path(__file__).parents[2] / "taskstream/core/store/migrations/versions"
-    module = ast.parse((path / "0004_settled.py").read_text())
-    written = next(
+    module = ast.parse((path / migration).read_text())
+    return next(
         ast.literal_eval(node.value)
         for node in module.body
-        if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "SETTLED_SQL"
+        if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == name
     )
-    assert written == SETTLED_SQL
+
+
+def test_the_migrations_keep_the_expressions_and_collations_of_tables() -> None:
+    assert _written("0004_settled.py", "SETTLED_SQL") == SETTLED_SQL
+    assert {
+        "mariadb": _written("0005_nopad_collation.py", "MARIADB_COLLATION"),
+        "mysql": _written("0005_nopad_collation.py", "MYSQL_COLLATION"),
+    } == NOPAD_COLLATIONS
 
 
 @pytest.mark.parametrize("kind", available_kinds())

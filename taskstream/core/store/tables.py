@@ -6,8 +6,9 @@ Dialect-neutral by construction:
   `scheduled_for_ms`, deadlines).
 - JSON is stored as text (`json.dumps(sort_keys=True, allow_nan=False)`), MEDIUMTEXT on MySQL so a
   payload of up to 16 MiB fits.
-- MySQL tables are InnoDB, utf8mb4 with a binary collation, so keys compare byte for byte as they
-  do on SQLite and PostgreSQL (`Daily` and `daily` are two dedupe keys everywhere).
+- MySQL tables are InnoDB, utf8mb4 with a binary NO PAD collation (`NOPAD_COLLATIONS`), so keys
+  compare byte for byte as they do on SQLite and PostgreSQL: `Daily`, `daily` and `daily ` are
+  three dedupe keys everywhere. (`utf8mb4_bin` is PAD SPACE: it ignores trailing spaces.)
 - `task_instances.settled` is generated from `status`: NULL while the instance is in flight
   (`states.IN_FLIGHT`), the status it settled in (SUCCESS, FAILED, SKIPPED) once it has. Its index
   `(settled, next_attempt_at_ms)` finds the in-flight rows the reconciler and the due-retry
@@ -44,10 +45,15 @@ from taskstream.core.states import SETTLED
 
 metadata = MetaData()
 
+NOPAD_COLLATIONS = {"mariadb": "utf8mb4_nopad_bin", "mysql": "utf8mb4_0900_bin"}
+"""The binary NO PAD collation of utf8mb4 per server: MariaDB 10.2+ and MySQL 8.0.17+ (which has
+no `utf8mb4_nopad_bin`). The table options below name MariaDB's; the migrations give each
+server its own."""
+
 MYSQL_OPTIONS: dict[str, Any] = {
     "mysql_engine": "InnoDB",
     "mysql_charset": "utf8mb4",
-    "mysql_collate": "utf8mb4_bin",
+    "mysql_collate": NOPAD_COLLATIONS["mariadb"],
 }
 
 ID_LEN = 64
