@@ -10,6 +10,7 @@ payload is refused before anything is stored rather than failing every run later
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,10 +20,16 @@ from taskstream.core.store.records import stored_json, utf8_size
 def payload_problem(payload: Mapping[str, object], limit_bytes: int) -> str | None:
     """Why `payload` cannot be stored and run, or None.
 
-    Over `limit_bytes` (UTF-8 bytes of its stored JSON), or holding a lone surrogate, which
-    is not Unicode text. The text reads after `payload: ` and holds both sizes.
+    Over `limit_bytes` (UTF-8 bytes of its stored JSON), holding a lone surrogate, which is
+    not Unicode text, or a number JSON cannot hold (infinity, NaN), or nested deeper than
+    JSON can be written. The text reads after `payload: ` and holds both sizes.
     """
-    text = stored_json(payload)
+    try:
+        text = stored_json(payload)
+    except ValueError:
+        return "holds a number JSON cannot hold (infinity or NaN)"
+    except RecursionError:
+        return "is nested too deeply to be stored as JSON"
     try:
         size = utf8_size(text)
     except UnicodeEncodeError as exc:
@@ -46,12 +53,22 @@ def parse_json_object(text: str) -> dict[str, Any]:
     def no_constants(name: str) -> None:
         raise ValueError(f"{name} is not a JSON number")
 
+    def finite(digits: str) -> float:
+        number = float(digits)
+        if not math.isfinite(number):
+            raise ValueError(f"{digits[:40]} is too large for a JSON number")
+        return number
+
     try:
-        value = json.loads(text, parse_constant=no_constants, object_pairs_hook=_unique_keys)
+        value = json.loads(
+            text, parse_constant=no_constants, parse_float=finite, object_pairs_hook=_unique_keys
+        )
     except _DuplicateKey as exc:
         raise ValueError(str(exc)) from None
     except ValueError as exc:
         raise ValueError(f"not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ValueError("not valid JSON: nested too deeply") from None
     if not isinstance(value, dict):
         raise ValueError("must be a JSON object ({...})")
     return value

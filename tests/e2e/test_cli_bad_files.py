@@ -129,6 +129,8 @@ def cli(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[Cl
         ('{"a": 1, "a": 2}', 'duplicate key "a": a JSON object may name each key once'),
         ('{"a": {"b": 1, "b": 2}}', 'duplicate key "b": a JSON object may name each key once'),
         ('{"a": "\\ud800"}', "holds the lone surrogate '\\ud800', which is not Unicode text"),
+        ('{"a": 1e999}', "1e999 is too large for a JSON number"),
+        ('{"a": ' + "[" * 5000 + "]" * 5000 + "}", "not valid JSON: nested too deeply"),
     ],
 )
 def test_trigger_refuses_a_bad_payload_and_creates_nothing(

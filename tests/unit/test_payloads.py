@@ -30,6 +30,8 @@ def test_a_lone_surrogate_is_a_problem_not_an_exception() -> None:
         ('{"a": 1, "a": 2}', 'duplicate key "a": a JSON object may name each key once'),
         ('{"a": {"b": 1, "b": 1}}', 'duplicate key "b": a JSON object may name each key once'),
         ('{"a": NaN}', "not valid JSON: NaN is not a JSON number"),
+        ('{"a": 1e999}', "not valid JSON: 1e999 is too large for a JSON number"),
+        ('{"a": ' + "[" * 5000 + "]" * 5000 + "}", "not valid JSON: nested too deeply"),
         ("[1]", "must be a JSON object ({...})"),
     ],
 )
@@ -37,6 +39,12 @@ def test_parse_json_object_refuses(text: str, expected: str) -> None:
     with pytest.raises(ValueError) as caught:
         parse_json_object(text)
     assert str(caught.value) == expected
+
+
+def test_a_number_json_cannot_hold_is_a_problem_not_an_exception() -> None:
+    """As a task file's YAML can give (`.inf`)."""
+    problem = "holds a number JSON cannot hold (infinity or NaN)"
+    assert payload_problem({"a": float("inf")}, LIMIT) == problem
 
 
 def test_parse_json_object_keeps_distinct_keys() -> None:
