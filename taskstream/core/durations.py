@@ -44,7 +44,10 @@ def parse_duration(value: object) -> float:
         raise ValueError(f"invalid duration {value!r}: expected seconds or a string like '30s'")
     if isinstance(value, str):
         return _parse_text(value)
-    seconds = float(value)
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int beyond any float; its digits would swamp the message
+        raise ValueError("invalid duration: the number is too large (at most 3650d)") from None
     if not math.isfinite(seconds):
         raise ValueError(f"invalid duration {value!r}: must be a finite number of seconds")
     if seconds < 0:

@@ -8,6 +8,8 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 
 from taskstream.core.durations import Duration, PositiveDuration, parse_duration
+from taskstream.core.errors import ConfigError
+from taskstream.core.specfile import parse_task_file_text
 
 
 @pytest.mark.parametrize(
@@ -61,6 +63,24 @@ def test_rejected_forms_name_the_bad_text(value: object, reason: str) -> None:
     message = str(caught.value)
     assert reason in message
     assert repr(value) in message
+
+
+def test_an_integer_beyond_any_float_is_too_large_not_an_overflow() -> None:
+    with pytest.raises(ValueError, match="invalid duration: the number is too large"):
+        parse_duration(10**400)
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ("tasks:\n  - id: a\n    agent: echo\n    timeout: {n}\n", "task 'a': timeout:"),
+        ("upstreams:\n  api: {{limit: 1, window: {n}}}\ntasks: []\n", "upstreams.api.window:"),
+    ],
+)
+def test_a_task_file_with_a_huge_integer_duration_names_the_field(text: str, field: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_task_file_text(text.format(n="9" * 400), "t.yaml")
+    assert any(field in line and "too large" in line for line in caught.value.problems)
 
 
 class _Model(BaseModel):
