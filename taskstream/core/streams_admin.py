@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from redis.exceptions import ResponseError
 
@@ -113,16 +113,41 @@ async def redeliver(redis: Redis, delivery: Delivery, entry: WorkEntry) -> str |
     return await move(redis, delivery, delivery.stream, encode(entry))
 
 
+_PRUNE_ONE: Final = """
+for _, row in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])) do
+  local f = {}
+  for i = 1, #row, 2 do f[row[i]] = row[i + 1] end
+  if f['name'] == ARGV[2] then
+    if tonumber(f['pending']) == 0 and tonumber(f['idle']) > tonumber(ARGV[3])
+        and redis.call('EXISTS', KEYS[2]) == 0 then
+      redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[2])
+      return 1
+    end
+    return 0
+  end
+end
+return 0
+"""
+"""Delete consumer ARGV[2] of group ARGV[1] on stream KEYS[1] only if, at this moment, its
+pending list is empty, it has been idle more than ARGV[3] ms and its liveness key KEYS[2] is
+gone. Atomic, because DELCONSUMER drops the consumer's pending entries: one it read after a
+separate check would be lost from the pending list."""
+
+
 async def prune_consumers(redis: Redis, keys: Keys, stream: str, *, idle_ms: int) -> list[str]:
-    """Delete consumers with empty pending lists, no liveness key and idle past `idle_ms`."""
+    """Delete consumers with empty pending lists, no liveness key and idle past `idle_ms`;
+    each is checked again and deleted in one script, so a consumer that reads meanwhile
+    stays."""
     try:
         rows: list[dict[str, Any]] = await redis.xinfo_consumers(stream, GROUP)
     except ResponseError:
         return []
     idle = {as_text(r["name"]) for r in rows if int(r["pending"]) == 0 and int(r["idle"]) > idle_ms}
-    gone = [name for name, ok in (await alive(redis, keys, idle)).items() if not ok]
-    for name in gone:
-        await redis.xgroup_delconsumer(stream, GROUP, name)
+    gone: list[str] = []
+    prune_one = redis.register_script(_PRUNE_ONE)
+    for name, ok in (await alive(redis, keys, idle)).items():
+        if not ok and await prune_one(keys=[stream, keys.alive(name)], args=[GROUP, name, idle_ms]):
+            gone.append(name)
     return gone
 
 

@@ -202,3 +202,28 @@ async def test_trim_keeps_entries_delivered_between_its_reads(
     assert between == [3]
     assert (await redis.xpending(stream, GROUP))["pending"] == 3
     assert await redis.xlen(stream) == 3
+
+
+async def test_prune_keeps_a_consumer_that_reads_after_it_was_checked(
+    redis: streams.Redis, keys: Keys
+) -> None:
+    """A consumer with nothing pending and no liveness key reads an entry right after prune
+    listed the group's consumers: it is no longer idle, so it stays, and so does its pending
+    entry (deleting a consumer drops its pending list)."""
+    await streams.ensure_groups(redis, keys)
+    stream = keys.stream(Priority.DEFAULT)
+    await redis.xgroup_createconsumer(stream, GROUP, "quiet")
+    await streams.publish(redis, keys, Priority.DEFAULT, entry(1))
+    listed = redis.xinfo_consumers
+
+    async def then_it_reads(*args: Any) -> Any:
+        rows = await listed(*args)
+        assert len(await streams.read(redis, keys, "quiet", count=1, block_ms=10)) == 1
+        return rows
+
+    redis.xinfo_consumers = then_it_reads  # type: ignore[method-assign, assignment]
+    try:
+        assert await admin.prune_consumers(redis, keys, stream, idle_ms=-1) == []
+    finally:
+        del redis.xinfo_consumers  # back to the class's method
+    assert (await redis.xpending(stream, GROUP))["pending"] == 1
