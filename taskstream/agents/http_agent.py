@@ -9,6 +9,7 @@ it. The result is `{"status": int, "body": JSON or text, "truncated": bool}`.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, Final, Literal
 
 import httpx
@@ -16,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
 
 from taskstream.agents.base import AgentContext, FunctionAgent
 from taskstream.agents.upstream_response import UpstreamResponse
+from taskstream.core.store.records import stored_json
 
 MAX_BODY_BYTES: Final = 64 * 1024
 """Response body bytes kept in the result; a longer body is cut and returned as text."""
@@ -69,13 +71,28 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+def _finite(text: str) -> float:
+    """A JSON number with a fraction or exponent; ValueError for one beyond the float range
+    (`1e999`), which would parse as infinity and has no stored form."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError("number out of range")
+    return value
+
+
 def response_body(response: UpstreamResponse) -> Any:
-    """The body as parsed JSON when it is complete JSON (by content type), else as text."""
+    """The body as parsed JSON when it is complete JSON (by content type) that a store can
+    keep, else as text. The call has been answered, so the body never fails the run: JSON the
+    store cannot keep (a number out of range, a lone surrogate, nesting deeper than the parser
+    goes) is returned as text like any body that is not JSON."""
     if response.is_json and not response.truncated:
         try:
-            return json.loads(response.content, parse_constant=_no_constant)
-        except ValueError:
+            value = json.loads(response.content, parse_constant=_no_constant, parse_float=_finite)
+            stored_json(value).encode("utf-8")
+        except (TypeError, ValueError, RecursionError):  # UnicodeError is a ValueError
             pass
+        else:
+            return value
     return response.text
 
 

@@ -23,11 +23,15 @@ class UpstreamResponse:
     @property
     def text(self) -> str:
         """The body as text in its declared charset (UTF-8 when none or unknown); bad bytes
-        replaced."""
+        replaced. Always UTF-8 encodable, so it can be stored as a result."""
         try:
-            return self.content.decode(self.encoding, errors="replace")
+            text = self.content.decode(self.encoding, errors="replace")
         except LookupError:
             return self.content.decode("utf-8", errors="replace")
+        if text.isascii():
+            return text
+        # Some charsets (utf-7, unicode_escape) decode to lone surrogates UTF-8 cannot hold.
+        return text.encode("utf-8", errors="replace").decode("utf-8")
 
     @property
     def is_json(self) -> bool:

@@ -175,3 +175,23 @@ async def test_a_call_over_the_limit_mid_run_defers_without_spending_the_attempt
     assert len(server.seen) == 1
     state = await breaker(h)
     assert (state.window_calls, state.window_failures) == (1, 0)
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "text"),
+    [
+        (b'{"amount": 1e999}', "application/json", '{"amount": 1e999}'),  # parses as inf
+        (b'{"name": "\\ud800"}', "application/json", '{"name": "\\ud800"}'),  # lone surrogate
+        (b"[" * 5000 + b"]" * 5000, "application/json", "[" * 5000 + "]" * 5000),  # too deep
+        (b"+2AA-", "text/plain; charset=utf-7", "?"),  # decodes to a lone surrogate
+    ],
+    ids=["number-out-of-range", "lone-surrogate", "deep-nesting", "charset-surrogate"],
+)
+async def test_a_body_the_store_cannot_keep_as_json_succeeds_as_text(
+    h: Harness, body: bytes, content_type: str, text: str
+) -> None:
+    async with Loopback(Reply(201, body, {"Content-Type": content_type})) as server:
+        row = await run_to(h, server, "post", Status.SUCCESS, Status.FAILED, Status.RETRYING)
+    assert row.status is Status.SUCCESS, row.last_error
+    assert row.result == {"status": 201, "body": text, "truncated": False}
+    assert len(server.seen) == 1  # the POST was sent once
