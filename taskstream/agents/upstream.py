@@ -32,6 +32,7 @@ from typing import Any, Final, Protocol
 import httpx
 import structlog
 
+from taskstream.agents.content_coding import request_headers
 from taskstream.agents.errors import (
     UpstreamDeferred,
     UpstreamOutage,
@@ -182,7 +183,7 @@ class UpstreamClient:
                 url,
                 upstream,
                 (limit_s, cap),
-                headers=headers,
+                headers=request_headers(headers),
                 params=params,
                 json=json,
                 content=content,

@@ -8,11 +8,14 @@ from typing import Any
 
 import httpx
 
+from taskstream.agents.content_coding import BodyDecoder
+
 
 @dataclass(frozen=True, slots=True)
 class UpstreamResponse:
-    """A response as read: `content` holds at most the client's `max_body_bytes` (decoded
-    from any content encoding); `truncated` says whether more was dropped."""
+    """A response as read: `content` holds at most the client's `max_body_bytes`, decoded
+    from gzip and deflate (a body in another content coding is kept as sent); `truncated`
+    says whether more was dropped."""
 
     status: int
     headers: httpx.Headers
@@ -45,14 +48,14 @@ class UpstreamResponse:
 
 
 async def read_capped(response: httpx.Response, max_bytes: int) -> tuple[bytes, bool]:
-    """At most `max_bytes` of the decoded body, and whether more was there."""
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in response.aiter_bytes():
-        room = max_bytes - size
-        if len(chunk) > room:
-            chunks.append(chunk[:room])
-            return b"".join(chunks), True
-        chunks.append(chunk)
-        size += len(chunk)
-    return b"".join(chunks), False
+    """At most `max_bytes` of the body, decoded from its content codings (`BodyDecoder`), and
+    whether more was there. Memory stays within about `max_bytes` plus a fixed amount per
+    coding layer, however far the body expands; decoding stops once the cap is passed."""
+    decoder = BodyDecoder(response.headers.get_list("content-encoding", split_commas=True))
+    body = bytearray()
+    async for chunk in response.aiter_raw():
+        body += decoder.decode(chunk, max_bytes + 1 - len(body))
+        if len(body) > max_bytes:
+            del body[max_bytes:]
+            return bytes(body), True
+    return bytes(body), False

@@ -1,10 +1,13 @@
 """The upstream-aware HTTP client over the executor's gate on real Redis, calling a real
 server on 127.0.0.1: admission refusals, outcomes recorded per call, typed errors, a run's
-pre-admitted slot, and no secret in any log or error."""
+pre-admitted slot, no secret in any log or error, and bodies decoded within their cap."""
 
 from __future__ import annotations
 
 import asyncio
+import gzip
+import tracemalloc
+import zlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -362,3 +365,80 @@ async def test_a_call_whose_admission_went_stale_is_not_sent(
 
     assert await _deferred_unsent(UpstreamClient(access)) == STALE_WAIT_MS
     assert await _only_hit(redis, keys) == (member, stale_at)
+
+
+def gzip_bomb(expanded: int, layers: int) -> bytes:
+    """`expanded` zero bytes (a multiple of 1 MiB) gzipped `layers` times; the first layer is
+    fed in 1 MiB blocks so that building it never holds the expanded body."""
+    packer = zlib.compressobj(9, zlib.DEFLATED, zlib.MAX_WBITS | 16)
+    block = bytes(1024 * 1024)
+    body = b"".join(
+        [*(packer.compress(block) for _ in range(expanded // len(block))), packer.flush()]
+    )
+    for _ in range(layers - 1):
+        body = gzip.compress(body, 9)
+    return body
+
+
+async def test_a_compressed_body_costs_memory_by_the_cap_not_by_its_expanded_size() -> None:
+    cap = 64 * 1024
+    body = gzip_bomb(64 * 1024 * 1024, layers=2)
+    assert len(body) < cap  # what travels is under the cap
+    reply = Reply(200, body, {"Content-Encoding": "gzip, gzip", "Content-Type": "text/plain"})
+    client = UpstreamClient()
+    async with Loopback(reply) as server:
+        tracemalloc.start()
+        try:
+            response = await client.get(server.url(), max_body_bytes=cap)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+            await client.aclose()
+    assert response.truncated and response.content == bytes(cap)
+    assert peak < 16 * 1024 * 1024, f"peak {peak / 2**20:.0f} MiB for a {cap // 1024} KiB cap"
+
+
+def _deflate(data: bytes, wbits: int) -> bytes:
+    packer = zlib.compressobj(6, zlib.DEFLATED, wbits)
+    return packer.compress(data) + packer.flush()
+
+
+TEXT = b"hello, " * 3000
+
+
+@pytest.mark.parametrize(
+    ("coding", "sent", "content"),
+    [
+        ("gzip", gzip.compress(TEXT), TEXT),
+        ("gzip, gzip", gzip.compress(gzip.compress(TEXT)), TEXT),
+        ("deflate", _deflate(TEXT, zlib.MAX_WBITS), TEXT),
+        ("deflate", _deflate(TEXT, -zlib.MAX_WBITS), TEXT),  # raw deflate, as some servers send
+        ("identity", TEXT, TEXT),
+        ("br", TEXT, TEXT),  # not decodable with a bound: kept as sent
+    ],
+    ids=["gzip", "gzip-twice", "deflate", "raw-deflate", "identity", "br"],
+)
+async def test_bodies_are_decoded_from_gzip_and_deflate_and_else_kept_as_sent(
+    coding: str, sent: bytes, content: bytes
+) -> None:
+    client = UpstreamClient()
+    async with Loopback(Reply(200, sent, {"Content-Encoding": coding})) as server:
+        whole = await client.get(server.url())
+        capped = await client.get(server.url(), max_body_bytes=100)
+        await client.aclose()
+    assert (whole.content, whole.truncated) == (content, False)
+    assert (capped.content, capped.truncated) == (content[:100], True)
+    assert server.seen[0].headers["accept-encoding"] == "gzip, deflate"
+
+
+async def test_a_corrupt_compressed_body_is_retriable_and_a_callers_accept_encoding_is_sent(
+    limits: SqlStore, redis: streams.Redis, keys: Keys
+) -> None:
+    client = UpstreamClient(make_gate(limits, redis, keys).bind(()))
+    reply = Reply(200, b"not gzip at all", {"Content-Encoding": "gzip"})
+    async with Loopback(reply) as server:
+        with pytest.raises(UpstreamUnavailable, match="DecodingError"):
+            await client.get(server.url(), upstream="api", headers={"accept-encoding": "gzip"})
+        await client.aclose()
+    assert server.seen[0].headers["accept-encoding"] == "gzip"
+    assert (await breaker(redis, keys)).window_failures == 1
