@@ -5,12 +5,15 @@ Settings are frozen and passed down; no module reads the environment on its own.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
 
 class Settings(BaseSettings):
@@ -51,14 +54,14 @@ class Settings(BaseSettings):
     @classmethod
     def _redis_url(cls, value: str | None) -> str | None:
         if value is not None:
-            _check_url(value, REDIS_SCHEMES)
+            _check_redis_url(value)
         return value
 
     @field_validator("database_url")
     @classmethod
     def _database_url(cls, value: str | None) -> str | None:
         if value is not None:
-            _check_url(value, ())
+            _check_database_url(value)
         return value
 
     @field_validator("log_level", mode="before")
@@ -76,18 +79,46 @@ class Settings(BaseSettings):
 
 REDIS_SCHEMES = ("redis", "rediss", "unix")
 
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+_BAD_PORT = "bad port: not a number from 1 to 65535"
 
-def _check_url(url: str, schemes: tuple[str, ...]) -> None:
-    """`ValueError` naming what is wrong with `url`: no scheme, a scheme not in `schemes`
-    (any when empty), or a port that is not a number from 1 to 65535."""
-    parts = urlsplit(url)
-    if not parts.scheme:
+# The messages below never quote the URL or a parser's message: a parser that splits the user
+# info elsewhere than the client does reads part of the password as the host or the port.
+
+
+def _check_redis_url(url: str) -> None:
+    """`ValueError` naming what is wrong with `url` as the Redis client reads it (`urlsplit`):
+    no `scheme://`, a scheme not in `REDIS_SCHEMES`, or a port that is not 1 to 65535. That
+    reading ends the user info at the first `/`, `?` or `#`, so a password holding one must be
+    percent-encoded (`%2F`, `%3F`, `%23`)."""
+    match = _SCHEME.match(url)
+    if match is None:
         raise ValueError("not a URL (scheme://...)")
-    if schemes and parts.scheme not in schemes:
-        raise ValueError(f"scheme {parts.scheme!r} is not one of {', '.join(schemes)}")
+    if match.group(1) not in REDIS_SCHEMES:
+        raise ValueError(f"scheme {match.group(1)!r} is not one of {', '.join(REDIS_SCHEMES)}")
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        raise ValueError("not a URL (unreadable host)") from None
     try:
         port = parts.port
-    except ValueError as exc:
-        raise ValueError(f"bad port: {exc}") from None
+    except ValueError:
+        port = 0
     if port == 0:
-        raise ValueError("bad port: 0")
+        raise ValueError(f"{_BAD_PORT} (percent-encode a '/', '?' or '#' in the password)")
+
+
+def _check_database_url(url: str) -> None:
+    """`ValueError` naming what is wrong with `url` as SQLAlchemy reads it (`make_url`): no
+    `scheme://`, a form it cannot read, or a port that is not 1 to 65535. That reading takes
+    the password up to the `@` before the host, so it may hold a `/` as it is."""
+    if _SCHEME.match(url) is None:
+        raise ValueError("not a URL (scheme://...)")
+    try:
+        port = make_url(url).port
+    except ArgumentError:
+        raise ValueError("not a database URL (scheme://user:password@host:port/name)") from None
+    except ValueError:
+        port = 0
+    if port is not None and not 1 <= port <= 65535:
+        raise ValueError(_BAD_PORT)

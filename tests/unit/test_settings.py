@@ -1,0 +1,71 @@
+"""The cluster URLs in `Settings`: each is read as its own client reads it (SQLAlchemy for the
+database, redis-py's `urlsplit` for Redis), and a refusal names the variable and what is wrong
+without any part of the URL's user info."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from taskstream.cli.main import settings_problems
+from taskstream.core.settings import Settings
+
+
+def _problems(**values: str) -> list[str]:
+    with pytest.raises(ValidationError) as caught:
+        Settings.model_validate(values)
+    return settings_problems(caught.value)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "mysql://root:s3cr3t/Xk9@db.internal/taskstream",
+        "mysql://root:s3cr3t?Xk9@db.internal:3306/taskstream",
+        "postgresql://app:s3cr3t@[::1]:5432/taskstream",
+        "sqlite:///var/lib/taskstream/store.db",
+    ],
+)
+def test_a_database_url_sqlalchemy_reads_is_accepted(url: str) -> None:
+    assert Settings.model_validate({"database_url": url}).database_url == url
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("mysql://root:s3cr3t/Xk9@db.internal:s3cr3t/taskstream", "bad port"),
+        ("mysql://root:s3cr3t/taskstream", "bad port"),
+        ("mysql://root:s3cr3t@db.internal:0/taskstream", "bad port"),
+        ("mysql://root:s3cr3t@db.internal:70000/taskstream", "bad port"),
+        ("my-sql://root:s3cr3t@db.internal/taskstream", "not a database URL"),
+        ("root:s3cr3t@db.internal/taskstream", "not a URL"),
+    ],
+)
+def test_a_bad_database_url_is_refused_without_its_user_info(url: str, says: str) -> None:
+    [line] = _problems(database_url=url)
+    assert line.startswith("TASKSTREAM_DATABASE_URL: ") and says in line, line
+    assert "s3cr3t" not in line and "root" not in line, line
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["redis://:s3cr3t%2FXk9@cache.internal:6379/0", "rediss://svc:s3cr3t@cache.internal/1"],
+)
+def test_a_redis_url_the_client_reads_is_accepted(url: str) -> None:
+    assert Settings.model_validate({"redis_url": url}).redis_url == url
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("redis://svc:s3cr3t/Xk9@cache.internal:6379/0", "percent-encode"),
+        ("redis://svc:s3cr3t@cache.internal:99999/0", "bad port"),
+        ("redis://svc:s3cr3t@[::1/0", "not a URL"),
+        ("http://svc:s3cr3t@cache.internal:6379", "scheme 'http'"),
+        ("svc:s3cr3t@cache.internal:6379", "not a URL"),
+    ],
+)
+def test_a_bad_redis_url_is_refused_without_its_user_info(url: str, says: str) -> None:
+    [line] = _problems(redis_url=url)
+    assert line.startswith("TASKSTREAM_REDIS_URL: ") and says in line, line
+    assert "s3cr3t" not in line and "svc" not in line, line
