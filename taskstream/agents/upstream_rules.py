@@ -12,10 +12,12 @@ retry policy, the `Retry-After` wait, and the URL form that may be logged.
 
 from __future__ import annotations
 
+import re
 from datetime import UTC
 from email.utils import parsedate_to_datetime
 from typing import Final
-from urllib.parse import urlsplit
+
+import httpx
 
 from taskstream.agents.errors import AgentError, UpstreamRejected, UpstreamUnavailable
 from taskstream.ratelimit.breaker import Outcome, classify_http
@@ -74,18 +76,32 @@ def retry_after_ms(value: str | None, now_ms: int) -> int | None:
     return min(MAX_RETRY_AFTER_MS, max(0, wait_ms))
 
 
+_SCHEME: Final = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
+def _scheme_of(url: str) -> str:
+    """`scheme://` of `url` when it starts with one, else "" (the text before a lone `:` may
+    be a user name)."""
+    match = _SCHEME.match(url)
+    return f"{match.group(1).lower()}://" if match else ""
+
+
 def safe_url(url: str) -> str:
-    """`url` without user info, query or fragment: the form that may be logged and stored."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
+    """`url` as httpx (which sends it) reads it, without user info, query or fragment: the form
+    that may be logged and stored. Total, and never shows any part of the user info:
+    `<scheme>://<unparseable URL>` when httpx cannot read `url`, `<scheme>://<ambiguous URL>`
+    when an `@` follows the host (a password holding an unencoded `/`, `?` or `#` is read as
+    host, port and path: `http://svc:123/Xk9@api/` goes to host `svc`)."""
     try:
-        port = parts.port
-    except ValueError:
-        port = None
-    netloc = f"{host}:{port}" if port is not None else host
-    return f"{parts.scheme}://{netloc}{parts.path}"
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, ValueError):
+        return f"{_scheme_of(url)}<unparseable URL>"
+    path, _, query = parsed.raw_path.partition(b"?")
+    if b"@" in path or b"@" in query or "@" in parsed.fragment:
+        return f"{_scheme_of(url)}<ambiguous URL>"
+    host = parsed.netloc.decode("ascii", "replace")
+    where = f"{parsed.scheme}://{host}" if parsed.scheme else ""
+    return where + path.decode("ascii", "replace")
 
 
 def describe(method: str, url: str, upstream: str | None) -> str:

@@ -210,6 +210,23 @@ async def test_a_request_that_cannot_be_sent_is_fatal_and_ignored_by_the_breaker
     assert (state.window_calls, state.window_failures) == (0, 0)
 
 
+@pytest.mark.parametrize("url", ["http://[::1/x", f"http://svc:{SECRET}/x@127.0.0.1:1/"])
+async def test_a_url_that_cannot_be_read_is_fatal_ignored_and_never_shown(
+    limits: SqlStore, redis: streams.Redis, keys: Keys, url: str
+) -> None:
+    client = UpstreamClient(make_gate(limits, redis, keys).bind(()))
+    with capture_logs() as logs, pytest.raises(UpstreamRejected) as caught:
+        await client.get(url, upstream="api")
+    await client.aclose()
+    assert (
+        str(caught.value)
+        == "GET http://<unparseable URL> (upstream 'api') could not be sent: InvalidURL"
+    )
+    assert "do-not-leak" not in repr(logs)
+    state = await breaker(redis, keys)
+    assert (state.window_calls, state.window_failures) == (0, 0)
+
+
 async def test_the_first_call_uses_the_runs_admission_and_later_ones_acquire(
     limits: SqlStore, redis: streams.Redis, keys: Keys
 ) -> None:

@@ -117,10 +117,30 @@ def test_retry_after_http_date_is_relative_to_now() -> None:
         ("https://api.example/v1/chat", "https://api.example/v1/chat"),
         ("http://user:pw@h:8080/p?token=s3cret#frag", "http://h:8080/p"),
         ("http://[::1]:9000/x?k=v", "http://[::1]:9000/x"),
-        ("http://h", "http://h"),
+        ("http://h", "http://h/"),
+        ("http://a@b:pw@h/p", "http://h/p"),
+        ("/v1/items?token=s3cret", "/v1/items"),
     ],
 )
 def test_safe_url_drops_credentials_and_query(url: str, expected: str) -> None:
+    assert safe_url(url) == expected
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("https://svc:s3cr3t/Xk9@api.internal/v1/items", "https://<unparseable URL>"),
+        ("http://[::1/x", "http://<unparseable URL>"),
+        ("http://svc:s3cr3t@api.internal/\nXk9", "http://<unparseable URL>"),
+        ("http://svc:123/Xk9@api.internal/v1", "http://<ambiguous URL>"),
+        ("http://svc:123?Xk9@api.internal/v1", "http://<ambiguous URL>"),
+        ("http://svc:123#Xk9@api.internal/v1", "http://<ambiguous URL>"),
+        ("svc:s3cr3t@api.internal/v1", "<ambiguous URL>"),
+    ],
+)
+def test_safe_url_shows_no_user_info_where_parsers_may_disagree(url: str, expected: str) -> None:
+    """The user info ends at the last `@` for some parsers and at the first `/`, `?` or `#`
+    for httpx: when the two may differ, nothing after the scheme is shown."""
     assert safe_url(url) == expected
 
 
