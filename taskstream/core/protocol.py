@@ -156,19 +156,27 @@ RawFields = Mapping[Any, Any]
 """Fields as read from Redis (bytes) or built in tests (str); `decode` checks every one."""
 
 
+def _wire_size(value: bytes | str) -> int:
+    """Bytes `value` takes in an entry: its length as read from Redis, UTF-8 for text."""
+    if isinstance(value, str):
+        return len(value.encode("utf-8", "surrogatepass"))
+    return len(value)
+
+
 def _text(raw: RawFields) -> dict[str, str]:
+    """Fields as text. Their size (names and values, bytes) is checked against
+    `MAX_ENTRY_BYTES` before anything is decoded, so a large entry costs no copies."""
+    size = sum(_wire_size(k) + _wire_size(v) for k, v in raw.items())
+    if size > MAX_ENTRY_BYTES:
+        raise ProtocolError("oversize", f"{size} bytes > {MAX_ENTRY_BYTES}")
     out: dict[str, str] = {}
-    size = 0
     for k, v in raw.items():
         try:
             key = k.decode() if isinstance(k, bytes) else k
             val = v.decode() if isinstance(v, bytes) else v
         except UnicodeDecodeError as exc:
             raise ProtocolError("bad_encoding", str(exc)) from exc
-        size += len(key) + len(val)
         out[key] = val
-    if size > MAX_ENTRY_BYTES:
-        raise ProtocolError("oversize", f"{size} bytes > {MAX_ENTRY_BYTES}")
     return out
 
 

@@ -85,6 +85,9 @@ def test_round_trip_property(attempt: int, at: int, task: str) -> None:
         ({k: v for k, v in encode(ENTRY).items() if k != "agent"}, "bad_field"),
         ({b"v": b"1", b"instance_id": b"\xff\xfe"}, "bad_encoding"),
         ({**encode(ENTRY), "trace_id": "x" * (MAX_ENTRY_BYTES + 1)}, "oversize"),
+        # 2,000 characters, but 6,000 bytes: the limit counts bytes.
+        ({**encode(ENTRY), "trace_id": "\u20ac" * 2000}, "oversize"),
+        ({b"v": b"1", b"trace_id": "\u20ac".encode() * 2000}, "oversize"),
     ],
 )
 def test_malformed_entries_name_their_reason(fields: dict[object, object], reason: str) -> None:
