@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import typer
@@ -16,6 +18,7 @@ from taskstream.core.settings import Settings
 from taskstream.core.spec import TaskFile
 from taskstream.runtime import endpoint
 from taskstream.runtime.embedded import EmbeddedValkey
+from taskstream.runtime.lifetime import HomeLock
 from taskstream.runtime.supervisor import Child, Supervisor, install_stop_signals, role_argv
 
 DEFAULT_TASKS = Path("tasks.yaml")
@@ -54,29 +57,61 @@ async def _up(
     from taskstream.core.store.migrate import upgrade  # noqa: PLC0415
 
     log = get_logger(role="supervisor")
-    valkey = EmbeddedValkey(s.home) if s.redis_url is None else None
-    redis_url = valkey.start() if valkey else s.redis_url
-    try:
-        eps = endpoint.Endpoints(
-            redis_url=redis_url or "", database_url=s.database_url or endpoint.sqlite_url(s.home)
-        )
-        await upgrade(eps.database_url)
-        if taskfile is not None:
-            await _apply(s, eps, taskfile)
-        endpoint.write(s.home, eps, os.getpid())
-        extra = ["--concurrency", str(concurrency)] if concurrency else []
-        children = [
-            Child("scheduler", role_argv("scheduler")),
-            Child("sweeper", role_argv("sweeper")),
-        ] + [Child(f"executor-{i}", role_argv("executor", *extra)) for i in range(executors)]
-        stop = asyncio.Event()
-        install_stop_signals(stop)
-        log.info("cluster.up", executors=executors, home=str(s.home), embedded=valkey is not None)
-        await Supervisor(eps, children, s.shutdown_grace_s).run(stop)
-    finally:
-        endpoint.remove(s.home, os.getpid())
-        if valkey:
-            valkey.stop()
+    # Before anything starts: a SIGTERM while it starts (a database that does not answer the
+    # migration, say) must still stop what was started, through the `finally` below.
+    stop = asyncio.Event()
+    install_stop_signals(stop)
+    with HomeLock(s.home):
+        valkey = EmbeddedValkey(s.home) if s.redis_url is None else None
+        redis_url = valkey.start() if valkey else s.redis_url
+        try:
+            eps = endpoint.Endpoints(
+                redis_url=redis_url or "",
+                database_url=s.database_url or endpoint.sqlite_url(s.home),
+            )
+            if not await _unless_stopped(stop, _prepare(s, eps, taskfile, upgrade)):
+                return
+            endpoint.write(s.home, eps, os.getpid())
+            extra = ["--concurrency", str(concurrency)] if concurrency else []
+            children = [
+                Child("scheduler", role_argv("scheduler")),
+                Child("sweeper", role_argv("sweeper")),
+            ] + [Child(f"executor-{i}", role_argv("executor", *extra)) for i in range(executors)]
+            embedded = valkey is not None
+            log.info("cluster.up", executors=executors, home=str(s.home), embedded=embedded)
+            await Supervisor(eps, children, s.shutdown_grace_s).run(stop)
+        finally:
+            endpoint.remove(s.home, os.getpid())
+            if valkey:
+                valkey.stop()
+
+
+async def _prepare(
+    s: Settings,
+    eps: endpoint.Endpoints,
+    taskfile: TaskFile | None,
+    upgrade: Callable[[str], Awaitable[None]],
+) -> None:
+    """Migrate the store and apply the task file, if one is given."""
+    await upgrade(eps.database_url)
+    if taskfile is not None:
+        await _apply(s, eps, taskfile)
+
+
+async def _unless_stopped(stop: asyncio.Event, step: Awaitable[None]) -> bool:
+    """Run `step` to its end (True), or cancel it when `stop` is set first (False)."""
+    work = asyncio.ensure_future(step)
+    stopped = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({work, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    if not work.done():
+        work.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await work
+        get_logger(role="supervisor").info("cluster.stopped_while_starting")
+        return False
+    work.result()
+    return True
 
 
 async def _apply(s: Settings, eps: endpoint.Endpoints, taskfile: TaskFile) -> None:

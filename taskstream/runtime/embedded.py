@@ -16,6 +16,7 @@ from pathlib import Path
 import redis
 
 from taskstream.core.errors import QueueUnavailable
+from taskstream.runtime.lifetime import guarded
 
 CONFIG = """bind 127.0.0.1
 protected-mode yes
@@ -50,7 +51,7 @@ class EmbeddedValkey:
         conf = self._dir / "valkey.conf"
         conf.write_text(CONFIG.format(port=port, dir=self._dir))
         self._proc = subprocess.Popen(  # noqa: S603 - fixed argv, no shell
-            [str(_server_binary()), str(conf)],
+            guarded([str(_server_binary()), str(conf)]),  # a SIGKILLed `up` must not leave it
             cwd=self._dir,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

@@ -3,8 +3,11 @@
 Children are `taskstream scheduler`, `taskstream sweeper` and N x `taskstream executor`,
 started with the resolved URLs in their environment. A child that dies is restarted after
 1, 2, 4 and 8 s, then every 16 s (counting its restarts over the supervisor's life). On
-SIGINT or SIGTERM every child gets SIGTERM, may finish in-flight work within the grace, and
-is killed after it; the whole stop takes at most `grace_s + 1` seconds.
+SIGINT or SIGTERM every child gets SIGTERM and may finish in-flight work within the grace;
+an executor then still has to release the runs that outlived it and commit, so a child is
+killed only `KILL_MARGIN_S` after the grace. The whole stop takes at most
+`grace_s + KILL_MARGIN_S + 1` seconds. Children get SIGTERM too when the supervisor dies
+(`lifetime.guarded`).
 """
 
 from __future__ import annotations
@@ -18,8 +21,12 @@ from dataclasses import dataclass, field
 
 from taskstream.core.logging import get_logger
 from taskstream.runtime.endpoint import Endpoints
+from taskstream.runtime.lifetime import guarded
 
 MAX_RESTART_DELAY_S = 16.0
+KILL_MARGIN_S = 2.0
+"""Seconds a child may take past the grace before it is killed: an executor releases the runs
+that outlived the grace (one store write) and commits those that ended in it."""
 
 
 @dataclass(slots=True)
@@ -60,15 +67,20 @@ class Supervisor:
         """Run the children until `stop` is set, then stop them all."""
         watchers = [asyncio.create_task(self._watch(c, stop)) for c in self._children]
         await stop.wait()
-        await self._stop_all()
+        stopped = await self._stop_all()
         for w in watchers:
             w.cancel()
         await asyncio.gather(*watchers, return_exceptions=True)
+        # A child (re)started while the stop arrived was not among those just stopped.
+        stopped += await self._stop_all()
+        self._log.info("supervisor.stopped", children=stopped)
 
     async def _watch(self, child: Child, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            child.proc = await asyncio.create_subprocess_exec(*child.argv, env=self._env)
+            child.proc = await asyncio.create_subprocess_exec(*guarded(child.argv), env=self._env)
             self._log.info("child.started", child=child.name, pid=child.proc.pid)
+            if stop.is_set():
+                return  # started as the stop arrived: `run` stops it after the others
             code = await child.proc.wait()
             if stop.is_set() or child.stopping:
                 return
@@ -78,15 +90,20 @@ class Supervisor:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=delay)
 
-    async def _stop_all(self) -> None:
-        live = [c for c in self._children if c.proc and c.proc.returncode is None]
+    async def _stop_all(self) -> int:
+        """SIGTERM every running child not yet told to stop, kill those still running after
+        the grace and `KILL_MARGIN_S`; how many were told."""
+        live = [
+            c for c in self._children if c.proc and c.proc.returncode is None and not c.stopping
+        ]
+        if not live:
+            return 0
         for child in live:
             child.stopping = True
             with contextlib.suppress(ProcessLookupError):
                 child.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
         waits = [asyncio.ensure_future(c.proc.wait()) for c in live if c.proc]
-        # Every child may be dead already, waiting for its restart: nothing to wait for.
-        _, pending = await asyncio.wait(waits, timeout=self._grace_s) if waits else ((), ())
+        _, pending = await asyncio.wait(waits, timeout=self._grace_s + KILL_MARGIN_S)
         for child in live:
             if child.proc and child.proc.returncode is None:
                 self._log.warning("child.killed", child=child.name)
@@ -94,7 +111,7 @@ class Supervisor:
                     child.proc.kill()
         if pending:
             await asyncio.wait(pending, timeout=1.0)
-        self._log.info("supervisor.stopped", children=len(live))
+        return len(live)
 
 
 def install_stop_signals(stop: asyncio.Event) -> None:

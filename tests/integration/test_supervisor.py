@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
 
 from taskstream.runtime.endpoint import Endpoints
 from taskstream.runtime.supervisor import Child, Supervisor
@@ -25,3 +30,61 @@ async def test_a_stop_while_every_child_waits_for_its_restart_ends_cleanly() -> 
     stop.set()
     await asyncio.wait_for(running, timeout=10)  # raised ValueError on an empty wait before
     assert child.proc is not None and child.proc.returncode == 3
+
+
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
+
+
+def slow_to_stop(ready: Path) -> list[str]:
+    """A child that takes half a second to stop on SIGTERM; `ready` appears once it would."""
+    code = (
+        "import pathlib, signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *_: (time.sleep(0.5), sys.exit(0)))\n"
+        f"pathlib.Path({str(ready)!r}).touch()\n"
+        "time.sleep(60)\n"
+    )
+    return [sys.executable, "-c", code]
+
+
+async def test_a_child_started_as_the_stop_arrives_is_stopped_too(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """SIGINT/SIGTERM reaches `up` just as it (re)starts a child: the process exists but its
+    start has not returned, so the first round of stopping, still waiting for a slow child,
+    does not see it. It is stopped all the same, and outlives no one."""
+    stop = asyncio.Event()
+    real_exec = asyncio.create_subprocess_exec
+    ready = tmp_path / "ready"
+    other = Child("scheduler", slow_to_stop(ready))
+    late = Child("executor-0", SLEEPER)
+    spawned: list[asyncio.subprocess.Process] = []
+
+    async def other_ready() -> bool:
+        return ready.exists()
+
+    async def exec_(*argv: Any, **kw: Any) -> asyncio.subprocess.Process:
+        proc = await real_exec(*argv, **kw)
+        spawned.append(proc)
+        if len(spawned) == 2:  # the second child: forked, not handed back yet
+            await until(other_ready)
+            stop.set()  # the signal lands here
+            try:
+                await asyncio.sleep(0.1)
+            except asyncio.CancelledError:  # as asyncio itself does when cancelled mid-start
+                proc.kill()
+                raise
+        return proc
+
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", exec_)
+    try:
+        await asyncio.wait_for(
+            Supervisor(Endpoints("", ""), [other, late], grace_s=2).run(stop), 20
+        )
+        left = [p.pid for p in spawned if p.returncode is None]
+        assert left == [], f"children still running after the supervisor stopped: {left}"
+    finally:
+        for proc in spawned:
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                await proc.wait()

@@ -1,0 +1,89 @@
+"""What ties the processes of `taskstream up` to it: children that end when it dies, and one
+`up` per home folder.
+
+`guarded(argv)` is the command line that runs `argv` as a child which gets SIGTERM when the
+process that started it dies (Linux `PR_SET_PDEATHSIG`, which survives the exec), so a
+SIGKILLed `up` (the OOM killer, `kill -9`) leaves neither role processes nor its embedded
+Valkey running. The signal is armed by this module run as a program, which then execs `argv`
+in the same process (same pid), rather than by a `preexec_fn`, which is unsafe in a process
+with threads. Elsewhere than Linux `argv` runs as it is, and outlives a killed `up`.
+
+`HomeLock` holds an exclusive `flock` on `<home>/up.lock` for the life of `up`: a second `up`
+in the same folder would start a second Valkey on the same append-only file, and the two would
+overwrite each other's data. The kernel drops the lock when its holder dies, however it dies.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import fcntl
+import os
+import signal
+import sys
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+from taskstream.core.errors import TaskstreamError
+
+_PR_SET_PDEATHSIG = 1
+
+
+def guarded(argv: list[str]) -> list[str]:
+    """The command line running `argv` so that it gets SIGTERM when this process dies."""
+    if not sys.platform.startswith("linux"):
+        return argv
+    return [sys.executable, "-m", __name__, str(os.getpid()), *argv]
+
+
+def _arm_and_exec(parent: int, argv: list[str]) -> None:
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before the signal was armed
+        sys.exit(1)
+    os.execv(argv[0], argv)  # noqa: S606 - argv as given by `guarded`, no shell
+
+
+class AlreadyRunning(TaskstreamError):
+    """Another `taskstream up` holds this home folder."""
+
+
+class HomeLock:
+    """An exclusive lock on `<home>/up.lock`, held from `__enter__` to `__exit__`."""
+
+    def __init__(self, home: Path) -> None:
+        self._path = home / "up.lock"
+        self._fd: int | None = None
+
+    def __enter__(self) -> Self:
+        """Take the lock; `AlreadyRunning` (naming the holder's pid when known) if taken."""
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise AlreadyRunning(
+                f"taskstream up is already running in {self._path.parent} (pid {holder}); "
+                "stop it first, or set TASKSTREAM_HOME to another folder"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._fd = fd
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the last descriptor drops the flock
+            self._fd = None
+
+
+if __name__ == "__main__":
+    _arm_and_exec(int(sys.argv[1]), sys.argv[2:])

@@ -1,0 +1,228 @@
+"""`taskstream up`: its children and embedded Valkey live and die with it, a run that outlives
+the grace is released, and one `up` runs per folder."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.cli_rig import run_cli, wait_for
+
+pytestmark = pytest.mark.roles
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SLOW = """
+tasks:
+  - id: long
+    agent: slow
+    payload: {seconds: 60}
+"""
+
+
+def base_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TASKSTREAM_")}
+    path = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{path}" if path else str(ROOT)
+    env["TASKSTREAM_AGENT_MODULES"] = "tests.agents"
+    env.update(extra)
+    return env
+
+
+def start_up(cwd: Path, env: dict[str, str], *args: str) -> subprocess.Popen[str]:
+    with (cwd / "up.log").open("w") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "taskstream", "up", *args],
+            cwd=cwd,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+
+
+def pids_in_session(sid: int) -> list[int]:
+    """Every live process of session `sid` (the `up` of a test runs in its own)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.getsid(int(entry.name)) == sid and (entry / "stat").read_text().split()[2] != "Z":
+                out.append(int(entry.name))
+        except (ProcessLookupError, OSError):
+            continue
+    return out
+
+
+def valkey_pids(home: Path) -> list[int]:
+    """Live valkey servers running in `home/valkey` (their working directory)."""
+    want = (home / "valkey").resolve()
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if (
+                Path(os.readlink(entry / "cwd")) == want
+                and b"valkey" in (entry / "cmdline").read_bytes()
+            ):
+                out.append(int(entry.name))
+        except OSError:
+            continue
+    return out
+
+
+@pytest.fixture
+def reaper(tmp_path: Path) -> Iterator[list[Any]]:
+    """Processes (Popen) and pids the test created, and every valkey left running on the
+    test's `.taskstream/`; SIGKILLed (with their sessions) and reaped at the end."""
+    started: list[Any] = []
+    yield started
+    procs = [p for p in started if isinstance(p, subprocess.Popen)]
+    pids = [p.pid if isinstance(p, subprocess.Popen) else p for p in started]
+    for pid in [*pids, *valkey_pids(tmp_path / ".taskstream")]:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    for proc in procs:
+        proc.wait()
+
+
+def instance_status(cwd: Path) -> list[tuple[str, str]]:
+    db = sqlite3.connect(cwd / ".taskstream" / "taskstream.db")
+    try:
+        return list(db.execute("SELECT status, COALESCE(lease_owner, '') FROM task_instances"))
+    finally:
+        db.close()
+
+
+def test_up_stop_releases_a_run_that_outlives_the_grace(tmp_path: Path, reaper: list[Any]) -> None:
+    """operations.md (Stopping): after the grace the executor releases the unfinished run
+    (RETRYING, due now) and exits 0; under `up` too, whose supervisor kills a child only
+    `KILL_MARGIN_S` after the same grace."""
+    (tmp_path / "tasks.yaml").write_text(SLOW)
+    env = base_env(TASKSTREAM_SHUTDOWN_GRACE_S="2")
+    proc = start_up(tmp_path, env, "--executors", "1")
+    reaper.append(proc)
+    assert wait_for((tmp_path / ".taskstream" / "endpoint.json").exists, 60)
+    assert wait_for(lambda: b"executor.started" in (tmp_path / "up.log").read_bytes(), 60), (
+        tmp_path / "up.log"
+    ).read_text()
+    run_cli("trigger", "long", env=env, cwd=tmp_path, check=True)
+    assert wait_for(lambda: [s for s, _ in instance_status(tmp_path)] == ["RUNNING"], 30)
+
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
+    log = (tmp_path / "up.log").read_text()
+    [(status, owner)] = instance_status(tmp_path)
+    assert status == "RETRYING", (status, owner, log[-1500:])
+    assert "child.killed" not in log
+
+
+def test_up_killed_leaves_no_children_running(tmp_path: Path, reaper: list[Any]) -> None:
+    """`up` killed outright (OOM killer, `kill -9`, a crashed terminal): its scheduler,
+    sweeper, executors and the embedded Valkey end with it."""
+    env = base_env()
+    proc = start_up(tmp_path, env, "--executors", "1")
+    reaper.append(proc)
+    assert wait_for(lambda: b"executor.started" in (tmp_path / "up.log").read_bytes(), 60), (
+        tmp_path / "up.log"
+    ).read_text()
+    valkeys = valkey_pids(tmp_path / ".taskstream")
+    reaper.extend(valkeys)
+    assert len(valkeys) == 1
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    time.sleep(5)
+    left = pids_in_session(proc.pid) + [
+        p for p in valkeys if p in valkey_pids(tmp_path / ".taskstream")
+    ]
+    assert left == [], f"still running after up was killed: {left}"
+
+
+def test_sigterm_while_up_starts_stops_the_embedded_valkey(
+    tmp_path: Path, reaper: list[Any]
+) -> None:
+    """SIGTERM to `up` while it starts (here: while the migration waits for a database that
+    accepts connections but never answers) stops the embedded Valkey it had started."""
+    hang = socket.socket()
+    hang.bind(("127.0.0.1", 0))
+    hang.listen(8)
+    port = hang.getsockname()[1]
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = hang.accept()
+            except OSError:
+                return
+            held.append(conn)  # never answers: the MySQL handshake waits
+
+    threading.Thread(target=accept, daemon=True).start()
+    env = base_env(TASKSTREAM_DATABASE_URL=f"mysql://root@127.0.0.1:{port}/x")
+    proc = start_up(tmp_path, env, "--executors", "0")
+    reaper.append(proc)
+    home = tmp_path / ".taskstream"
+    try:
+        assert wait_for(lambda: bool(held), 60), (tmp_path / "up.log").read_text()
+        valkeys = valkey_pids(home)
+        reaper.extend(valkeys)
+        assert len(valkeys) == 1
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=30)
+        time.sleep(1)
+        left = valkey_pids(home)
+        assert left == [], f"up exited {code}; embedded valkey still running: {left}"
+    finally:
+        hang.close()
+        for c in held:
+            c.close()
+
+
+def test_second_up_in_the_same_folder_refuses(tmp_path: Path, reaper: list[Any]) -> None:
+    """A second `taskstream up` in a folder whose `up` is running refuses to start (a second
+    Valkey on the same append-only file would overwrite the first one's data), names the
+    running one, and leaves its endpoint file alone."""
+    env = base_env()
+    first = start_up(tmp_path, env, "--executors", "0")
+    reaper.append(first)
+    home = tmp_path / ".taskstream"
+    assert wait_for((home / "endpoint.json").exists, 60)
+    reaper.extend(valkey_pids(home))
+    with (tmp_path / "up2.log").open("w") as log2:
+        second = subprocess.Popen(
+            [sys.executable, "-m", "taskstream", "up", "--executors", "0"],
+            cwd=tmp_path,
+            env=env,
+            stdout=log2,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    reaper.append(second)
+    exited = wait_for(lambda: second.poll() is not None, 20)
+    reaper.extend(valkey_pids(home))
+    endpoint_pid = json.loads((home / "endpoint.json").read_text())["pid"]
+    assert exited and second.returncode == 1, (
+        f"second up still running; valkeys on {home}: {valkey_pids(home)}; "
+        f"endpoint.json now names pid {endpoint_pid} (first {first.pid}, second {second.pid})"
+    )
+    assert f"already running in .taskstream (pid {first.pid})" in (tmp_path / "up2.log").read_text()
+    assert endpoint_pid == first.pid
+    assert len(valkey_pids(home)) == 1
