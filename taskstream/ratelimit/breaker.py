@@ -14,9 +14,11 @@ States and rules (times are UTC epoch ms; `cfg` is a `BreakerConfig`):
 - **half_open**: exactly `probes` calls are admitted; the rest are rejected. Only the outcomes
   of the current round's probes count: the breaker closes once `probes` probe successes have
   been recorded and re-opens on any probe failure; an ignored probe gives its slot back.
-  Outcomes of calls admitted before (while closed) change nothing. Slots whose probes report
-  nothing within `probe_timeout_ms` are presumed lost and handed out again (successes already
-  recorded stay), which starts a new round.
+  Outcomes of calls admitted before (while closed) change nothing. When no probe has been
+  admitted for `probe_timeout_ms` (`last_probe_ms`, else since the round began) and probes
+  are still out, they are presumed lost and their slots handed out again (successes already
+  recorded stay), which starts a new round. A slot an ignored probe gave back goes to the next
+  probe of the same round, and that probe too gets its whole `probe_timeout_ms`.
 - **rounds**: a round is named by its `since_ms`, set when the breaker half-opens and when
   slots are handed out again; a probe carries the round that admitted it (`probe_round`). A
   probe that reports after its round ended (its slot was handed out again, or the breaker has
@@ -145,9 +147,10 @@ class BreakerState:
     """Everything the breaker remembers; field names double as the Redis hash fields.
 
     `since_ms`: when the status last changed (half-open: when probe slots were last handed
-    out). `window_*`: the closed-state tumbling window. `probes_admitted` >= 0 and
-    `probe_successes` < `cfg.probes` while half-open; all counters are 0 in other states
-    except the closed-state ones.
+    out, which names the round). `window_*`: the closed-state tumbling window.
+    `probes_admitted` >= 0 and `probe_successes` < `cfg.probes` while half-open, and
+    `last_probe_ms`, when the newest probe was admitted (0: none yet, or a state stored before
+    it was kept); all counters are 0 in other states except the closed-state ones.
     """
 
     status: BreakerStatus = BreakerStatus.CLOSED
@@ -158,6 +161,7 @@ class BreakerState:
     window_failures: int = 0
     probes_admitted: int = 0
     probe_successes: int = 0
+    last_probe_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,13 +242,19 @@ def admit(
         if left := cooldown_left_ms(state, now_ms, cfg):
             return _decision(before, state, probe=False, retry_after_ms=left), state
         state = fresh(BreakerStatus.HALF_OPEN, now_ms)
-    elif now_ms >= state.since_ms + cfg.probe_timeout_ms:
+    elif now_ms >= _probes_lost_ms(state, cfg):
         state = replace(state, since_ms=now_ms, probes_admitted=state.probe_successes)
     if state.probes_admitted >= cfg.probes:
-        wait = max(1, state.since_ms + cfg.probe_timeout_ms - now_ms)
+        wait = max(1, _probes_lost_ms(state, cfg) - now_ms)
         return _decision(before, state, probe=False, retry_after_ms=wait), state
-    state = replace(state, probes_admitted=state.probes_admitted + 1)
+    state = replace(state, probes_admitted=state.probes_admitted + 1, last_probe_ms=now_ms)
     return _decision(before, state, probe=True), state
+
+
+def _probes_lost_ms(state: BreakerState, cfg: BreakerConfig) -> int:
+    """When a half-open breaker's probes still out are presumed lost (ms): `probe_timeout_ms`
+    after the newest probe's admission, or after the round began when that is later."""
+    return max(state.since_ms, state.last_probe_ms) + cfg.probe_timeout_ms
 
 
 HALF_OPEN_RECHECK_MIN_MS = 1_000

@@ -143,15 +143,17 @@ if s.status == OPEN then
   local reopen_at = s.since_ms + cfg.cooldown_ms
   if now < reopen_at then return reply(0, 0, reopen_at - now, before, s) end
   s = fresh(HALF_OPEN)
-elseif now >= s.since_ms + cfg.probe_timeout_ms then
+elseif now >= math.max(s.since_ms, s.last_probe_ms) + cfg.probe_timeout_ms then
   s.since_ms = now
   s.probes_admitted = s.probe_successes
 end
 if s.probes_admitted >= cfg.probes then
   save(s)
-  return reply(0, 0, math.max(1, s.since_ms + cfg.probe_timeout_ms - now), before, s)
+  local lost_at = math.max(s.since_ms, s.last_probe_ms) + cfg.probe_timeout_ms
+  return reply(0, 0, math.max(1, lost_at - now), before, s)
 end
 s.probes_admitted = s.probes_admitted + 1
+s.last_probe_ms = now
 save(s)
 return reply(1, 1, 0, before, s)
 """

@@ -22,7 +22,7 @@ from tests.ratelimit.rigs import RedisRig, open_rig
 CASES = 150
 SPAN_MS = 10_000
 EDGE_MARGIN_MS = 1_000
-TIME_FIELDS = ("since_ms", "window_start_ms")
+TIME_FIELDS = ("since_ms", "window_start_ms", "last_probe_ms")
 
 
 @pytest.fixture
@@ -85,6 +85,7 @@ def _random_state(rng: Random, cfg: BreakerConfig, now_ms: int) -> BreakerState:
         window_failures=rng.randint(0, calls),
         probes_admitted=rng.randint(0, cfg.probes),
         probe_successes=rng.randint(0, cfg.probes - 1),
+        last_probe_ms=rng.choice((0, now_ms - 2 * SPAN_MS, now_ms - SPAN_MS // 2)),
     )
 
 

@@ -157,6 +157,21 @@ def test_a_probe_from_an_earlier_half_open_does_not_close_a_later_one() -> None:
     assert record(state, S, 60_002, CFG, probe_round=later.probe_round).status is CLOSED
 
 
+def test_a_probe_taking_a_slot_given_back_gets_its_whole_timeout() -> None:
+    """`probes` 1: probe A's call is ignored (a 404), which frees its slot; B takes it late in
+    the round. B is not presumed lost when the round is a timeout old, only when B is: a
+    third caller is refused meanwhile, and B's failure still re-opens the breaker."""
+    state, first = _half_open_with_probe()
+    state = record(state, IG, 30_010, CFG, probe_round=first)
+    late, state = admit(state, 89_999, CFG)
+    assert late.probe_round == first  # the same round
+    third, state = admit(state, 90_000, CFG)
+    assert (third.allowed, third.retry_after_ms) == (False, CFG.probe_timeout_ms - 1)
+    assert record(state, F, 90_500, CFG, probe_round=late.probe_round).status is OPEN
+    again, _ = admit(state, 89_999 + CFG.probe_timeout_ms, CFG)  # now B is presumed lost
+    assert again.probe and again.probe_round != first
+
+
 def test_successes_of_a_round_stay_when_its_slots_are_handed_out_again() -> None:
     state, first = _half_open_with_probe(TWO_PROBES)
     second, state = admit(state, 30_000, TWO_PROBES)
