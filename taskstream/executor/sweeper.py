@@ -196,9 +196,7 @@ class Sweeper:
         CAS (the next pass decides again from the row as it is then) or another mover took
         the entry first."""
         if verdict.action is Action.POISON and instance is not None:
-            failed = await self._poison(
-                d, instance.id, instance.status, instance.attempt, verdict.reason
-            )
+            failed = await self._poison(d, instance, verdict.reason)
             return Action.POISON if failed else Action.LEAVE
         if verdict.action is Action.ACK:
             await streams.ack(self._redis, d.stream, d.entry_id)
@@ -218,36 +216,37 @@ class Sweeper:
                 await streams.ack(self._redis, d.stream, d.entry_id)
         return verdict.action
 
-    async def _poison(
-        self, d: streams.Delivery, instance_id: str, status: Status, attempt: int, reason: str
-    ) -> bool:
+    async def _poison(self, d: streams.Delivery, row: InstanceRow, reason: str) -> bool:
         """Fail the instance as poison and dead-letter the entry. When the move to FAILED
         loses its CAS the row moved on meanwhile (a second delivery was claimed and runs, the
-        run ended, another sweeper failed it): the entry is left, and False returned."""
+        run ended, another sweeper failed it, its owner's heartbeat extended the lease): the
+        entry is left, and False returned."""
+        status = row.status
         if status in (Status.PENDING, Status.RETRYING):
             # Its entry is on the stream, so the row moves on to DISPATCHED first, as a claim
             # would: PENDING cannot fail, and the history should show the publish it missed.
-            status = await seen_on_stream(self._store, instance_id, status, attempt) or status
-        if not await self._fail_poison(instance_id, status, attempt, reason):
-            self._log.info("entry.poison_lost", entry_id=d.entry_id, instance_id=instance_id)
+            status = await seen_on_stream(self._store, row.id, status, row.attempt) or status
+        if not await self._fail_poison(row, status, reason):
+            self._log.info("entry.poison_lost", entry_id=d.entry_id, instance_id=row.id)
             return False
         await self._dead(d, "poison")
         return True
 
-    async def _fail_poison(
-        self, instance_id: str, status: Status, attempt: int, reason: str
-    ) -> bool:
-        """CAS `status` -> FAILED (poison) at `attempt`; False when the row is elsewhere."""
+    async def _fail_poison(self, row: InstanceRow, status: Status, reason: str) -> bool:
+        """CAS `status` -> FAILED (poison) at the row's attempt, and for a run only while its
+        lease is as it was read (a heartbeat since proves the owner alive); False when the row
+        is elsewhere."""
         if not can_transition(status, Status.FAILED):
             return False
         moved = await self._store.transition(
-            instance_id,
+            row.id,
             status,
             Status.FAILED,
             reason="poison",
-            attempt=attempt,
+            attempt=row.attempt,
             fail_class=FailClass.POISON,
             error=reason,
+            lease_until=row.lease_expires_at_ms if status is Status.RUNNING else None,
         )
         return moved.ok
 

@@ -241,3 +241,42 @@ async def test_a_timeout_whose_second_move_failed_is_finished_with_its_own_cause
     assert done is not None
     assert (done.status, done.fail_class) == (Status.FAILED, FailClass.POISON)
     assert (await h.store.history(instance_id))[-1].reason == after(OWNER_LOST)
+
+
+SHORT_LEASE = """
+tasks:
+  - id: short
+    agent: slow
+    lease: 10s
+    payload: {seconds: 0}
+"""
+
+
+@pytest.mark.parametrize("deliveries", [1, 9])
+async def test_a_lease_extended_after_the_sweepers_read_leaves_the_run(
+    outage: Harness, monkeypatch: pytest.MonkeyPatch, deliveries: int
+) -> None:
+    """The sweeper reads a run whose lease has run out; its owner's heartbeat then extends
+    the lease before the sweeper moves. The run is left to its owner, whether the verdict
+    was a timeout or, with the entry delivered too often already, poison."""
+    h = outage
+    await h.apply(SHORT_LEASE)
+    await h.trigger(SHORT_LEASE, "short", fire_ms=h.clock.now_ms())
+    [d] = await streams.read(h.redis, h.keys, "c1", count=1, block_ms=10)
+    [run] = await (await intake(h, "c1")).admit([d])
+    if deliveries > 1:  # earlier deliveries of this entry (readers that crashed before)
+        await h.redis.xclaim(d.stream, GROUP, "c1", 0, [d.entry_id], retrycount=deliveries)
+    h.clock.set(h.clock.now_ms() + 11_000)  # the lease as the sweeper reads it has run out
+    get_instance = h.store.get_instance
+
+    async def read_then_beat(instance_id: str) -> Any:
+        row = await get_instance(instance_id)
+        assert await h.store.extend_lease(instance_id, token=run.token, lease_s=60)
+        return row
+
+    monkeypatch.setattr(h.store, "get_instance", read_then_beat)
+    await h.sweeper(min_idle_ms=0).sweep_once()
+    monkeypatch.undo()
+    row = await h.store.get_instance(run.row.id)
+    assert row is not None
+    assert (row.status, row.fail_class) == (Status.RUNNING, None)
