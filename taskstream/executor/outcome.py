@@ -48,13 +48,13 @@ in one statement (MariaDB's default packet limit is 16 MiB, counted in utf8mb4).
 
 def succeeded(result: Any) -> RunEnd:
     """A run that returned. Its result is encoded once, as the store keeps it. A result the
-    store cannot keep (not JSON, keys that do not sort, not UTF-8 encodable, over
-    `MAX_RESULT_BYTES`) is a fatal failure, not a success: it would fail its commit every
-    time, and its batch with it."""
+    store cannot keep (not JSON, keys that do not sort, not UTF-8 encodable, nested too deep
+    to encode, over `MAX_RESULT_BYTES`) is a fatal failure, not a success: it would fail its
+    commit every time, and its batch with it."""
     try:
         text = None if result is None else stored_json(result)
         size = 0 if text is None else utf8_size(text)
-    except (TypeError, ValueError) as exc:  # UnicodeEncodeError is a ValueError
+    except (TypeError, ValueError, RecursionError) as exc:  # UnicodeEncodeError: ValueError
         return RunEnd("result_not_json", failure=Failure.FATAL, error=str(exc)[:200])
     if size > MAX_RESULT_BYTES:
         error = f"result is {size} bytes, limit {MAX_RESULT_BYTES}"

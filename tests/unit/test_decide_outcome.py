@@ -57,6 +57,15 @@ def test_a_result_the_store_cannot_keep_is_a_fatal_failure() -> None:
     assert succeeded("é" * (MAX_RESULT_BYTES // 2 - 1)).failure is None
 
 
+def test_a_result_nested_too_deep_to_encode_is_a_fatal_failure() -> None:
+    """Retried, it would run the agent (and its side effects) again for the same end."""
+    deep: list[object] = []
+    for _ in range(100_000):
+        deep = [deep]
+    end = succeeded(deep)
+    assert (end.reason, end.failure) == ("result_not_json", Failure.FATAL)
+
+
 def test_keys_that_do_not_sort_are_a_fatal_failure() -> None:
     """The store keeps JSON with sorted keys: a dict mixing int and str keys has no such
     text, so it would fail its commit every time (and be retried until exhausted)."""
