@@ -9,7 +9,6 @@ it. The result is `{"status": int, "body": JSON or text, "truncated": bool}`.
 from __future__ import annotations
 
 import json
-import math
 from typing import Any, Final, Literal
 
 import httpx
@@ -17,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
 
 from taskstream.agents.base import AgentContext, FunctionAgent
 from taskstream.agents.upstream_response import UpstreamResponse
+from taskstream.core.payloads import finite_json_number, no_json_constant
 from taskstream.core.store.records import stored_json
 
 MAX_BODY_BYTES: Final = 64 * 1024
@@ -67,19 +67,6 @@ async def _http(ctx: AgentContext, params: HttpParams) -> dict[str, Any]:
     }
 
 
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _finite(text: str) -> float:
-    """A JSON number with a fraction or exponent; ValueError for one beyond the float range
-    (`1e999`), which would parse as infinity and has no stored form."""
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError("number out of range")
-    return value
-
-
 def response_body(response: UpstreamResponse) -> Any:
     """The body as parsed JSON when it is complete JSON (by content type) that a store can
     keep, else as text. The call has been answered, so the body never fails the run: JSON the
@@ -87,7 +74,11 @@ def response_body(response: UpstreamResponse) -> Any:
     goes) is returned as text like any body that is not JSON."""
     if response.is_json and not response.truncated:
         try:
-            value = json.loads(response.content, parse_constant=_no_constant, parse_float=_finite)
+            value = json.loads(
+                response.content,
+                parse_constant=no_json_constant,
+                parse_float=finite_json_number,
+            )
             stored_json(value).encode("utf-8")
         except (TypeError, ValueError, RecursionError):  # UnicodeError is a ValueError
             pass

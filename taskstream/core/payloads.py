@@ -26,8 +26,8 @@ def payload_problem(payload: Mapping[str, object], limit_bytes: int) -> str | No
     """
     try:
         text = stored_json(payload)
-    except ValueError:
-        return "holds a number JSON cannot hold (infinity or NaN)"
+    except ValueError as exc:  # infinity or NaN from YAML, an int past Python's digit limit
+        return f"holds a value JSON cannot hold: {str(exc)[:200]}"
     except RecursionError:
         return "is nested too deeply to be stored as JSON"
     try:
@@ -43,6 +43,21 @@ def payload_problem(payload: Mapping[str, object], limit_bytes: int) -> str | No
     return None
 
 
+def no_json_constant(name: str) -> None:
+    """`parse_constant` for `json.loads`: `NaN`, `Infinity` and `-Infinity` are refused
+    (ValueError), since no store keeps them."""
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def finite_json_number(digits: str) -> float:
+    """`parse_float` for `json.loads`: ValueError for a number beyond the float range
+    (`1e999`), which would otherwise parse as infinity, which no store keeps."""
+    number = float(digits)
+    if not math.isfinite(number):
+        raise ValueError(f"{digits[:40]} is too large for a JSON number")
+    return number
+
+
 def parse_json_object(text: str) -> dict[str, Any]:
     """The JSON object `text` holds.
 
@@ -50,18 +65,12 @@ def parse_json_object(text: str) -> dict[str, Any]:
     object (JSON parsers differ on which one wins, so neither is guessed), or not an object.
     """
 
-    def no_constants(name: str) -> None:
-        raise ValueError(f"{name} is not a JSON number")
-
-    def finite(digits: str) -> float:
-        number = float(digits)
-        if not math.isfinite(number):
-            raise ValueError(f"{digits[:40]} is too large for a JSON number")
-        return number
-
     try:
         value = json.loads(
-            text, parse_constant=no_constants, parse_float=finite, object_pairs_hook=_unique_keys
+            text,
+            parse_constant=no_json_constant,
+            parse_float=finite_json_number,
+            object_pairs_hook=_unique_keys,
         )
     except _DuplicateKey as exc:
         raise ValueError(str(exc)) from None
