@@ -12,7 +12,6 @@ retry policy, the `Retry-After` wait, and the URL form that may be logged.
 
 from __future__ import annotations
 
-import re
 from datetime import UTC
 from email.utils import parsedate_to_datetime
 from typing import Final
@@ -20,6 +19,7 @@ from typing import Final
 import httpx
 
 from taskstream.agents.errors import AgentError, UpstreamRejected, UpstreamUnavailable
+from taskstream.core.store.urls import url_scheme
 from taskstream.ratelimit.breaker import Outcome, classify_http
 
 MAX_RETRY_AFTER_MS: Final = 3_600_000
@@ -76,14 +76,11 @@ def retry_after_ms(value: str | None, now_ms: int) -> int | None:
     return min(MAX_RETRY_AFTER_MS, max(0, wait_ms))
 
 
-_SCHEME: Final = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
-
-
 def _scheme_of(url: str) -> str:
     """`scheme://` of `url` when it starts with one, else "" (the text before a lone `:` may
     be a user name)."""
-    match = _SCHEME.match(url)
-    return f"{match.group(1).lower()}://" if match else ""
+    scheme = url_scheme(url)
+    return f"{scheme.lower()}://" if scheme else ""
 
 
 def safe_url(url: str) -> str:

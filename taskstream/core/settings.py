@@ -5,7 +5,6 @@ Settings are frozen and passed down; no module reads the environment on its own.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
@@ -14,6 +13,8 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
+
+from taskstream.core.store.urls import url_scheme
 
 
 class Settings(BaseSettings):
@@ -79,7 +80,6 @@ class Settings(BaseSettings):
 
 REDIS_SCHEMES = ("redis", "rediss", "unix")
 
-_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _BAD_PORT = "bad port: not a number from 1 to 65535"
 
 # The messages below never quote the URL or a parser's message: a parser that splits the user
@@ -91,11 +91,11 @@ def _check_redis_url(url: str) -> None:
     no `scheme://`, a scheme not in `REDIS_SCHEMES`, or a port that is not 1 to 65535. That
     reading ends the user info at the first `/`, `?` or `#`, so a password holding one must be
     percent-encoded (`%2F`, `%3F`, `%23`)."""
-    match = _SCHEME.match(url)
-    if match is None:
+    scheme = url_scheme(url)
+    if scheme is None:
         raise ValueError("not a URL (scheme://...)")
-    if match.group(1) not in REDIS_SCHEMES:
-        raise ValueError(f"scheme {match.group(1)!r} is not one of {', '.join(REDIS_SCHEMES)}")
+    if scheme not in REDIS_SCHEMES:
+        raise ValueError(f"scheme {scheme!r} is not one of {', '.join(REDIS_SCHEMES)}")
     try:
         parts = urlsplit(url)
     except ValueError:
@@ -112,7 +112,7 @@ def _check_database_url(url: str) -> None:
     """`ValueError` naming what is wrong with `url` as SQLAlchemy reads it (`make_url`): no
     `scheme://`, a form it cannot read, or a port that is not 1 to 65535. That reading takes
     the password up to the `@` before the host, so it may hold a `/` as it is."""
-    if _SCHEME.match(url) is None:
+    if url_scheme(url) is None:
         raise ValueError("not a URL (scheme://...)")
     try:
         port = make_url(url).port

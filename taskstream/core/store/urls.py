@@ -37,11 +37,18 @@ _QUERY_SECRET = re.compile(
 """A query parameter that carries a secret, up to its value."""
 
 
-def _scheme(url: str) -> str:
+def url_scheme(url: str) -> str | None:
+    """The scheme of `url` when it starts with `scheme://`, as written; else None. Reads
+    nothing past the `://`, so it never sees the user info."""
     match = _SCHEME.match(url)
-    if match is None:
+    return None if match is None else match.group(1)
+
+
+def _scheme(url: str) -> str:
+    scheme = url_scheme(url)
+    if scheme is None:
         raise ConfigError([f"database URL has no scheme: {redact_url(url)}"])
-    return match.group(1)
+    return scheme
 
 
 def normalize_url(url: str) -> str:
