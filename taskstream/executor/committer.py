@@ -196,37 +196,57 @@ class Committer:
         return True
 
     async def _settle(self, committed: list[_Item]) -> None:
+        """Follow the batch's commit: the second move of timed-out runs, dead letters, then one
+        ack for the rest. A run whose follow-up failed is not acked (the sweeper recovers its
+        entry, the reconciler its row) and does not hold back the acks of the others."""
         acks: list[streams.Delivery] = []
+        settled: list[_Item] = []
         for item in committed:
-            finish = item.plan.finish
-            if item.plan.after_timeout is not None:
-                await self._leave_timeout(item)
-            if finish.fail_class is FailClass.POISON:
-                await self._dead(item.run.delivery, finish.reason, finish.error or "")
-            else:
-                acks.append(item.run.delivery)
-            acks.extend(item.run.duplicates)
-            if finish.dst is not Status.SUCCESS:
-                self._log.info(
-                    "instance.committed",
-                    instance_id=finish.instance_id,
-                    attempt=finish.token,
-                    status=finish.dst,
-                    reason=finish.reason,
-                    fail_class=finish.fail_class,
+            try:
+                acks.extend(await self._follow_up(item))
+            except Exception as exc:  # one run's follow-up must not keep the others pending
+                self._log.warning(
+                    "commit.follow_up_failed",
+                    instance_id=item.plan.finish.instance_id,
+                    attempt=item.plan.finish.token,
+                    error=str(exc)[:300],
                 )
-        if committed:
+                item.done.set_exception(exc)
+                continue
+            settled.append(item)
+        if settled:
             # Successes are logged once per batch (see `Intake._claim`); other ends above.
             self._log.info(
                 "instances.committed",
-                count=len(committed),
-                runs=[_named(item) for item in committed],
+                count=len(settled),
+                runs=[_named(item) for item in settled],
             )
         await streams.ack_many(self._redis, acks)
-        if any(_retries(item.plan) for item in committed):
+        if any(_retries(item.plan) for item in settled):
             await notify.hint(self._redis, self._keys, "retry")
-        for item in committed:
+        for item in settled:
             item.done.set_result(True)
+
+    async def _follow_up(self, item: _Item) -> list[streams.Delivery]:
+        """A committed run's moves after its commit; the deliveries to ack for it."""
+        finish = item.plan.finish
+        if item.plan.after_timeout is not None:
+            await self._leave_timeout(item)
+        acks = list(item.run.duplicates)
+        if finish.fail_class is FailClass.POISON:
+            await self._dead(item.run.delivery, finish.reason, finish.error or "")
+        else:
+            acks.append(item.run.delivery)
+        if finish.dst is not Status.SUCCESS:
+            self._log.info(
+                "instance.committed",
+                instance_id=finish.instance_id,
+                attempt=finish.token,
+                status=finish.dst,
+                reason=finish.reason,
+                fail_class=finish.fail_class,
+            )
+        return acks
 
     async def _leave_timeout(self, item: _Item) -> None:
         decision = item.plan.after_timeout

@@ -1,0 +1,88 @@
+"""The committer across a store failure after its commit, on real Redis and a real store: a
+run whose follow-up move failed is left to the sweeper without holding back the acks of the
+runs committed with it."""
+
+from __future__ import annotations
+
+import asyncio
+from random import Random
+from typing import Any
+
+import pytest
+
+from taskstream.core import streams
+from taskstream.core.errors import StoreUnavailable
+from taskstream.core.protocol import GROUP, Keys, Priority
+from taskstream.core.states import FailClass, Status
+from taskstream.core.store.port import CasResult
+from taskstream.core.store.sql import SqlStore
+from taskstream.executor.committer import Committer
+from taskstream.executor.outcome import RunEnd, succeeded
+from taskstream.executor.retry import Failure
+from tests.integration import outages
+from tests.integration.harness import T0
+
+
+class _SecondMoveFails(SqlStore):
+    """The real store, except that moving `refused` on from TIMEOUT fails as if the link
+    dropped before the statement reached the server."""
+
+    refused = ""
+
+    async def transition(self, instance_id: str, src: Status, dst: Status, **kw: Any) -> CasResult:
+        if instance_id == self.refused and src is Status.TIMEOUT:
+            raise StoreUnavailable("store: connection lost")
+        return await super().transition(instance_id, src, dst, **kw)
+
+
+async def test_a_failed_move_out_of_timeout_does_not_hold_back_the_acks_of_its_batch(
+    db_url: str, redis: streams.Redis, keys: Keys
+) -> None:
+    """A timed-out run and a successful one are committed in one batch; the timed-out run's
+    move TIMEOUT -> FAILED then fails. The successful run is acked and reported committed;
+    the timed-out one stays pending (its row TIMEOUT) and the sweeper finishes it."""
+    store = await _SecondMoveFails.connect(db_url)
+    try:
+        h = await outages.harness(store, redis, keys)
+        late = await h.trigger(outages.TASKS, "quick", fire_ms=T0)
+        done = await h.trigger(outages.TASKS, "quick", fire_ms=T0 + 1000)
+        store.refused = late.id
+        deliveries = await streams.read(h.redis, h.keys, "c1", count=2, block_ms=10)
+        runs = {
+            r.entry.instance_id: r for r in await (await outages.intake(h, "c1")).admit(deliveries)
+        }
+        committer = Committer(store, h.redis, h.keys, h.clock, Random(7), dead=_no_dead_letters)
+        timed_out = committer.enqueue(runs[late.id], RunEnd("timeout", failure=Failure.TIMEOUT))
+        committed = committer.enqueue(runs[done.id], succeeded({}))
+        stop = asyncio.Event()
+        stop.set()
+        await committer.run(stop)  # one batch, then the queue is empty
+
+        assert committed.result() is True
+        with pytest.raises(StoreUnavailable):
+            timed_out.result()
+        pending = await h.redis.xpending_range(
+            h.keys.stream(Priority.DEFAULT), GROUP, min="-", max="+", count=10
+        )
+        assert [p["message_id"] for p in pending] == [runs[late.id].delivery.entry_id.encode()]
+        assert (await _status(store, late.id)) == (Status.TIMEOUT, None)
+
+        store.refused = ""
+        sweeper = h.sweeper()
+        for _ in range(2):
+            h.clock.advance(60_000)
+            await sweeper.sweep_once()
+        assert (await _status(store, late.id)) == (Status.FAILED, FailClass.EXHAUSTED)
+        assert (await _status(store, done.id)) == (Status.SUCCESS, None)
+    finally:
+        await store.close()
+
+
+async def _no_dead_letters(delivery: streams.Delivery, reason: str, error: str) -> None:
+    raise AssertionError(f"unexpected dead letter: {reason}")
+
+
+async def _status(store: SqlStore, instance_id: str) -> tuple[Status, FailClass | None]:
+    row = await store.get_instance(instance_id)
+    assert row is not None
+    return row.status, row.fail_class
