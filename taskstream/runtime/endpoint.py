@@ -29,12 +29,15 @@ def sqlite_url(home: Path) -> str:
 
 
 def write(home: Path, endpoints: Endpoints, pid: int) -> Path:
-    """Write the endpoint file atomically (owner-only permissions)."""
-    home.mkdir(parents=True, exist_ok=True)
+    """Write the endpoint file atomically, readable by its owner only from its first byte on
+    (it holds the URLs' credentials)."""
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
     path = home / ENDPOINT_FILE
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({**asdict(endpoints), "pid": pid}, indent=2))
-    tmp.chmod(0o600)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(f.fileno(), 0o600)  # a leftover temporary file keeps the mode it had
+        f.write(json.dumps({**asdict(endpoints), "pid": pid}, indent=2))
     tmp.replace(path)
     return path
 

@@ -58,7 +58,9 @@ class HomeLock:
 
     def __enter__(self) -> Self:
         """Take the lock; `AlreadyRunning` (naming the holder's pid when known) if taken."""
-        self._path.parent.mkdir(parents=True, exist_ok=True)
+        # Owner-only when created here: the folder holds the store, the endpoint file and the
+        # embedded server's data.
+        self._path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

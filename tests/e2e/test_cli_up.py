@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import redis
@@ -84,6 +85,7 @@ def test_up_runs_instances_to_success_and_stops_cleanly(
     ]
     assert inspected["instance"]["result"] == {"hello": "world"}
     client.close()
+    assert_private(cwd / ".taskstream", redis_url)
 
     started = time.monotonic()
     proc.send_signal(signal.SIGINT)
@@ -91,6 +93,28 @@ def test_up_runs_instances_to_success_and_stops_cleanly(
     assert time.monotonic() - started < 10
     assert not (cwd / ".taskstream" / "endpoint.json").exists()
     assert cli(cwd, "status", check=False).returncode == 1
+
+
+def assert_private(home: Path, redis_url: str) -> None:
+    """The home folder, the endpoint file and the server's config are the owner's only, and
+    the embedded server refuses a client that does not give the password they hold."""
+    modes = {
+        p.name: p.stat().st_mode & 0o777
+        for p in (home, home / "endpoint.json", home / "valkey", home / "valkey" / "valkey.conf")
+    }
+    assert modes == {
+        ".taskstream": 0o700,
+        "endpoint.json": 0o600,
+        "valkey": 0o700,
+        "valkey.conf": 0o600,
+    }
+    url = urlsplit(redis_url)
+    log = (home.parent / "up.log").read_text(errors="replace")
+    assert url.password and url.password not in log
+    anonymous = redis.Redis(host=url.hostname or "", port=url.port or 0)
+    with pytest.raises(redis.exceptions.AuthenticationError):
+        anonymous.ping()
+    anonymous.close()
 
 
 def test_validate_reports_every_problem_and_writes_nothing(tmp_path: Path) -> None:
