@@ -12,7 +12,7 @@ import typer
 from pydantic import ValidationError
 from redis.exceptions import RedisError
 
-from taskstream.cli import explain_cmd, ops_cmds, query_cmds, roles, sched_cmds, up
+from taskstream.cli import explain_cmd, ops_cmds, query_cmds, redis_cli, roles, sched_cmds, up
 from taskstream.cli.tasks_cmds import tasks_app
 from taskstream.core.errors import ConfigError, TaskstreamError
 from taskstream.core.logging import configure
@@ -35,6 +35,10 @@ app.command("status")(query_cmds.status_cmd)
 app.command("instances")(query_cmds.instances_cmd)
 app.command("inspect")(query_cmds.inspect_cmd)
 app.command("url")(query_cmds.url_cmd)
+app.command(
+    "redis-cli",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+)(redis_cli.redis_cli_cmd)
 app.command("plan")(sched_cmds.plan_cmd)
 app.command("explain")(explain_cmd.explain_cmd)
 app.command("trigger")(sched_cmds.trigger_cmd)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from urllib.parse import urlsplit
 import pytest
 import redis
 
+from taskstream.cli.redis_cli import CLIENTS
 from tests.e2e.cli_rig import run_cli, wait_for
 
 pytestmark = pytest.mark.roles
@@ -86,6 +88,7 @@ def test_up_runs_instances_to_success_and_stops_cleanly(
     assert inspected["instance"]["result"] == {"hello": "world"}
     client.close()
     assert_private(cwd / ".taskstream", redis_url)
+    assert_redis_cli_reaches_the_queue(cwd)
 
     started = time.monotonic()
     proc.send_signal(signal.SIGINT)
@@ -115,6 +118,15 @@ def assert_private(home: Path, redis_url: str) -> None:
     with pytest.raises(redis.exceptions.AuthenticationError):
         anonymous.ping()
     anonymous.close()
+
+
+def assert_redis_cli_reaches_the_queue(cwd: Path) -> None:
+    """`taskstream redis-cli` logs in to the password-protected server as the README shows."""
+    if not any(shutil.which(name) for name in CLIENTS):
+        pytest.skip("no redis-cli or valkey-cli on PATH")
+    out = cli(cwd, "redis-cli", "XINFO", "GROUPS", "ts:{default}:stream:default")
+    assert "executors" in out.stdout.split(), out.stdout + out.stderr
+    assert "AUTH" not in out.stderr and "NOAUTH" not in out.stdout
 
 
 def test_validate_reports_every_problem_and_writes_nothing(tmp_path: Path) -> None:
