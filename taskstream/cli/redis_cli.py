@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import typer
 from redis.connection import UnixDomainSocketConnection, parse_url
@@ -18,6 +19,9 @@ from taskstream.runtime.endpoint import resolve
 
 CLIENTS = ("redis-cli", "valkey-cli")
 """Binaries tried, in order; both read the password from `REDISCLI_AUTH`."""
+
+_parse_url: Callable[[str], dict[str, Any]] = parse_url
+"""redis-py's own URL reading (percent-decoding, `unix://`, `?db=`), typed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +34,7 @@ class Invocation:
 
 def invocation(binary: str, redis_url: str, args: Sequence[str]) -> Invocation:
     """The redis-cli call that reaches `redis_url` and runs `args` there (pure)."""
-    parts = parse_url(redis_url)
+    parts = _parse_url(redis_url)
     if parts.get("connection_class") is UnixDomainSocketConnection:
         argv = [binary, "-s", str(parts["path"])]
     else:
