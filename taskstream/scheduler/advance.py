@@ -50,7 +50,7 @@ from taskstream.scheduler.hold import (
 )
 from taskstream.scheduler.leader import Fenced
 from taskstream.scheduler.recall import RECALL_LIMIT, TaskState, recall
-from taskstream.scheduler.replace import cancel_previous
+from taskstream.scheduler.replace import cancel_previous, replaced_ids
 from taskstream.scheduler.ticks import Trigger, fire_times, is_fire_time, next_fire
 from taskstream.scheduler.verdict import (
     MISSED,
@@ -300,12 +300,12 @@ class Advancer:
         state: TaskState,
     ) -> None:
         """Record a final decision; only then is the tick done. A pass that fails before (the
-        store or Redis down) leaves the tick to the next pass. A run that replaces an earlier
-        one cancels it here, after its own instance exists: a failed emit must not leave the
+        store or Redis down) leaves the tick to the next pass. A run that replaces earlier
+        ones cancels them here, after its own instance exists: a failed emit must not leave the
         task with neither."""
-        replaced = decision.details.get("replace")
-        if decision.runs and isinstance(replaced, str):
-            await cancel_previous(self._store, replaced, by_fire_ms=fire_ms)
+        if decision.runs:
+            for replaced in replaced_ids(decision):
+                await cancel_previous(self._store, replaced, by_fire_ms=fire_ms)
         await self._record(spec, fire_ms, decision, instance_id, now_ms)
         state.waiting.pop(fire_ms, None)
         state.decided.add(fire_ms)

@@ -17,9 +17,9 @@
 3. deferral: `not_before` / `off_peak` may hold the start (`deferred`, re-decide at `until_ms`)
    as long as the held start is still inside the window; else `skip_window`.
 4. overlap with another still-active instance: `forbid` skips (`skip_overlap`), `allow`
-   runs, `replace` runs with `details["replace"]` naming the instance the caller cancels.
-   `replace` only cancels an earlier run: when the active instance fires after this tick, the
-   newer run is kept and this tick is `skip_overlap`.
+   runs, `replace` runs with `details["replace"]` listing the instances the caller cancels
+   (every earlier active one). `replace` only cancels earlier runs: when the active instance
+   fires after this tick, the newer run is kept and this tick is `skip_overlap`.
 5. dependencies: a failed precondition is `skip_dep`. Missing markers or unavailable checks wait
    (`wait_dep`, until the window closes: see 1); a catch-up tick checks them only under
    `catchup.only_if_ready` and is `skip_dep` at once when not ready.
@@ -101,8 +101,9 @@ def decide_tick(facts: TickFacts, spec: TaskSpec, now_ms: int) -> Decision:
             return Decision(step.decision, step.reason, seen, step.until_ms)
     active = facts.active_instance
     if active is not None and spec.concurrency == "replace":
-        seen["replace"] = active.id
-        return Decision(SHOULD_RUN, f"every rule passed; replaces {active.id}", seen)
+        replaced = list(facts.earlier_active) or [active.id]
+        seen["replace"] = replaced
+        return Decision(SHOULD_RUN, f"every rule passed; replaces {', '.join(replaced)}", seen)
     return Decision(SHOULD_RUN, "every rule passed", seen)
 
 

@@ -1,6 +1,7 @@
 """Gathering what `decide_tick` needs to know about one tick: the task's other active
-instance (unless `concurrency: allow`), its missing ready markers and its precondition
-results, read from the store and the precondition checks."""
+instance (unless `concurrency: allow`) and, under `replace`, every earlier one, its missing
+ready markers and its precondition results, read from the store and the precondition
+checks."""
 
 from __future__ import annotations
 
@@ -32,9 +33,12 @@ async def tick_facts(
     """Facts for the tick at `fire_ms` (epoch ms). Readiness (markers and preconditions) is
     read only when `decide.readiness_checked` says the tick checks it; otherwise every
     precondition counts as passed and no marker as missing."""
-    active = None
+    active: ActiveInstance | None = None
+    earlier: tuple[str, ...] = ()
     if spec.concurrency != "allow":
-        active = _other_active(await _active(store, spec.id), fire_ms)
+        rows = await _active(store, spec.id)
+        active = _other_active(rows, fire_ms)
+        earlier = tuple(r.id for r in rows if r.scheduled_for_ms < fire_ms)
     missing: tuple[str, ...] = ()
     results: dict[str, CheckResult] = dict.fromkeys(spec.preconditions, "pass")
     after_maintenance = catchup and held_for_maintenance(previous)
@@ -52,6 +56,7 @@ async def tick_facts(
         previous.decision if previous else None,
         previous.until_ms if previous else None,
         after_maintenance,
+        earlier if spec.concurrency == "replace" else (),
     )
 
 

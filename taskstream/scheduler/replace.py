@@ -1,17 +1,24 @@
-"""Overlap policy `replace`: the previous unfinished instance of a task gives way to the new
-one. Not yet started -> SKIPPED; otherwise FAILED with class `replaced`. A run in progress
-loses its lease with that CAS: its executor's next heartbeat cancels it, and its late commit
-is fenced."""
+"""Overlap policy `replace`: the previous unfinished instances of a task (every one that
+fires before the new one) give way to it. Not yet started -> SKIPPED; otherwise FAILED with
+class `replaced`. A run in progress loses its lease with that CAS: its executor's next
+heartbeat cancels it, and its late commit is fenced."""
 
 from __future__ import annotations
 
 from taskstream.core.logging import get_logger
 from taskstream.core.states import FailClass, Status, can_transition
 from taskstream.core.store.port import CasResult, InstanceRow, Store
+from taskstream.scheduler.verdict import Decision
 
 MAX_TRIES = 5
 """CAS tries before giving up on a row that keeps moving (each lost try means it moved on:
 dispatched, claimed, retried)."""
+
+
+def replaced_ids(decision: Decision) -> list[str]:
+    """The instances a `replace` run cancels, from its decision's `details["replace"]`."""
+    named = decision.details.get("replace")
+    return [i for i in named if isinstance(i, str)] if isinstance(named, list) else []
 
 
 async def cancel_previous(store: Store, instance_id: str, *, by_fire_ms: int) -> bool:

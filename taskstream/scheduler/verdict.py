@@ -78,6 +78,9 @@ class TickFacts:
     `missing_markers`: `depends_on` markers not set for this tick's business date.
     `preconditions`: results by check name; a declared check with no result is `unavailable`.
     `catchup`: the tick was admitted by the catch-up policy after its window closed.
+    `earlier_active`: under `concurrency: replace`, the ids of the task's active instances that
+    fire before this tick, oldest first (as many as were read): the ones the run replaces.
+    Empty means `active_instance` alone.
     `previous`: the tick's last decision when it was non-final (`wait_dep`, `deferred`), else
     None (first decision); `previous_until_ms` the instant that decision held it until.
     `after_maintenance`: a catch-up tick that is late only because it waited for a maintenance
@@ -94,6 +97,7 @@ class TickFacts:
     previous: str | None = None
     previous_until_ms: int | None = None
     after_maintenance: bool = False
+    earlier_active: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.previous is not None and self.previous not in NOT_FINAL:

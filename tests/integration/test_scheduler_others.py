@@ -1,7 +1,8 @@
 """Ticks meeting what the scheduler did not decide for them, on real Redis and a real store
 (clock passed in): an earlier tick's instance under a key several ticks share, an operator's
 run at a fire time across a restart, a newer tick on time that the calendar skips, the tick's
-own instance made by a leader that stopped before recording it."""
+own instance made by a leader that stopped before recording it, and `replace` meeting more
+than one earlier run."""
 
 from __future__ import annotations
 
@@ -11,13 +12,13 @@ from structlog.testing import capture_logs
 from taskstream.core import streams
 from taskstream.core.clock import FixedClock
 from taskstream.core.protocol import Keys
-from taskstream.core.states import Status
+from taskstream.core.states import FailClass, Status
 from taskstream.core.store.sql import SqlStore
 from taskstream.scheduler import manual
 from taskstream.scheduler.instances import new_instance
 from taskstream.scheduler.service import Scheduler, SchedulerConfig
 from tests.integration.harness import Harness
-from tests.integration.test_scheduler import make
+from tests.integration.test_scheduler import M0, OVERLAP, make
 
 FRI = 1_780_012_800_000
 """2026-05-29T00:00:00Z, a Friday."""
@@ -211,3 +212,31 @@ async def test_a_stored_precondition_no_module_provides_is_logged_once_per_load(
         (e["task_id"], e["names"]) for e in logs if e["event"] == "task.precondition_unknown"
     ]
     assert unknown == [("g", ["feed"])]
+
+
+async def test_replace_cancels_every_earlier_run_still_active(
+    store: SqlStore, redis: streams.Redis, keys: Keys
+) -> None:
+    """The 1-minute tick's run and an operator's run are both still active when the 2-minute
+    tick fires: `replace` cancels both, so the new run is the only one left going."""
+    h = Harness(store, redis, keys, FixedClock(M0 + 1))
+    await h.apply(OVERLAP.format(policy="replace"))
+    s = make(h)
+    await s.run_pass()
+    h.clock.advance(MIN)
+    await s.run_pass()
+    [spec] = await h.definitions()
+    h.clock.advance(5_000)
+    by_hand = await manual.trigger(h.outbox, spec, now_ms=h.clock.now_ms())
+    h.clock.advance(MIN - 5_000)
+    await s.run_pass()
+    rows = {r.id: r for r in await store.list_instances(task_id="job")}
+    [new] = [r for r in rows.values() if r.scheduled_for_ms == M0 + 2 * MIN]
+    [scheduled] = [r for r in rows.values() if r.scheduled_for_ms == M0 + MIN]
+    cancelled = [scheduled.id, by_hand.instance_id]
+    assert {i: (rows[i].status, rows[i].fail_class) for i in cancelled} == dict.fromkeys(
+        cancelled, (Status.FAILED, FailClass.REPLACED)
+    )
+    assert new.status is Status.DISPATCHED
+    [last] = (await store.decisions("job"))[-1:]
+    assert (last.decision, last.details["replace"]) == ("should_run", cancelled)

@@ -251,13 +251,21 @@ def test_wait_dep_holds_until_the_window_closes() -> None:
 def test_replace_names_the_instance_to_cancel() -> None:
     got = decide_tick(facts(active_instance=ACTIVE), REPLACE, FIRE)
     assert got.runs
-    assert got.details["replace"] == "i_previous"
+    assert got.details["replace"] == ["i_previous"]
     assert got.details["overlap"] == {
         "policy": "replace",
         "active_id": "i_previous",
         "active_status": "running",
     }
     assert "replace" not in decide_tick(facts(active_instance=ACTIVE), ALLOW, FIRE).details
+
+
+def test_replace_names_every_earlier_active_instance() -> None:
+    tick = facts(active_instance=ACTIVE, earlier_active=("i_older", "i_previous"))
+    got = decide_tick(tick, REPLACE, FIRE)
+    assert got.runs
+    assert got.details["replace"] == ["i_older", "i_previous"]
+    assert got.reason == "every rule passed; replaces i_older, i_previous"
 
 
 def test_replace_keeps_a_later_run_and_skips_the_older_tick() -> None:
@@ -270,9 +278,9 @@ def test_replace_keeps_a_later_run_and_skips_the_older_tick() -> None:
     assert got.details["overlap"]["active_fire_ms"] == FIRE + MIN
     assert "i_later" in got.reason and "newest" in got.reason
     earlier = ActiveInstance("i_earlier", "running", FIRE - MIN)
-    assert decide_tick(facts(active_instance=earlier), REPLACE, FIRE).details["replace"] == (
+    assert decide_tick(facts(active_instance=earlier), REPLACE, FIRE).details["replace"] == [
         "i_earlier"
-    )
+    ]
     assert decide_tick(facts(active_instance=later), ALLOW, FIRE).runs
 
 
