@@ -28,6 +28,8 @@ STEP_BYTES: Final = 64 * 1024
 """Most bytes one layer puts out per zlib call."""
 
 _DECODED: Final = frozenset({"gzip", "x-gzip", "deflate"})
+_GZIP_WBITS: Final = zlib.MAX_WBITS | 16
+"""zlib's window bits for a gzip header and trailer."""
 
 
 def request_headers(headers: Mapping[str, str] | None) -> httpx.Headers:
@@ -39,25 +41,41 @@ def request_headers(headers: Mapping[str, str] | None) -> httpx.Headers:
 
 class _Layer:
     """One gzip or deflate layer. `deflate` is meant to be zlib-wrapped, but some servers send
-    raw deflate: like httpx, a first chunk that is not zlib is retried as raw."""
+    raw deflate: like httpx, a first chunk that is not zlib is retried as raw. A gzip body may
+    hold several members one after the other (RFC 1952 2.2): each is decoded in turn, and what
+    follows the last whole member without being one (padding, trailing garbage) is dropped,
+    as gzip(1) does."""
 
     def __init__(self, coding: str) -> None:
         self._raw_fallback = coding == "deflate"
-        wbits = zlib.MAX_WBITS if self._raw_fallback else zlib.MAX_WBITS | 16  # | 16: gzip
-        self._zlib = zlib.decompressobj(wbits)
+        self._gzip = not self._raw_fallback
+        self._zlib = zlib.decompressobj(_GZIP_WBITS if self._gzip else zlib.MAX_WBITS)
+        self._members = 1
+        self._trailing = False
+        """Set once bytes after a whole gzip member are not a member: the rest is dropped."""
 
     def step(self, data: bytes) -> tuple[bytes, bytes]:
         """Up to `STEP_BYTES` decoded from `data`, and the input it left for the next step.
         `httpx.DecodingError` when the data is not of this coding."""
+        if self._trailing:
+            return b"", b""
+        if self._gzip and self._zlib.eof and data:
+            self._zlib = zlib.decompressobj(_GZIP_WBITS)
+            self._members += 1
         try:
             out = self._zlib.decompress(data, STEP_BYTES)
         except zlib.error as exc:
+            if self._members > 1:
+                self._trailing = True
+                return b"", b""
             if not self._raw_fallback:
                 raise httpx.DecodingError(f"content decoding failed: {exc}") from None
             self._raw_fallback = False
             self._zlib = zlib.decompressobj(-zlib.MAX_WBITS)
             return self.step(data)
         self._raw_fallback = False
+        if self._gzip and self._zlib.eof:
+            return out, self._zlib.unused_data  # the next member, if any
         return out, self._zlib.unconsumed_tail
 
 

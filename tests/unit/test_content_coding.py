@@ -38,6 +38,21 @@ def test_layers_decode_in_any_chunking(chunk: int) -> None:
     assert decode_all(BodyDecoder(["gzip", " Deflate"]), sent, chunk) == TEXT
 
 
+@pytest.mark.parametrize("chunk", [1, 7, 4096, 1 << 20])
+def test_every_member_of_a_gzip_body_is_decoded(chunk: int) -> None:
+    members = [gzip.compress(TEXT), gzip.compress(b""), gzip.compress(b"tail")]
+    sent = deflate(b"".join(members))
+    assert decode_all(BodyDecoder(["gzip", "deflate"]), sent, chunk) == TEXT + b"tail"
+    assert decode_all(BodyDecoder(["gzip"]), b"".join(members), chunk, room=300) == TEXT[:300]
+
+
+@pytest.mark.parametrize("after", [b"\0" * 8, b"not gzip at all"], ids=["padding", "garbage"])
+@pytest.mark.parametrize("chunk", [1, 4096])
+def test_what_follows_the_last_member_is_dropped_as_gzip_does(after: bytes, chunk: int) -> None:
+    sent = gzip.compress(TEXT) + gzip.compress(b"2nd") + after
+    assert decode_all(BodyDecoder(["gzip"]), sent, chunk) == TEXT + b"2nd"
+
+
 @pytest.mark.parametrize(
     "codings",
     [["br"], ["gzip", "zstd"], ["compress"], ["gzip"] * (MAX_CODINGS + 1)],
