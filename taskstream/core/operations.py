@@ -57,12 +57,11 @@ async def requeue(
         raise TaskstreamError(f"instance {instance_id} changed meanwhile (now {cas.found})")
     fresh = await outbox.store.get_instance(instance_id)
     try:
-        if fresh is not None:
-            await outbox.publish(fresh, now_ms=now_ms)
+        refused = None if fresh is None else await outbox.publish(fresh, now_ms=now_ms)
     except streams.DRIVER_ERRORS as exc:
         down = type(exc).__name__
         return f"not published yet (redis unavailable: {down}); the reconciler publishes it"
-    return None
+    return None if refused is None else f"not published: the row cannot be an entry ({refused})"
 
 
 DEAD_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
@@ -135,8 +134,8 @@ async def replay(outbox: Outbox, letter: DeadLetter, *, who: str, now_ms: int) -
     A FAILED instance is requeued; one waiting for a claim (PENDING, DISPATCHED) is published
     again; one further on (RUNNING, TIMEOUT, RETRYING) is left to the executors, sweeper and
     scheduler: an entry for its current attempt would later let its retry start at once,
-    skipping the backoff. A letter with no instance (it never decoded) cannot be replayed
-    and is kept.
+    skipping the backoff. A letter with no instance (it never decoded), or whose waiting
+    instance no entry can be made of, cannot be replayed and is kept.
     """
     row = await outbox.store.get_instance(letter.instance_id) if letter.instance_id else None
     if row is None:
@@ -148,7 +147,12 @@ async def replay(outbox: Outbox, letter: DeadLetter, *, who: str, now_ms: int) -
     elif row.status in (Status.SUCCESS, Status.SKIPPED):
         done = f"already {row.status}"
     elif row.status in (Status.PENDING, Status.DISPATCHED):
-        await outbox.publish(row, now_ms=now_ms)
+        refused = await outbox.publish(row, now_ms=now_ms)
+        if refused is not None:
+            raise TaskstreamError(
+                f"dead letter {letter.dead_id}: instance {row.id} cannot be published"
+                f" ({refused}); kept"
+            )
         done = "published"
     else:
         done = f"in flight ({row.status}), left as it is"

@@ -22,6 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from pydantic import ValidationError
+
 from taskstream.core import streams
 from taskstream.core.futures import mark_retrieved
 from taskstream.core.logging import get_logger
@@ -89,23 +91,46 @@ class Outbox:
             self._writer = asyncio.create_task(self._write_queue())
         return await asyncio.shield(item.done)
 
-    async def publish(self, row: InstanceRow, *, now_ms: int) -> None:
+    async def publish(self, row: InstanceRow, *, now_ms: int) -> str | None:
         """XADD the row's entry, then move it to DISPATCHED: CAS PENDING or RETRYING ->
         DISPATCHED (a DISPATCHED row whose entry was lost is only published again). Losing
-        the CAS is normal: an executor that already saw the entry may have moved the row on."""
-        await self.publish_many([row], now_ms=now_ms)
+        the CAS is normal: an executor that already saw the entry may have moved the row on.
+        None when published, else why no entry can be made of the row (see `publish_many`)."""
+        return (await self.publish_many([row], now_ms=now_ms)).get(row.id)
 
-    async def publish_many(self, rows: Sequence[InstanceRow], *, now_ms: int) -> None:
+    async def publish_many(self, rows: Sequence[InstanceRow], *, now_ms: int) -> dict[str, str]:
         """`publish` for many rows: one pipeline of XADDs, then one batch of CAS updates per
-        `MAX_BATCH` rows."""
+        `MAX_BATCH` rows. A row no entry can be made of (a value the stream protocol refuses,
+        such as a priority that a foreign writer put in the store) is logged
+        (`instance.unpublishable`) and left as it is, so that it cannot hold back the others.
+        Returns those rows' ids, each with why."""
+        refused: dict[str, str] = {}
         for start in range(0, len(rows), MAX_BATCH):
-            part = rows[start : start + MAX_BATCH]
-            entries = [(Priority(r.priority), row_entry(r, now_ms)) for r in part]
-            await streams.publish_many(self.redis, self.keys, entries)
+            part = self._entries(rows[start : start + MAX_BATCH], now_ms, refused)
+            await streams.publish_many(self.redis, self.keys, [entry for _, entry in part])
             waiting = (Status.PENDING, Status.RETRYING)
             await self._dispatch(
-                [DispatchRequest(r.id, r.status, r.attempt) for r in part if r.status in waiting]
+                [DispatchRequest(r.id, r.status, r.attempt) for r, _ in part if r.status in waiting]
             )
+        return refused
+
+    def _entries(
+        self, rows: Sequence[InstanceRow], now_ms: int, refused: dict[str, str]
+    ) -> list[tuple[InstanceRow, tuple[Priority, WorkEntry]]]:
+        """Each row with its entry; the rows that cannot have one go to `refused`."""
+        out = []
+        for row in rows:
+            try:
+                out.append((row, (Priority(row.priority), row_entry(row, now_ms))))
+            except ValueError as exc:  # pydantic's ValidationError is one
+                refused[row.id] = why_refused(exc)
+                self._log.error(
+                    "instance.unpublishable",
+                    instance_id=row.id,
+                    status=row.status,
+                    error=refused[row.id],
+                )
+        return out
 
     async def _write_queue(self) -> None:
         """Write queued emits batch by batch. A batch's CAS step overlaps the next batch's
@@ -222,6 +247,15 @@ async def seen_on_stream(
         instance_id, status, Status.DISPATCHED, reason=SEEN_ON_STREAM, attempt=attempt
     )
     return Status.DISPATCHED if moved.ok else moved.found
+
+
+def why_refused(exc: ValueError) -> str:
+    """One line naming the field a row's entry could not take, and why."""
+    if isinstance(exc, ValidationError):
+        return "; ".join(
+            f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors(include_url=False)
+        )[:300]
+    return f"priority: {exc}"[:300]
 
 
 def row_entry(row: InstanceRow, now_ms: int) -> WorkEntry:

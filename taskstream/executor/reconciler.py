@@ -79,15 +79,6 @@ class Reconciler:
 
     async def _publish(self, row: InstanceRow, now_ms: int) -> bool:
         """Publish a lost row's entry again. A row no entry can be made of (a value the stream
-        protocol refuses) is logged and left where it is: it must not stop the whole pass."""
-        try:
-            await self._outbox.publish(row, now_ms=now_ms)
-        except ValueError as exc:
-            self._log.error(
-                "instance.unpublishable",
-                instance_id=row.id,
-                status=row.status,
-                error=str(exc).splitlines()[0][:300],
-            )
-            return False
-        return True
+        protocol refuses) is logged by the outbox and left where it is: it must not stop the
+        whole pass."""
+        return await self._outbox.publish(row, now_ms=now_ms) is None

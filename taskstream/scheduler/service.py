@@ -217,5 +217,6 @@ class Scheduler:
         due = await self._store.due_retries(now_ms=now_ms, limit=MAX_RETRIES_PER_PASS)
         if not due:
             return
-        await self._outbox.publish_many(due, now_ms=now_ms)
-        self._log.info("retries.emitted", count=len(due), runs=[f"{r.id}@{r.attempt}" for r in due])
+        refused = await self._outbox.publish_many(due, now_ms=now_ms)
+        runs = [f"{r.id}@{r.attempt}" for r in due if r.id not in refused]
+        self._log.info("retries.emitted", count=len(runs), runs=runs)

@@ -1,0 +1,109 @@
+"""Rows that no stream entry can be made of (values a foreign writer put in the store) on real
+Redis and a real store: they are logged and left as they are, and never hold back the rows
+published with them: the scheduler's due retries, the reconciler's republishing, an operator's
+requeue and replay."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from sqlalchemy import update
+from structlog.testing import capture_logs
+
+from taskstream.core import operations, streams
+from taskstream.core.clock import FixedClock
+from taskstream.core.errors import TaskstreamError
+from taskstream.core.outbox import Outbox
+from taskstream.core.protocol import Keys, Priority, decode
+from taskstream.core.specfile import parse_task_file_text
+from taskstream.core.states import FailClass, Status
+from taskstream.core.store.sql import SqlStore
+from taskstream.core.store.tables import task_instances
+from taskstream.scheduler.instances import new_instance
+from taskstream.scheduler.service import Scheduler, SchedulerConfig
+from tests.integration.harness import T0, Harness
+
+SPEC = parse_task_file_text("tasks: [{id: t, agent: echo}]", "t.yaml").tasks[0]
+
+
+async def foreign(store: SqlStore, instance_id: str, **values: Any) -> None:
+    """Write `values` into a row as another program would, past the store's own checks."""
+    async with store.engine.begin() as conn:
+        stmt = update(task_instances).where(task_instances.c.id == instance_id).values(**values)
+        await conn.execute(stmt)
+
+
+async def queued(redis: streams.Redis, keys: Keys) -> list[str]:
+    entries: Any = await redis.xrange(keys.stream(Priority.DEFAULT))
+    return [decode(fields).instance_id for _, fields in entries]
+
+
+async def two_rows(store: SqlStore) -> tuple[str, str]:
+    """Two PENDING instances, not yet published; the first with a foreign priority."""
+    rows = [new_instance(SPEC, T0 + n * 3_600_000) for n in (0, 1)]
+    for row in rows:
+        await store.create_instance(row)
+    await foreign(store, rows[0].id, priority="urgent")
+    return rows[0].id, rows[1].id
+
+
+async def test_publish_many_leaves_a_row_it_cannot_publish_and_publishes_the_rest(
+    store: SqlStore, redis: streams.Redis, keys: Keys
+) -> None:
+    bad, good = await two_rows(store)
+    rows = [r for r in await store.list_instances() if r.id in (bad, good)]
+    with capture_logs() as logs:
+        refused = await Outbox(store, redis, keys).publish_many(rows, now_ms=T0)
+    assert list(refused) == [bad] and "priority" in refused[bad] and "urgent" in refused[bad]
+    assert await queued(redis, keys) == [good]
+    statuses = {r.id: r.status for r in await store.list_instances()}
+    assert statuses == {bad: Status.PENDING, good: Status.DISPATCHED}
+    [logged] = [e for e in logs if e["event"] == "instance.unpublishable"]
+    assert (logged["instance_id"], logged["log_level"]) == (bad, "error")
+
+
+async def test_a_due_retry_no_entry_can_be_made_of_does_not_hold_back_the_others(
+    store: SqlStore, redis: streams.Redis, keys: Keys
+) -> None:
+    h = Harness(store, redis, keys, FixedClock(T0))
+    fixed, bad = await two_rows(store)
+    for instance_id in (fixed, bad):
+        for src, dst in ((Status.PENDING, Status.DISPATCHED), (Status.DISPATCHED, Status.RUNNING)):
+            await store.transition(instance_id, src, dst, reason="setup")
+        await store.transition(
+            instance_id, Status.RUNNING, Status.RETRYING, reason="setup", next_attempt_at_ms=T0
+        )
+    await foreign(store, fixed, priority="high")
+    await foreign(store, bad, agent="")  # an entry's agent has at least one character
+    h.clock.set(T0 + 1)
+    scheduler = Scheduler(store, h.outbox, h.clock, SchedulerConfig())
+    with capture_logs() as logs:
+        await scheduler.run_pass()
+    statuses = {r.id: r.status for r in await store.list_instances()}
+    assert statuses == {fixed: Status.DISPATCHED, bad: Status.RETRYING}
+    [logged] = [e for e in logs if e["event"] == "instance.unpublishable"]
+    assert logged["instance_id"] == bad and logged["error"].startswith("agent: ")
+    [emitted] = [e for e in logs if e["event"] == "retries.emitted"]
+    assert emitted["runs"] == [f"{fixed}@0"]
+
+
+async def test_requeue_and_replay_say_why_a_row_was_not_published(
+    store: SqlStore, redis: streams.Redis, keys: Keys
+) -> None:
+    h = Harness(store, redis, keys)
+    bad, _ = await two_rows(store)
+    for src, dst in ((Status.PENDING, Status.DISPATCHED), (Status.DISPATCHED, Status.RUNNING)):
+        await store.transition(bad, src, dst, reason="setup")
+    await store.transition(
+        bad, Status.RUNNING, Status.FAILED, fail_class=FailClass.POISON, reason="setup"
+    )
+    late = await operations.requeue(h.outbox, bad, who="ops", why="fixed", now_ms=T0)
+    assert late is not None and late.startswith("not published: ") and "urgent" in late
+    row = await store.get_instance(bad)
+    assert row is not None and row.status is Status.PENDING
+    await redis.xadd(keys.dead, {"orig.instance_id": bad, "reason": "poison"})
+    [letter] = await operations.dead_letters(redis, keys.dead, limit=10)
+    with pytest.raises(TaskstreamError, match=r"cannot be published \(priority: .*urgent.*kept"):
+        await operations.replay(h.outbox, letter, who="ops", now_ms=T0)
+    assert await redis.xlen(keys.dead) == 1
