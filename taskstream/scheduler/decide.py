@@ -101,7 +101,7 @@ def decide_tick(facts: TickFacts, spec: TaskSpec, now_ms: int) -> Decision:
             return Decision(step.decision, step.reason, seen, step.until_ms)
     active = facts.active_instance
     if active is not None and spec.concurrency == "replace":
-        replaced = list(facts.earlier_active) or [active.id]
+        replaced = list(facts.earlier_active)
         seen["replace"] = replaced
         return Decision(SHOULD_RUN, f"every rule passed; replaces {', '.join(replaced)}", seen)
     return Decision(SHOULD_RUN, "every rule passed", seen)

@@ -38,7 +38,8 @@ async def tick_facts(
     if spec.concurrency != "allow":
         rows = await _active(store, spec.id)
         active = _other_active(rows, fire_ms)
-        earlier = tuple(r.id for r in rows if r.scheduled_for_ms < fire_ms)
+        if spec.concurrency == "replace":
+            earlier = tuple(r.id for r in rows if r.scheduled_for_ms < fire_ms)
     missing: tuple[str, ...] = ()
     results: dict[str, CheckResult] = dict.fromkeys(spec.preconditions, "pass")
     after_maintenance = catchup and held_for_maintenance(previous)
@@ -56,7 +57,7 @@ async def tick_facts(
         previous.decision if previous else None,
         previous.until_ms if previous else None,
         after_maintenance,
-        earlier if spec.concurrency == "replace" else (),
+        earlier,
     )
 
 

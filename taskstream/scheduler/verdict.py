@@ -80,7 +80,7 @@ class TickFacts:
     `catchup`: the tick was admitted by the catch-up policy after its window closed.
     `earlier_active`: under `concurrency: replace`, the ids of the task's active instances that
     fire before this tick, oldest first (as many as were read): the ones the run replaces.
-    Empty means `active_instance` alone.
+    It holds `active_instance` whenever that fires earlier.
     `previous`: the tick's last decision when it was non-final (`wait_dep`, `deferred`), else
     None (first decision); `previous_until_ms` the instant that decision held it until.
     `after_maintenance`: a catch-up tick that is late only because it waited for a maintenance

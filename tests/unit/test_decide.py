@@ -249,7 +249,7 @@ def test_wait_dep_holds_until_the_window_closes() -> None:
 
 
 def test_replace_names_the_instance_to_cancel() -> None:
-    got = decide_tick(facts(active_instance=ACTIVE), REPLACE, FIRE)
+    got = decide_tick(facts(active_instance=ACTIVE, earlier_active=("i_previous",)), REPLACE, FIRE)
     assert got.runs
     assert got.details["replace"] == ["i_previous"]
     assert got.details["overlap"] == {
@@ -278,9 +278,8 @@ def test_replace_keeps_a_later_run_and_skips_the_older_tick() -> None:
     assert got.details["overlap"]["active_fire_ms"] == FIRE + MIN
     assert "i_later" in got.reason and "newest" in got.reason
     earlier = ActiveInstance("i_earlier", "running", FIRE - MIN)
-    assert decide_tick(facts(active_instance=earlier), REPLACE, FIRE).details["replace"] == [
-        "i_earlier"
-    ]
+    replacing = facts(active_instance=earlier, earlier_active=("i_earlier",))
+    assert decide_tick(replacing, REPLACE, FIRE).details["replace"] == ["i_earlier"]
     assert decide_tick(facts(active_instance=later), ALLOW, FIRE).runs
 
 
