@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import typer
-from redis.connection import UnixDomainSocketConnection, parse_url
+from redis.connection import SSLConnection, UnixDomainSocketConnection, parse_url
 
 from taskstream.cli.common import settings
 from taskstream.core.errors import TaskstreamError
@@ -41,7 +41,7 @@ def invocation(binary: str, redis_url: str, args: Sequence[str]) -> Invocation:
         argv = [binary, "-h", str(parts.get("host", "127.0.0.1"))]
         argv += ["-p", str(parts.get("port", 6379))]
     argv += ["-n", str(parts.get("db", 0))]
-    if redis_url.startswith("rediss://"):
+    if parts.get("connection_class") is SSLConnection:
         argv.append("--tls")
     if parts.get("username"):
         argv += ["--user", str(parts["username"])]
