@@ -26,14 +26,14 @@ if not cur then
     redis.call('SET', KEYS[2], token)
   end
   redis.call('SET', KEYS[1], ARGV[1] .. '|' .. token, 'PX', ARGV[2])
-  return token
+  return {token, 0}
 end
 local sep = string.find(cur, '|', 1, true)
 if sep and string.sub(cur, 1, sep - 1) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return tonumber(string.sub(cur, sep + 1))
+  return {tonumber(string.sub(cur, sep + 1)), 0}
 end
-return -1
+return {0, redis.call('PTTL', KEYS[1])}
 """
 
 _RELEASE: Final = """
@@ -65,18 +65,24 @@ class LeaderLease:
         self._acquire: Any = redis.register_script(_ACQUIRE)
         self._release: Any = redis.register_script(_RELEASE)
         self.token: int | None = None
+        self.lapses_in_ms: int | None = None
+        """After a `hold` that found another holder: how long its lease has left (ms, the
+        Redis server's clock), so a standby tries again the moment it lapses."""
 
     async def hold(self, *, floor: int = 0) -> int | None:
         """Acquire the lease or renew ours; returns our fencing token, or None (standby). A
         new token is above `floor` (the largest token the store has seen): after Redis lost
         the counter, the first leader does not wait for it to climb back."""
-        got = int(
-            await self._acquire(
+        token, left_ms = (
+            int(x)
+            for x in await self._acquire(
                 keys=[self._keys.leader, self._keys.leader_epoch],
                 args=[self.owner, self.lease_ms, floor],
             )
         )
-        self.token = got if got > 0 else None
+        self.token = token if token > 0 else None
+        # PTTL is -1 for a key without a time to live, which only a hand-made key has.
+        self.lapses_in_ms = None if token > 0 else (left_ms if left_ms >= 0 else self.lease_ms)
         return self.token
 
     async def release(self) -> None:

@@ -34,6 +34,8 @@ __all__ = ["Scheduler", "SchedulerConfig", "new_instance", "trigger_of"]
 
 MAX_RETRIES_PER_PASS = 1000
 ERROR_PAUSE_S = 1.0
+LAPSE_MARGIN_MS = 5
+"""How long after the holder's lease is due to lapse a standby tries to take it (ms)."""
 TASKS_AT_ONCE = 32
 """Tasks decided concurrently in one pass, so ticks due together are published together."""
 
@@ -110,7 +112,7 @@ class Scheduler:
         of its lease, so it renews the lease in time."""
         try:
             if not await self._lead():
-                return self._renew_s
+                return self._standby_wait_s()
             next_due_ms = await self.run_pass(self._token)
             retry_ms = await self._store.next_retry_at()
         except Fenced as exc:
@@ -130,6 +132,15 @@ class Scheduler:
         if not due:
             return cap
         return min(cap, max(0.0, (min(due) - self._clock.now_ms()) / 1000))
+
+    def _standby_wait_s(self) -> float:
+        """A standby tries again when the holder's lease lapses (plus a little, so the key
+        is gone by then), or after a third of a lease, whichever is sooner: a killed leader
+        is replaced within one lease, not one lease plus a polling interval."""
+        left_ms = self._leader.lapses_in_ms if self._leader is not None else None
+        if left_ms is None:
+            return self._renew_s
+        return min(self._renew_s, (left_ms + LAPSE_MARGIN_MS) / 1000)
 
     async def _lead(self) -> bool:
         """Hold or renew the lease; a new token means others may have moved cursors."""

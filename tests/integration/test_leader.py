@@ -36,3 +36,15 @@ async def test_an_expired_lease_passes_to_the_standby(redis: streams.Redis, keys
     assert first is not None and taken is not None and taken > first
     await a.release()  # a stale holder cannot release the new lease
     assert await b.holder() == ("b", taken)
+
+
+async def test_a_standby_learns_when_the_lease_lapses(redis: streams.Redis, keys: Keys) -> None:
+    a = LeaderLease(redis, keys, "a", lease_ms=10_000)
+    b = LeaderLease(redis, keys, "b", lease_ms=10_000)
+    await a.hold()
+    assert a.lapses_in_ms is None  # the holder waits for nobody
+    await redis.pexpire(keys.leader, 2_500)  # the leader last renewed 7.5 s ago
+    assert await b.hold() is None
+    assert b.lapses_in_ms is not None and 2_000 < b.lapses_in_ms <= 2_500
+    await redis.persist(keys.leader)  # a key without a time to live: wait a whole lease
+    assert await b.hold() is None and b.lapses_in_ms == 10_000

@@ -268,3 +268,15 @@ async def test_a_standby_after_redis_lost_the_token_counter_fences_the_leader(
     h.clock.set(M0 + 61_000)
     with pytest.raises(Fenced):
         await leader.run_pass(leader._token)
+
+
+async def test_a_standby_tries_again_when_the_leaders_lease_lapses(h: Harness) -> None:
+    """A killed leader is replaced within one lease: the standby sleeps until the lease it
+    saw lapses, not a whole polling interval (a third of a lease) past it."""
+    leader, standby = _scheduler(h, "leader"), _scheduler(h, "standby")
+    await h.apply(TASKS)
+    await leader._step()
+    assert await standby._step() == pytest.approx(10 / 3)  # a fresh lease: the usual poll
+    await h.redis.pexpire(h.keys.leader, 1_200)  # the leader stopped renewing 8.8 s ago
+    wait_s = await standby._step()
+    assert 0.7 < wait_s <= 1.2 + 0.005
