@@ -121,7 +121,7 @@ class Outbox:
         out = []
         for row in rows:
             try:
-                out.append((row, (Priority(row.priority), row_entry(row, now_ms))))
+                out.append((row, (Priority.of(row.priority), row_entry(row, now_ms))))
             except ValueError as exc:  # pydantic's ValidationError is one
                 refused[row.id] = why_refused(exc)
                 self._log.error(
@@ -164,7 +164,7 @@ class Outbox:
         reconciler rather than failing their callers."""
         fresh = [item for item, c in zip(batch, created, strict=True) if c.created]
         try:
-            entries = [(Priority(i.new.priority), _new_entry(i.new, i.now_ms)) for i in fresh]
+            entries = [(Priority.of(i.new.priority), _new_entry(i.new, i.now_ms)) for i in fresh]
             await streams.publish_many(self.redis, self.keys, entries)
         except Exception as exc:
             self._log.warning(
@@ -255,7 +255,7 @@ def why_refused(exc: ValueError) -> str:
         return "; ".join(
             f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors(include_url=False)
         )[:300]
-    return f"priority: {exc}"[:300]
+    return str(exc)[:300]
 
 
 def row_entry(row: InstanceRow, now_ms: int) -> WorkEntry:

@@ -56,6 +56,15 @@ class Priority(StrEnum):
     DEFAULT = "default"
     LOW = "low"
 
+    @classmethod
+    def of(cls, value: str) -> Priority:
+        """The priority named `value`; a ValueError that names the field otherwise."""
+        try:
+            return cls(value)
+        except ValueError:
+            names = ", ".join(p.value for p in cls)
+            raise ValueError(f"priority: {value!r} is not one of {names}") from None
+
 
 PRIORITY_ORDER: Final = (Priority.HIGH, Priority.DEFAULT, Priority.LOW)
 _DEFAULT_FIRST: Final = (Priority.DEFAULT, Priority.HIGH, Priority.LOW)

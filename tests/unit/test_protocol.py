@@ -129,3 +129,9 @@ def test_read_order_prefers_high_without_starving_low() -> None:
     firsts = Counter(read_order(turn)[0] for turn in range(1000))
     assert firsts == {Priority.HIGH: 700, Priority.DEFAULT: 200, Priority.LOW: 100}
     assert all(sorted(read_order(t)) == sorted(Priority) for t in range(10))
+
+
+def test_a_priority_by_name_and_a_foreign_one_named_in_the_error() -> None:
+    assert Priority.of("high") is Priority.HIGH
+    with pytest.raises(ValueError, match=r"^priority: 'urgent' is not one of high, default, low$"):
+        Priority.of("urgent")
