@@ -50,7 +50,8 @@ class _Layer:
         self._raw_fallback = coding == "deflate"
         self._gzip = not self._raw_fallback
         self._zlib = zlib.decompressobj(_GZIP_WBITS if self._gzip else zlib.MAX_WBITS)
-        self._members = 1
+        self._later_member = False
+        """Set once a gzip member after the first has begun: bytes that fail there are trailing."""
         self._trailing = False
         """Set once bytes after a whole gzip member are not a member: the rest is dropped."""
 
@@ -61,11 +62,11 @@ class _Layer:
             return b"", b""
         if self._gzip and self._zlib.eof and data:
             self._zlib = zlib.decompressobj(_GZIP_WBITS)
-            self._members += 1
+            self._later_member = True
         try:
             out = self._zlib.decompress(data, STEP_BYTES)
         except zlib.error as exc:
-            if self._members > 1:
+            if self._later_member:
                 self._trailing = True
                 return b"", b""
             if not self._raw_fallback:
