@@ -67,7 +67,7 @@ async def _up(
         try:
             eps = endpoint.Endpoints(
                 redis_url=redis_url or "",
-                database_url=s.database_url or endpoint.sqlite_url(s.home),
+                database_url=s.database_url or endpoint.private_sqlite(s.home),
             )
             if not await _unless_stopped(stop, _prepare(s, eps, taskfile, upgrade)):
                 return

@@ -3,6 +3,7 @@ cluster that `taskstream up` started, without any URL in the environment."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import asdict, dataclass
@@ -13,6 +14,7 @@ from taskstream.core.settings import Settings
 
 ENDPOINT_FILE = "endpoint.json"
 SQLITE_FILE = "taskstream.db"
+SQLITE_SIDE_FILES = ("-wal", "-shm", "-journal")
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +28,20 @@ class Endpoints:
 
 def sqlite_url(home: Path) -> str:
     return f"sqlite:///{(home / SQLITE_FILE).resolve()}"
+
+
+def private_sqlite(home: Path) -> str:
+    """The URL of the embedded store in `home`, its file made the owner's only first (it
+    holds payloads and results). SQLite gives its -wal and -shm files the database file's
+    mode. A home folder that already existed keeps its own mode, so the files must be
+    private by themselves; files an older version left readable by others are made private."""
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = home / SQLITE_FILE
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+    for name in (SQLITE_FILE, *(SQLITE_FILE + suffix for suffix in SQLITE_SIDE_FILES)):
+        with contextlib.suppress(FileNotFoundError):
+            (home / name).chmod(0o600)
+    return sqlite_url(home)
 
 
 def write(home: Path, endpoints: Endpoints, pid: int) -> Path:

@@ -99,15 +99,23 @@ def test_up_runs_instances_to_success_and_stops_cleanly(
 
 
 def assert_private(home: Path, redis_url: str) -> None:
-    """The home folder, the endpoint file and the server's config are the owner's only, and
-    the embedded server refuses a client that does not give the password they hold."""
+    """The home folder, the endpoint file, the store and the server's config are the owner's
+    only, and the embedded server refuses a client that does not give the password they
+    hold."""
     modes = {
         p.name: p.stat().st_mode & 0o777
-        for p in (home, home / "endpoint.json", home / "valkey", home / "valkey" / "valkey.conf")
+        for p in (
+            home,
+            home / "endpoint.json",
+            home / "taskstream.db",
+            home / "valkey",
+            home / "valkey" / "valkey.conf",
+        )
     }
     assert modes == {
         ".taskstream": 0o700,
         "endpoint.json": 0o600,
+        "taskstream.db": 0o600,
         "valkey": 0o700,
         "valkey.conf": 0o600,
     }

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sqlite3
 from pathlib import Path
 
 from taskstream.runtime import endpoint
@@ -26,3 +28,34 @@ def test_a_temporary_file_left_readable_by_others_is_made_private_before_it_is_w
     eps = endpoint.Endpoints("redis://:secret@127.0.0.1:1/0", "sqlite:///x.db")
     path = endpoint.write(tmp_path, eps, pid=42)
     assert path.stat().st_mode & 0o777 == 0o600
+
+
+def test_the_embedded_store_is_the_owners_only_in_a_home_others_may_read(
+    tmp_path: Path,
+) -> None:
+    """A home folder that existed before keeps its mode: the store's files are private by
+    themselves, including the -wal and -shm files SQLite makes when it opens the store."""
+    home = tmp_path / "shared"
+    home.mkdir(mode=0o755)
+    url = endpoint.private_sqlite(home)
+    db = home / endpoint.SQLITE_FILE
+    assert url == f"sqlite:///{db.resolve()}"
+    assert home.stat().st_mode & 0o777 == 0o755
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("CREATE TABLE t (x)")
+        conn.commit()
+        modes = {p.name: p.stat().st_mode & 0o777 for p in home.iterdir()}
+    assert modes == {"taskstream.db": 0o600, "taskstream.db-wal": 0o600, "taskstream.db-shm": 0o600}
+
+
+def test_store_files_an_older_version_left_readable_are_made_private(tmp_path: Path) -> None:
+    for name in ("taskstream.db", "taskstream.db-wal", "taskstream.db-shm"):
+        (tmp_path / name).write_bytes(b"")
+        (tmp_path / name).chmod(0o644)
+    endpoint.private_sqlite(tmp_path)
+    assert {p.name: p.stat().st_mode & 0o777 for p in tmp_path.iterdir()} == {
+        "taskstream.db": 0o600,
+        "taskstream.db-wal": 0o600,
+        "taskstream.db-shm": 0o600,
+    }
