@@ -18,6 +18,7 @@ makes a retry safe).
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -44,6 +45,8 @@ stream (Redis failed); the reconciler publishes it once it is older than its gra
 `fenced`: nothing was written, a scheduler newer than the emitting one leads its task."""
 MAX_BATCH = 200
 """Instances per group-committed batch (one chunk of the store's batch statements)."""
+TOLD_MAX = 1024
+"""Refused rows an outbox remembers having logged (see `Outbox._told`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +76,9 @@ class Outbox:
         self._queue: list[_Emit] = []
         self._writer: asyncio.Task[None] | None = None
         self._log = get_logger(role="outbox")
+        self._told: OrderedDict[str, str] = OrderedDict()
+        """Refused rows already logged, with why (the newest `TOLD_MAX`): the reconciler
+        offers such a row again every pass, and once is enough until its reason changes."""
 
     async def emit(self, new: NewInstance, *, now_ms: int, token: int | None = None) -> Emitted:
         """Create the instance and publish it. A duplicate dedupe key publishes nothing, even
@@ -124,13 +130,20 @@ class Outbox:
                 out.append((row, (Priority.of(row.priority), row_entry(row, now_ms))))
             except ValueError as exc:  # pydantic's ValidationError is one
                 refused[row.id] = why_refused(exc)
-                self._log.error(
-                    "instance.unpublishable",
-                    instance_id=row.id,
-                    status=row.status,
-                    error=refused[row.id],
-                )
+                self._tell(row, refused[row.id])
+            else:
+                self._told.pop(row.id, None)
         return out
+
+    def _tell(self, row: InstanceRow, why: str) -> None:
+        """Log a refused row, unless this outbox already logged it for the same reason."""
+        if self._told.get(row.id) == why:
+            self._told.move_to_end(row.id)
+            return
+        self._log.error("instance.unpublishable", instance_id=row.id, status=row.status, error=why)
+        self._told[row.id] = why
+        while len(self._told) > TOLD_MAX:
+            self._told.popitem(last=False)
 
     async def _write_queue(self) -> None:
         """Write queued emits batch by batch. A batch's CAS step overlaps the next batch's

@@ -63,6 +63,33 @@ async def test_publish_many_leaves_a_row_it_cannot_publish_and_publishes_the_res
     assert (logged["instance_id"], logged["log_level"]) == (bad, "error")
 
 
+async def test_a_refused_row_is_logged_once_until_its_reason_changes(
+    store: SqlStore, redis: streams.Redis, keys: Keys
+) -> None:
+    """The reconciler offers a refused row again every pass: one error line says it, not
+    one per pass; a row whose reason changed, or that was published in between and refused
+    again later, is logged again."""
+    bad, _ = await two_rows(store)
+    outbox = Outbox(store, redis, keys)
+
+    async def offer() -> list[str]:
+        [row] = [r for r in await store.list_instances() if r.id == bad]
+        with capture_logs() as logs:
+            await outbox.publish_many([row], now_ms=T0)
+        return [e["error"] for e in logs if e["event"] == "instance.unpublishable"]
+
+    [first] = await offer()
+    assert await offer() == [] and await offer() == []
+    await foreign(store, bad, priority="default", agent="")  # wrong for another reason
+    [second] = await offer()
+    assert second != first and "agent" in second
+    assert await offer() == []
+    await foreign(store, bad, agent="echo")
+    assert await offer() == [] and await queued(redis, keys) == [bad]
+    await foreign(store, bad, agent="")
+    assert await offer() == [second]
+
+
 async def test_a_due_retry_no_entry_can_be_made_of_does_not_hold_back_the_others(
     store: SqlStore, redis: streams.Redis, keys: Keys
 ) -> None:
