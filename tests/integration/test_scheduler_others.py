@@ -18,7 +18,7 @@ from taskstream.scheduler import manual
 from taskstream.scheduler.instances import new_instance
 from taskstream.scheduler.service import Scheduler, SchedulerConfig
 from tests.integration.harness import Harness
-from tests.integration.test_scheduler import M0, OVERLAP, make
+from tests.integration.scheduler_cases import M0, OVERLAP, make
 
 FRI = 1_780_012_800_000
 """2026-05-29T00:00:00Z, a Friday."""

@@ -1,0 +1,228 @@
+"""The sweeper and the reconciler on real Redis and a real store (in-process, clock passed
+in): they find what is lost behind a full page of entries or rows that are fine, two sweepers
+move a stuck entry once, a row no entry can be made of does not stop a pass, and a run whose
+owner is gone fails or retries as its executor would have (within the attempts stored with it
+and its deadline), unless its lease was extended meanwhile."""
+
+from __future__ import annotations
+
+import asyncio
+from random import Random
+from typing import Any
+
+import pytest
+
+from taskstream.core import streams
+from taskstream.core import streams_admin as admin
+from taskstream.core.definitions import DefinitionCache
+from taskstream.core.protocol import GROUP, Keys, Priority, decode
+from taskstream.core.reasons import LEASE_EXPIRED, OWNER_LOST
+from taskstream.core.states import FailClass, Status
+from taskstream.core.store.port import ClaimRequest
+from taskstream.core.store.sql import SqlStore
+from taskstream.executor.recovery import Recovered, Recovery
+from taskstream.scheduler.instances import new_instance
+from tests.integration.executor_cases import TASKS, harness, reach, status_of
+from tests.integration.harness import T0, Harness
+
+
+@pytest.fixture
+async def h(store: SqlStore, redis: streams.Redis, keys: Keys) -> Harness:
+    return await harness(store, redis, keys)
+
+
+async def test_two_sweepers_over_one_stuck_entry_move_it_once(h: Harness) -> None:
+    """Two sweeper passes at once over one entry whose consumer died before its claim: both
+    see it pending and decide to publish it again; one new entry is published. Likewise an
+    undecodable entry gets one dead letter."""
+    row = await h.trigger(TASKS, "slow")
+    stream = h.keys.stream(Priority.DEFAULT)
+    await h.redis.xadd(stream, {"garbage": b"\xff"})
+    await streams.read(h.redis, h.keys, "gone", count=2, block_ms=10)
+    sweepers = [h.sweeper(), h.sweeper()]
+    counts = await asyncio.gather(*(s.sweep_once() for s in sweepers))
+    assert sum(c.get("redeliver", 0) for c in counts) == 1
+    assert sum(c.get("dead_letter", 0) for c in counts) == 1
+    entries: Any = await h.redis.xrange(stream)
+    assert [decode(f).instance_id for _, f in entries] == [row.id]
+    assert await h.redis.xlen(h.keys.dead) == 1
+    assert (await h.redis.xpending(stream, GROUP))["pending"] == 0
+
+
+async def test_the_reconciler_reaches_a_lost_row_behind_a_page_of_rows_that_are_fine(
+    h: Harness,
+) -> None:
+    """More stale in-flight rows than one pass reads (2 here) have live entries; a newer row
+    lost its entry. The reconciler pages on across passes and republishes it."""
+    fine = [await h.trigger(TASKS, "slow", T0 + k) for k in (1, 2)]
+    lost = await h.trigger(TASKS, "slow", T0 + 3)
+    stream = h.keys.stream(Priority.DEFAULT)
+    entries: Any = await h.redis.xrange(stream)
+    [lost_entry] = [i for i, f in entries if decode(f).instance_id == lost.id]
+    await h.redis.xdel(stream, lost_entry)
+    h.clock.advance(60_000)  # every row is past the grace
+    reconciler = h.reconciler(limit=2)
+
+    republished = [await reconciler.reconcile() for _ in range(2)]
+
+    assert republished == [0, 1]
+    entries = await h.redis.xrange(stream)
+    assert sorted(decode(f).instance_id for _, f in entries) == sorted(
+        [r.id for r in fine] + [lost.id]
+    )
+
+
+async def test_the_sweeper_looks_past_a_full_page_of_healthy_pending_entries(
+    h: Harness,
+) -> None:
+    """Pages of 2: `live` (alive, leases held) has the two oldest pending entries, `gone` (no
+    liveness key) the third. One pass reaches the third and times its run out."""
+    rows = [await h.trigger(TASKS, "slow", fire_ms=h.clock.now_ms() + i) for i in range(3)]
+    assert len(await streams.read(h.redis, h.keys, "live", count=2, block_ms=10)) == 2
+    assert len(await streams.read(h.redis, h.keys, "gone", count=1, block_ms=10)) == 1
+    await h.store.claim_many([ClaimRequest(r.id, 0, 600) for r in rows[:2]], owner="live")
+    await h.store.claim_many([ClaimRequest(rows[2].id, 0, 600)], owner="gone")
+    await streams.mark_alive(h.redis, h.keys, "live", 60_000)
+    counts = await h.sweeper(batch=2, min_idle_ms=0).sweep_once()
+    assert counts.get("timeout") == 1
+    statuses = [await status_of(h, r.id) for r in rows]
+    assert statuses[:2] == [Status.RUNNING, Status.RUNNING]
+    assert statuses[2] is not Status.RUNNING
+
+
+async def test_a_row_no_entry_can_be_made_of_does_not_stop_the_reconciler(h: Harness) -> None:
+    """A PENDING row whose fire time is before 1970 (the stream protocol refuses it) sits
+    beside a lost row that can be published: the pass publishes the second and goes on."""
+    spec = next(s for s in await h.definitions() if s.id == "slow")
+    bad = await h.outbox.emit(new_instance(spec, -60_000), now_ms=h.clock.now_ms())
+    good = await h.trigger(TASKS, "slow")
+    stream = h.keys.stream(Priority.DEFAULT)
+    entries: Any = await h.redis.xrange(stream)
+    await h.redis.xdel(stream, *[i for i, f in entries if decode(f).instance_id == good.id])
+    h.clock.advance(60_000)
+    reconciler = h.reconciler()
+    assert await reconciler.reconcile() == 1
+    assert await status_of(h, bad.instance_id) is Status.PENDING
+    assert good.id in await admin.instance_ids(h.redis, h.keys)
+
+
+async def time_out_claimed(
+    h: Harness, instance_id: str, expected_attempt: int, reason: str
+) -> Recovered:
+    """Claim the instance for an owner that then vanishes, and time its run out as the
+    sweeper (`OWNER_LOST`) or the reconciler (`LEASE_EXPIRED`) would."""
+    claim = ClaimRequest(instance_id, expected_attempt, 30)
+    assert instance_id in await h.store.claim_many([claim], owner="gone")
+    running = await h.store.get_instance(instance_id)
+    assert running is not None
+    defs = DefinitionCache(h.store)
+    await defs.refresh(force=True)
+    return await Recovery(h.store, defs, Random(7)).time_out(
+        running, reason=reason, now_ms=h.clock.now_ms()
+    )
+
+
+async def test_a_last_run_that_lost_its_owner_after_ordinary_failures_is_exhausted(
+    h: Harness,
+) -> None:
+    """Attempt 1 fails on its own; attempt 2's executor dies. The work did not kill every
+    executor it ran on, so the instance is `exhausted`, not `poison` (no dead letter)."""
+    row = await h.trigger(TASKS, "twice")
+    await h.run_until(row.id, Status.RETRYING)
+    h.clock.advance(60_000)
+    await h.scheduler().run_pass()
+    await reach(h, row.id, Status.DISPATCHED)
+    done = await time_out_claimed(h, row.id, 1, OWNER_LOST)
+    assert done.ok and done.decision is not None
+    assert done.decision.fail_class is FailClass.EXHAUSTED
+    final = await h.store.get_instance(row.id)
+    assert final is not None and (final.status, final.fail_class) == (
+        Status.FAILED,
+        FailClass.EXHAUSTED,
+    )
+
+
+UNDEFINED = """
+tasks:
+  - id: undefined
+    agent: slow
+    retry: {max_attempts: 3}
+    payload: {seconds: 0}
+"""
+
+
+async def test_a_timed_out_run_of_a_task_not_defined_keeps_the_attempts_stored_with_it(
+    h: Harness,
+) -> None:
+    """No stored definition names the instance's task (it was triggered from a file never
+    applied, or its definition was removed): recovery retries it within the attempt limit its
+    row was created with (3), as its executor would, instead of failing it after one."""
+    row = await h.trigger(UNDEFINED, "undefined")
+    assert row.max_attempts == 3
+    defs = DefinitionCache(h.store)
+    await defs.refresh(force=True)
+    assert defs.get("undefined") is None
+    done = await time_out_claimed(h, row.id, 0, OWNER_LOST)
+    assert done.ok and done.decision is not None
+    assert done.decision.status is Status.RETRYING
+    assert await status_of(h, row.id) is Status.RETRYING
+
+
+DEADLINED = """
+tasks:
+  - id: deadlined
+    agent: slow
+    timeout: 1s
+    deadline: 5s
+    retry: {max_attempts: 3, backoff: {base: 30s}, jitter: 0}
+    payload: {seconds: 0}
+"""
+
+
+async def test_a_recovered_run_whose_retry_would_miss_the_deadline_is_exhausted(
+    h: Harness,
+) -> None:
+    """Its executor died; the next attempt would be due 30 s on, 25 s past the deadline. As
+    for a failure the executor commits, that retry is not planned: FAILED `exhausted` now,
+    instead of a claim after the deadline that only finds it passed."""
+    h.clock.set(await h.store.db_now_ms())
+    await h.apply(DEADLINED)
+    row = await h.trigger(DEADLINED, "deadlined", fire_ms=h.clock.now_ms())
+    assert row.deadline_ms == h.clock.now_ms() + 5000
+    done = await time_out_claimed(h, row.id, 0, LEASE_EXPIRED)
+    assert done.ok and done.decision is not None
+    final = await h.store.get_instance(row.id)
+    assert final is not None
+    assert (final.status, final.fail_class, final.next_attempt_at_ms) == (
+        Status.FAILED,
+        FailClass.EXHAUSTED,
+        None,
+    )
+
+
+async def test_a_run_whose_lease_was_extended_after_the_sweepers_read_is_left_running(
+    h: Harness,
+) -> None:
+    """The sweeper read the row with its lease run out; before its move, the heartbeat
+    extended the lease. The owner is alive: the run stays RUNNING under it, no attempt is
+    spent, and nothing is recorded."""
+    row = await h.trigger(TASKS, "twice")
+    await reach(h, row.id, Status.DISPATCHED)
+    claim = ClaimRequest(row.id, 0, 30)
+    won = await h.store.claim_many([claim], owner="exec-1")
+    seen = await h.store.get_instance(row.id)
+    assert seen is not None
+    assert await h.store.extend_lease(row.id, token=won[row.id].token, lease_s=90)
+    before = await h.store.history(row.id)
+    defs = DefinitionCache(h.store)
+    recovered = await Recovery(h.store, defs, Random(7)).time_out(
+        seen, reason=LEASE_EXPIRED, now_ms=h.clock.now_ms()
+    )
+    after_read = await h.store.get_instance(row.id)
+    assert after_read is not None
+    assert (recovered.ok, after_read.status, after_read.lease_owner) == (
+        False,
+        Status.RUNNING,
+        "exec-1",
+    )
+    assert await h.store.history(row.id) == before

@@ -1,0 +1,140 @@
+"""An executor's attempts on real Redis and a real store (in-process, clock passed in): a
+failing run is retried with backoff until it succeeds and never past its attempt limit, a
+fatal or review failure fails at once, a run past its timeout or deadline times out, and a
+defect around the agent fails the attempt instead of losing the run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from taskstream.core import streams
+from taskstream.core.protocol import GROUP, Keys, Priority
+from taskstream.core.states import FailClass, Status
+from taskstream.core.store.port import InstanceRow
+from taskstream.core.store.sql import SqlStore
+from taskstream.core.store.tables import review_queue
+from taskstream.executor import service
+from tests.integration.executor_cases import TASKS, harness, reach, status_of
+from tests.integration.harness import Harness, Running, until
+
+
+@pytest.fixture
+async def h(store: SqlStore, redis: streams.Redis, keys: Keys) -> Harness:
+    return await harness(store, redis, keys)
+
+
+async def failed_run(h: Harness, task_id: str, **trigger: int) -> InstanceRow:
+    """Trigger one instance of `task_id`, run an executor until it is FAILED, and read it."""
+    row = await h.trigger(TASKS, task_id, **trigger)
+    ex = Running(h.executor())
+    try:
+        await reach(h, row.id, Status.FAILED)
+    finally:
+        await ex.close()
+    done = await h.store.get_instance(row.id)
+    assert done is not None
+    return done
+
+
+async def test_retries_with_backoff_until_success(h: Harness) -> None:
+    row = await h.trigger(TASKS, "flaky")
+    ex = Running(h.executor())
+    try:
+        for attempt, delay_ms in ((1, 1000), (2, 2000)):
+            await reach(h, row.id, Status.RETRYING)
+            current = await h.store.get_instance(row.id)
+            assert current is not None and current.attempt == attempt
+            assert current.next_attempt_at_ms == h.clock.now_ms() + delay_ms
+            await h.scheduler().run_pass()
+            assert await status_of(h, row.id) is Status.RETRYING  # not due yet
+            h.clock.advance(delay_ms)
+            await h.scheduler().run_pass()
+        await reach(h, row.id, Status.SUCCESS)
+    finally:
+        await ex.close()
+    done = await h.store.get_instance(row.id)
+    assert done is not None and done.attempt == 3 and done.result == {"attempt": 3}
+
+
+async def test_attempts_are_never_exceeded(h: Harness) -> None:
+    row = await h.trigger(TASKS, "hopeless")
+    ex = Running(h.executor())
+    try:
+        for _ in range(5):
+            await reach(h, row.id, Status.RETRYING, Status.FAILED)
+            h.clock.advance(60_000)
+            await h.scheduler().run_pass()
+        await reach(h, row.id, Status.FAILED)
+    finally:
+        await ex.close()
+    done = await h.store.get_instance(row.id)
+    assert done is not None
+    assert (done.attempt, done.fail_class) == (3, FailClass.EXHAUSTED)
+    runs = [x for x in await h.store.history(row.id) if x.to_status is Status.RUNNING]
+    assert len(runs) == 3
+
+
+@pytest.mark.parametrize(
+    ("task", "fail_class"), [("fatal", FailClass.FATAL), ("review", FailClass.MANUAL_REVIEW)]
+)
+async def test_fatal_and_review_fail_at_once(h: Harness, task: str, fail_class: FailClass) -> None:
+    done = await failed_run(h, task)
+    assert (done.attempt, done.fail_class) == (1, fail_class)
+    async with h.store.engine.connect() as conn:
+        stmt = select(review_queue.c.reason).where(review_queue.c.instance_id == done.id)
+        reviews = list((await conn.execute(stmt)).scalars())
+    assert reviews == (
+        ["NeedsReview: attempt 1 fails"] if fail_class is FailClass.MANUAL_REVIEW else []
+    )
+
+
+async def test_timeout_goes_through_timeout_to_retry(h: Harness) -> None:
+    row = await h.trigger(TASKS, "too-slow")
+    ex = Running(h.executor())
+    try:
+        await reach(h, row.id, Status.RETRYING)
+        h.clock.advance(1000)
+        await h.scheduler().run_pass()
+        await reach(h, row.id, Status.FAILED)
+    finally:
+        await ex.close()
+    path = [x.to_status for x in await h.store.history(row.id)]
+    assert path.count(Status.TIMEOUT) == 2
+    assert path[-2:] == [Status.TIMEOUT, Status.FAILED]
+    done = await h.store.get_instance(row.id)
+    assert done is not None
+    assert done.last_error == "TimeoutError: the attempt ran past its timeout (0.2 s)"
+
+
+async def test_a_deadline_sooner_than_the_timeout_limits_the_attempt(h: Harness) -> None:
+    done = await failed_run(h, "past-deadline", fire_ms=h.clock.now_ms())
+    assert done.last_error == "TimeoutError: the attempt ran past its deadline (0.3 s)"
+
+
+async def test_a_defect_around_the_agent_fails_the_attempt_instead_of_losing_the_run(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever escapes `runner.execute` (it should return an end for everything but
+    cancellation) becomes a retriable failure of that attempt: the run is committed and its
+    entry acked, not left RUNNING until its lease runs out."""
+
+    async def defective(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("defect")
+
+    monkeypatch.setattr(service, "execute", defective)
+    row = await h.trigger(TASKS, "slow-once")
+    running = Running(h.executor())
+    try:
+
+        async def failed() -> bool:
+            return await status_of(h, row.id) is Status.FAILED
+
+        await until(failed)
+    finally:
+        await running.close()
+    found = await h.store.get_instance(row.id)
+    assert found is not None and found.last_error == "RuntimeError: defect"
+    assert (await h.redis.xpending(h.keys.stream(Priority.DEFAULT), GROUP))["pending"] == 0

@@ -1,0 +1,125 @@
+"""An executor stopping, on real Redis and a real store (in-process, clock passed in): a run
+that ends within the grace is committed, one past it is released without spending an attempt
+(also when every slot is busy), a released attempt counts neither toward the limit nor
+toward the backoff, and the liveness key is there only while the executor runs."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from taskstream.core import streams
+from taskstream.core.protocol import GROUP, Keys, Priority
+from taskstream.core.reasons import RELEASED
+from taskstream.core.states import Status
+from taskstream.core.store.sql import SqlStore
+from tests.integration.executor_cases import TASKS, harness, reach, status_of
+from tests.integration.harness import Harness, Running, until
+
+
+@pytest.fixture
+async def h(store: SqlStore, redis: streams.Redis, keys: Keys) -> Harness:
+    return await harness(store, redis, keys)
+
+
+async def test_stop_lets_a_run_finish_within_the_grace(h: Harness) -> None:
+    row = await h.trigger(TASKS, "slow")
+    ex = Running(h.executor(grace_s=10))
+    await reach(h, row.id, Status.RUNNING)
+    await ex.close()
+    assert await status_of(h, row.id) is Status.SUCCESS
+
+
+async def test_a_run_past_the_grace_is_released_without_spending_an_attempt(h: Harness) -> None:
+    row = await h.trigger(TASKS, "slow-once")
+    ex = Running(h.executor(grace_s=0.05))
+    await reach(h, row.id, Status.RUNNING)
+    await ex.close()
+    released = await h.store.get_instance(row.id)
+    assert released is not None and released.status is Status.RETRYING
+    assert released.next_attempt_at_ms is not None
+    assert released.next_attempt_at_ms <= h.clock.now_ms()
+    assert (await h.redis.xpending(h.keys.stream(Priority.DEFAULT), GROUP))["pending"] == 0
+    await h.scheduler().run_pass()
+    again = Running(h.executor(grace_s=10))
+    try:
+        await reach(h, row.id, Status.SUCCESS)  # max_attempts is 1: the release did not count
+    finally:
+        await again.close()
+    done = await h.store.get_instance(row.id)
+    assert done is not None and done.attempt == 2
+
+
+LONG = """
+tasks:
+  - id: long
+    agent: slow
+    timeout: 120s
+    payload: {seconds: 60}
+"""
+
+
+async def test_stop_with_every_slot_busy_releases_after_the_grace(h: Harness) -> None:
+    """With no free slot the executor waits for a run to end; a stop must end that wait,
+    or the grace and the release wait for the 60 s run (and SIGKILL loses it meanwhile)."""
+    await h.apply(LONG)
+    row = await h.trigger(LONG, "long")
+    ex = Running(h.executor(concurrency=1, grace_s=0.05))
+    await reach(h, row.id, Status.RUNNING)
+    ex.stop.set()
+    await asyncio.wait_for(ex.task, timeout=10)  # bounds a broken run only
+    assert await status_of(h, row.id) is Status.RETRYING
+    assert (await h.store.history(row.id))[-1].reason == RELEASED
+
+
+STALLS = """
+tasks:
+  - id: stalls
+    agent: flaky
+    retry: {{max_attempts: {max_attempts}, backoff: {{base: 1s, factor: 2}}, jitter: 0}}
+    payload: {{stall_until: 1, seconds: 60, fail_until: 2}}
+"""
+
+
+@pytest.mark.parametrize("max_attempts", [2, 5])
+async def test_a_released_attempt_does_not_count(h: Harness, max_attempts: int) -> None:
+    """Attempt 1 is released at shutdown (not counted); attempt 2, only the first that ran,
+    fails retriably. At max_attempts 2 it is the last by the token, yet one attempt is left;
+    at 5 (below the limit, where intake does not read the history) its backoff is still the
+    first one's: base * factor**0 = 1 s, not 2 s."""
+    stalls = STALLS.format(max_attempts=max_attempts)
+    h.clock.set(await h.store.db_now_ms())
+    await h.apply(stalls)
+    row = await h.trigger(stalls, "stalls")
+    ex = Running(h.executor(grace_s=0.05))
+    await reach(h, row.id, Status.RUNNING)
+    await ex.close()
+    assert await status_of(h, row.id) is Status.RETRYING
+    await h.scheduler().run_pass()
+    again = Running(h.executor())
+    try:
+
+        async def second_ended() -> bool:
+            found = await h.store.get_instance(row.id)
+            assert found is not None
+            return found.attempt == 2 and found.status in (Status.RETRYING, Status.FAILED)
+
+        await until(second_ended)
+    finally:
+        await again.close()
+    ended = await h.store.get_instance(row.id)
+    assert ended is not None
+    assert (ended.status, ended.fail_class) == (Status.RETRYING, None)
+    assert ended.next_attempt_at_ms == h.clock.now_ms() + 1000
+
+
+async def test_liveness_key_is_set_while_running_and_removed_after(h: Harness) -> None:
+    ex = Running(h.executor("c9"))
+
+    async def alive() -> bool:
+        return bool(await h.redis.exists(h.keys.alive("c9")))
+
+    await until(alive)
+    await ex.close()
+    assert not await alive()

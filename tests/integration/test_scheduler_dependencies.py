@@ -1,0 +1,126 @@
+"""Ticks that depend on a marker, on real Redis and a real store, clock passed in: a tick
+waits for its marker and then runs (also when an agent sets it), is skipped when its window
+closes first or when a schedule edit leaves it behind, and a tick waiting for long does not
+hold back the ticks after it."""
+
+from __future__ import annotations
+
+import pytest
+
+from taskstream.core import streams
+from taskstream.core.clock import FixedClock
+from taskstream.core.protocol import Keys
+from taskstream.core.states import Status
+from taskstream.core.store.sql import SqlStore
+from taskstream.scheduler import advance
+from tests.integration.harness import Harness, Running, until
+from tests.integration.scheduler_cases import DAY0, DEPS, M0, make
+
+EVERY_SECOND_DEPS = """
+tasks:
+  - {id: w, agent: echo, schedule: {every: 1s}, window: 1h, depends_on: [raw.ready]}
+"""
+
+
+async def test_a_tick_waits_for_its_marker_then_runs(
+    store: SqlStore, redis: streams.Redis, keys: Keys
+) -> None:
+    h = Harness(store, redis, keys, FixedClock(M0 + 1))
+    await h.apply(DEPS)
+    s = make(h)
+    await s.run_pass()
+    h.clock.advance(60_000)
+    await s.run_pass()
+    await s.run_pass()
+    assert await store.list_instances() == []
+    decisions = [d.decision for d in await store.decisions("report")]
+    assert decisions == ["wait_dep"]
+    await store.mark_ready("raw.ready", "2026-05-28")
+    h.clock.advance(5_000)
+    await s.run_pass()
+    [row] = await store.list_instances()
+    assert row.scheduled_for_ms == M0 + 60_000
+    assert [d.decision for d in await store.decisions("report")] == ["wait_dep", "should_run"]
+
+
+async def test_a_marker_that_never_comes_skips_the_tick_at_window_close(
+    store: SqlStore, redis: streams.Redis, keys: Keys
+) -> None:
+    h = Harness(store, redis, keys, FixedClock(M0 + 1))
+    await h.apply(DEPS)
+    s = make(h)
+    await s.run_pass()
+    h.clock.advance(60_000)
+    await s.run_pass()
+    h.clock.advance(10 * 60_000 + 1)
+    await s.run_pass()
+    first = [d for d in await store.decisions("report") if d.fire_time_ms == M0 + 60_000]
+    assert [d.decision for d in first] == ["wait_dep", "skip_dep"]
+    assert "raw.ready" in str(first[-1].details)
+
+
+async def test_an_agent_marking_ready_releases_a_waiting_tick(
+    store: SqlStore, redis: streams.Redis, keys: Keys
+) -> None:
+    h = Harness(store, redis, keys, FixedClock(M0 + 1))
+    await h.apply(DEPS + "  - {id: collect, agent: producer}\n")
+    s = make(h)
+    await s.run_pass()
+    h.clock.advance(60_000)
+    await s.run_pass()
+    assert [d.decision for d in await store.decisions("report")] == ["wait_dep"]
+    producer = await h.trigger(DEPS + "  - {id: collect, agent: producer}\n", "collect", M0)
+    ex = Running(h.executor())
+    try:
+
+        async def produced() -> bool:
+            row = await store.get_instance(producer.id)
+            return row is not None and row.status is Status.SUCCESS
+
+        await until(produced)
+    finally:
+        await ex.close()
+    await s.run_pass()
+    assert [d.decision for d in await store.decisions("report")] == ["wait_dep", "should_run"]
+
+
+async def test_a_tick_left_waiting_by_a_schedule_edit_is_closed_and_nothing_spins(
+    store: SqlStore, redis: streams.Redis, keys: Keys
+) -> None:
+    """Tick F (every 1m) waits for its marker; the schedule is then changed to a cron that
+    does not fire at F. F is closed as skip_window (nothing else would decide it again), and
+    the pass's next wake-up is in the future, not F's past re-check time (a busy loop)."""
+    h = Harness(store, redis, keys, FixedClock(M0 + 1))
+    await h.apply(DEPS)
+    s = make(h)
+    await s.run_pass()
+    h.clock.advance(60_000)
+    await s.run_pass()
+    [waiting] = await store.decisions("report")
+    assert waiting.decision == "wait_dep"
+    await h.apply(DEPS.replace("every: 1m", "cron: '30 * * * *', timezone: UTC"))
+    h.clock.advance(3 * 3_600_000)
+    nexts = [await s.run_pass() for _ in range(2)]
+    assert all(n is not None and n > h.clock.now_ms() for n in nexts)
+    at_f = [d for d in await store.decisions("report") if d.fire_time_ms == waiting.fire_time_ms]
+    assert [d.decision for d in at_f] == ["wait_dep", "skip_window"]
+
+
+async def test_a_tick_waiting_for_long_does_not_hold_back_the_ticks_after_it(
+    store: SqlStore, redis: streams.Redis, keys: Keys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Yesterday's last ticks (every 1s, window 1h) wait for yesterday's marker, which never
+    comes, so the cursor stays before them; today's marker is set. With at most 20 ticks per
+    pass, today's ticks keep running pass after pass: decided ticks beyond the cursor do not
+    use up the bound."""
+    monkeypatch.setattr(advance, "MAX_TICKS_PER_PASS", 20)
+    h = Harness(store, redis, keys, FixedClock(DAY0 - 3_000))
+    await h.apply(EVERY_SECOND_DEPS)
+    await store.mark_ready("raw.ready", "2026-05-29")
+    s = make(h)
+    await s.run_pass()
+    for _ in range(10):
+        h.clock.advance(10_000)
+        await s.run_pass()
+    newest = max(r.scheduled_for_ms for r in await store.list_instances(limit=1000))
+    assert newest == h.clock.now_ms() - h.clock.now_ms() % 1000
