@@ -11,7 +11,7 @@ token it holds; anything else is left alone.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from taskstream.agents.base import Agent
@@ -77,12 +77,18 @@ class Run:
         return self.claimed.row
 
 
-async def count_budget(store: Store, run: Run) -> None:
-    """Read which earlier attempts of `run` count (`Run.attempts_used`) from its history:
-    those released unrun or before a manual requeue do not. One read per run after the
-    first attempt (a retry); first attempts, the bulk of the work, read nothing."""
-    history = await store.history(run.row.id)
-    run.given_back = run.token - attempts_used(run.token, [(h.reason, h.attempt) for h in history])
+async def count_budgets(store: Store, runs: Sequence[Run]) -> None:
+    """Read which earlier attempts of each run count (`Run.attempts_used`) from its history:
+    those released unrun or before a manual requeue do not. One read for the retries among
+    `runs` (attempt above 1), so a batch of runs released together and claimed again does
+    not read one history after another; first attempts, the bulk of the work, read nothing."""
+    retried = [run for run in runs if run.token > 1]
+    if not retried:
+        return
+    histories = await store.histories([run.row.id for run in retried])
+    for run in retried:
+        history = [(h.reason, h.attempt) for h in histories.get(run.row.id, [])]
+        run.given_back = run.token - attempts_used(run.token, history)
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,11 +149,9 @@ class Intake:
         for dupe in dupes:
             if (owner := runs.get(dupe.entry.instance_id)) is not None:
                 owner.duplicates.append(dupe.delivery)
-        for run in runs.values():
-            # Earlier attempts given back (released, deferred, before a requeue) count
-            # neither against the limit nor towards the backoff; a first attempt has none.
-            if run.token > 1:
-                await count_budget(self._store, run)
+        # Earlier attempts given back (released, deferred, before a requeue) count neither
+        # against the limit nor towards the backoff; a first attempt has none.
+        await count_budgets(self._store, list(runs.values()))
         return list(runs.values())
 
     async def _candidate(self, delivery: streams.Delivery) -> _Candidate | None:

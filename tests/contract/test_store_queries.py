@@ -172,3 +172,21 @@ async def test_add_review_queues_an_instance_once_until_resolved(
     async with store.engine.connect() as conn:
         total = (await conn.execute(select(func.count()).select_from(review_queue))).scalar_one()
     assert total == 2
+
+
+async def test_histories_answer_for_many_instances_as_history_does_for_each(
+    store: SqlStore, make_new: MakeNew, advance: Advance
+) -> None:
+    """Over a chunk of ids (`CHUNK` = 200) too: each id gets its own rows, oldest first, and
+    an id without history (no such instance) is left out."""
+    names = [f"h{n}" for n in range(203)]
+    await store.create_instances([make_new(name) for name in names])
+    await advance("inst-h0", Status.RUNNING)
+    await advance("inst-h202", Status.DISPATCHED)
+    ids = [f"inst-{name}" for name in names]
+    got = await store.histories([*reversed(ids), "inst-none", "inst-h0"])
+    assert set(got) == set(ids)
+    for instance_id in ("inst-h0", "inst-h1", "inst-h202"):
+        assert got[instance_id] == await store.history(instance_id)
+    assert [h.to_status for h in got["inst-h0"]][-2:] == [Status.DISPATCHED, Status.RUNNING]
+    assert await store.histories([]) == {}

@@ -15,7 +15,7 @@ from taskstream.core.reasons import RELEASED
 from taskstream.core.states import Status
 from taskstream.core.store.sql import SqlStore
 from tests.integration.executor_cases import TASKS, harness, reach, status_of
-from tests.integration.harness import Harness, Running, until
+from tests.integration.harness import T0, Harness, Running, until
 
 
 @pytest.fixture
@@ -49,6 +49,31 @@ async def test_a_run_past_the_grace_is_released_without_spending_an_attempt(h: H
         await again.close()
     done = await h.store.get_instance(row.id)
     assert done is not None and done.attempt == 2
+
+
+async def test_runs_released_together_each_count_their_own_history(h: Harness) -> None:
+    """Three runs released at one stop are claimed again in one batch, whose retries read
+    their histories in one statement: each run's release is found in its own history, so
+    each second attempt (max_attempts 1) runs instead of failing as exhausted."""
+    rows = [await h.trigger(TASKS, "slow-once", fire_ms=T0 + n * 60_000) for n in range(3)]
+    ex = Running(h.executor(grace_s=0.05))
+    for row in rows:
+        await reach(h, row.id, Status.RUNNING)
+    await ex.close()
+    await h.scheduler().run_pass()
+    again = Running(h.executor(grace_s=10))
+    try:
+        for row in rows:
+            await reach(h, row.id, Status.SUCCESS)
+    finally:
+        await again.close()
+    claims = {
+        (x.owner, x.at_ms)
+        for r in rows
+        for x in await h.store.history(r.id)
+        if x.attempt == 2 and x.to_status is Status.RUNNING
+    }
+    assert len(claims) == 1, "the second attempts were claimed in one statement"
 
 
 LONG = """
@@ -86,7 +111,7 @@ tasks:
 async def test_a_released_attempt_does_not_count(h: Harness, max_attempts: int) -> None:
     """Attempt 1 is released at shutdown (not counted); attempt 2, only the first that ran,
     fails retriably. At max_attempts 2 it is the last by the token, yet one attempt is left;
-    at 5 (below the limit, where intake does not read the history) its backoff is still the
+    at 5 (below the limit) its backoff is still the
     first one's: base * factor**0 = 1 s, not 2 s."""
     stalls = STALLS.format(max_attempts=max_attempts)
     h.clock.set(await h.store.db_now_ms())

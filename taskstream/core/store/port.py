@@ -119,6 +119,8 @@ class Store(Protocol):
 
     async def history(self, instance_id: str) -> list[HistoryRow]: ...
 
+    async def histories(self, instance_ids: Sequence[str]) -> dict[str, list[HistoryRow]]: ...
+
     async def transition(
         self,
         instance_id: str,

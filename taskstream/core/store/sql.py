@@ -12,7 +12,7 @@ of the mixins `sql_tasks`, `sql_outbox` and `sql_scheduling`, own the transactio
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager, suppress
 from functools import partial
 from typing import Any, Self
@@ -143,6 +143,11 @@ class SqlStore(DefinitionMethods, OutboxMethods, SchedulingMethods):
         """An instance's status changes, oldest first."""
         async with self._read() as conn:
             return await rows.history(conn, instance_id)
+
+    async def histories(self, instance_ids: Sequence[str]) -> dict[str, list[HistoryRow]]:
+        """`history` of many instances in one read; ids without history are left out."""
+        async with self._read() as conn:
+            return await rows.histories(conn, instance_ids)
 
     async def transition(
         self,

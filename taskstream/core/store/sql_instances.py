@@ -8,7 +8,7 @@ the race was lost. Times come from `db_now_ms()`, never from this process's cloc
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import String, func, insert, literal, select, union_all, update
@@ -18,6 +18,7 @@ from taskstream.core.states import FailClass, Status
 from taskstream.core.store import sql_codec as codec
 from taskstream.core.store.dbclock import db_now_ms
 from taskstream.core.store.port import HistoryRow, InstanceRow, NewInstance
+from taskstream.core.store.sql_queries import chunks
 from taskstream.core.store.tables import OWNER_LEN, STATUS_LEN, side_effects
 from taskstream.core.store.tables import instance_history as hist
 from taskstream.core.store.tables import task_instances as inst
@@ -266,3 +267,17 @@ async def history(conn: AsyncConnection, instance_id: str) -> list[HistoryRow]:
     """An instance's status changes in the order they were committed."""
     stmt = select(hist).where(hist.c.instance_id == instance_id).order_by(hist.c.id)
     return [codec.history_row(r) for r in (await conn.execute(stmt)).mappings().all()]
+
+
+async def histories(
+    conn: AsyncConnection, instance_ids: Sequence[str]
+) -> dict[str, list[HistoryRow]]:
+    """`history` of each of `instance_ids` (one statement per `CHUNK` ids); an id without
+    history rows is left out."""
+    out: dict[str, list[HistoryRow]] = {}
+    for ids in chunks(sorted(set(instance_ids))):
+        stmt = select(hist).where(hist.c.instance_id.in_(ids)).order_by(hist.c.id)
+        for r in (await conn.execute(stmt)).mappings().all():
+            row = codec.history_row(r)
+            out.setdefault(row.instance_id, []).append(row)
+    return out
