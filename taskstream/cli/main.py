@@ -21,6 +21,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode="markdown",
     help="taskstream: scheduled work that runs when it should, once, explainably.",
 )
 app.add_typer(tasks_app, name="tasks")
