@@ -14,7 +14,7 @@ from sqlalchemy import func, select
 
 from taskstream.core.states import Status
 from taskstream.core.store import sql_queries
-from taskstream.core.store.port import ClaimRequest
+from taskstream.core.store.port import CasResult, ClaimRequest, DispatchRequest
 from taskstream.core.store.sql import SqlStore
 from taskstream.core.store.tables import instance_history, task_instances
 from tests.contract.conftest import Advance, MakeNew
@@ -28,6 +28,51 @@ async def _count(store: SqlStore, table: Any, *where: Any) -> int:
 
 
 # claim_many
+
+
+async def test_claim_many_completes_the_outbox_step_a_read_entry_proves(
+    store: SqlStore, make_new: MakeNew, advance: Advance
+) -> None:
+    """A claim names an entry that was read from a stream, so its XADD happened: a row still
+    PENDING or RETRYING at that attempt (the outbox's CAS to DISPATCHED not landed yet) is
+    moved on (`seen_on_stream`) and claimed in the same transaction; the outbox's CAS then
+    finds it claimed."""
+    await store.create_instance(make_new("pending"))
+    await store.create_instance(make_new("retrying"))
+    await advance("inst-retrying", Status.RUNNING)
+    moved = await store.transition(
+        "inst-retrying", Status.RUNNING, Status.RETRYING, reason="retry", next_attempt_at_ms=1
+    )
+    assert moved.ok
+    retrying = await store.get_instance("inst-retrying")
+    assert retrying is not None
+    requests = [
+        ClaimRequest("inst-pending", 0, 30),
+        ClaimRequest("inst-retrying", retrying.attempt, 30),
+    ]
+    claimed = await store.claim_many(requests, owner="exec-1")
+    assert set(claimed) == {"inst-pending", "inst-retrying"}
+    for instance_id, src, token in (
+        ("inst-pending", Status.PENDING, 1),
+        ("inst-retrying", Status.RETRYING, retrying.attempt + 1),
+    ):
+        won = claimed[instance_id]
+        assert won.row == await store.get_instance(instance_id)
+        assert (won.token, won.row.status, won.row.next_attempt_at_ms) == (
+            token,
+            Status.RUNNING,
+            None,
+        )
+        steps = [
+            (h.from_status, h.to_status, h.attempt, h.owner, h.reason)
+            for h in (await store.history(instance_id))[-2:]
+        ]
+        assert steps == [
+            (src, Status.DISPATCHED, token - 1, None, "seen_on_stream"),
+            (Status.DISPATCHED, Status.RUNNING, token, "exec-1", "claimed"),
+        ]
+    late = await store.dispatch_many([DispatchRequest("inst-pending", Status.PENDING, 0)])
+    assert late == {"inst-pending": CasResult(ok=False, found=Status.RUNNING)}
 
 
 async def test_claim_many_wins_exactly_the_matching_rows(
@@ -44,7 +89,7 @@ async def test_claim_many_wins_exactly_the_matching_rows(
         ClaimRequest(a, 0, 30),
         ClaimRequest(b, 0, 60.5),
         ClaimRequest(stale, 5, 30),
-        ClaimRequest("inst-pending", 0, 30),
+        ClaimRequest("inst-pending", 5, 30),  # not the attempt its entry would be for
         ClaimRequest("inst-missing", 0, 30),
         ClaimRequest(again, 0, 30),
     ]

@@ -170,7 +170,10 @@ class Store(Protocol):
     # batches: the same compare-and-set rules, one transaction for many instances
 
     async def claim_many(self, requests: list[ClaimRequest], *, owner: str) -> dict[str, Claimed]:
-        """`claim` for many instances in one transaction; returns only the won claims."""
+        """`claim` for many instances in one transaction; returns only the won claims. A
+        claim names an entry read from a stream, so its XADD happened: a row still PENDING or
+        RETRYING at the expected attempt (the outbox's CAS not landed yet) is first moved to
+        DISPATCHED in the same transaction (history reason `seen_on_stream`), then claimed."""
         ...
 
     async def finish_many(self, requests: list[FinishRequest]) -> dict[str, CasResult]:

@@ -24,6 +24,7 @@ from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from taskstream.core.errors import StoreError
+from taskstream.core.reasons import SEEN_ON_STREAM
 from taskstream.core.states import Status
 from taskstream.core.store import sql_codec as codec
 from taskstream.core.store import sql_instances as rows
@@ -34,6 +35,9 @@ from taskstream.core.store.port import Claim, Claimed, ClaimRequest, InstanceRow
 from taskstream.core.store.records import utf8_size
 from taskstream.core.store.sql_prepared import Runner
 from taskstream.core.store.tables import task_instances as inst
+
+_BEFORE_DISPATCH = frozenset({Status.PENDING.value, Status.RETRYING.value})
+"""Statuses whose row the outbox moves to DISPATCHED after its XADD."""
 
 
 def plan_claims(requests: Sequence[ClaimRequest]) -> dict[str, list[tuple[int, int]]]:
@@ -82,6 +86,41 @@ def _claim_winners(
     return groups
 
 
+async def _complete_dispatch(
+    run: Runner,
+    options: Mapping[str, list[tuple[int, int]]],
+    locked: dict[str, dict[str, Any]],
+    now_ms: int,
+) -> dict[str, dict[str, Any]]:
+    """The outbox's last step, PENDING/RETRYING -> DISPATCHED (history reason
+    `seen_on_stream`), for the locked rows a claim expects at their attempt: their entry
+    was read, so its XADD happened, and only the outbox's CAS has not landed yet (it then
+    loses, finding the row claimed). Done here, in the claim's transaction, such a row is
+    claimed at once instead of being lost and read and claimed again. Returns `locked` with
+    those rows DISPATCHED."""
+    groups: dict[Status, list[tuple[str, int]]] = {}
+    for instance_id, wanted in options.items():
+        row = locked.get(instance_id)
+        if row is None or row["status"] not in _BEFORE_DISPATCH:
+            continue
+        attempt = int(row["attempt"])
+        if any(expected == attempt for expected, _ in wanted):
+            groups.setdefault(Status(row["status"]), []).append((instance_id, attempt))
+    if not groups:
+        return locked
+    moved = dict(locked)
+    values = rows.status_values(Status.DISPATCHED, None, None, None) | {"updated_at_ms": now_ms}
+    for src, pairs in sorted(groups.items(), key=lambda g: g[0].value):
+        await q.cas_update(run, src, pairs, [values] * len(pairs), "dispatch seen on stream")
+        ids = sorted(i for i, _ in pairs)
+        await q.append_history(
+            run, ids, src=src, owners=dict.fromkeys(ids), reasons=dict.fromkeys(ids, SEEN_ON_STREAM)
+        )
+        for instance_id in ids:
+            moved[instance_id] = {**locked[instance_id], **values}
+    return moved
+
+
 def _claimed(row: Mapping[str, Any], owner: str, now_ms: int, lease_length_ms: int) -> Claimed:
     """The locked row as the claim UPDATE (`sql_instances.claim_values`) leaves it."""
     expires = now_ms + lease_length_ms
@@ -122,6 +161,7 @@ async def claim_many(
     claimed: dict[str, Claimed] = {}
     for ids in q.chunks(sorted(options)):
         now_ms, locked = await q.lock_rows(run, ids)
+        locked = await _complete_dispatch(run, options, locked, now_ms)
         groups = _claim_winners(options, locked)
         for lease_length_ms, pairs in sorted(groups.items()):
             values = _claim_columns(owner, now_ms, lease_length_ms)
