@@ -164,6 +164,31 @@ async def test_dispatch_many_moves_only_rows_at_their_state(
     assert len(await store.history("inst-gone-on")) == 2
 
 
+async def test_dispatch_many_reads_first_while_rows_keep_moving_on_before_it(
+    store: SqlStore, make_new: MakeNew, advance: Advance
+) -> None:
+    """After a batch that found a row moved on (an executor claimed it first), the next one
+    locks and reads before it updates instead of trying an update that would fail; once a
+    batch finds every row where it expected it, updates go first again. Same results."""
+    for name in ("a", "b", "c", "d", "e", "f"):
+        await store.create_instance(make_new(name))
+    await advance("inst-b", Status.DISPATCHED)
+
+    async def dispatch(*names: str) -> tuple[dict[str, CasResult], str]:
+        with statements(store) as sent:
+            got = await store.dispatch_many(
+                [DispatchRequest(f"inst-{n}", Status.PENDING, 0) for n in names]
+            )
+        return got, sent[0].lstrip().split()[0].upper()
+
+    moved, first = await dispatch("a", "b")
+    assert (moved["inst-b"], first) == (CasResult(ok=False, found=Status.DISPATCHED), "UPDATE")
+    fine, first = await dispatch("c", "d")
+    assert (set(fine.values()), first) == ({CasResult(ok=True)}, "SELECT")
+    fine, first = await dispatch("e", "f")
+    assert (set(fine.values()), first) == ({CasResult(ok=True)}, "UPDATE")
+
+
 async def test_dispatch_many_rejects_bad_requests_before_any_sql(
     store: SqlStore, make_new: MakeNew
 ) -> None:

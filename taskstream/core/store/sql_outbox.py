@@ -36,6 +36,10 @@ class OutboxMethods:
     """Mixed into `SqlStore`; relies on its `_read` / `_write` / `_hot` transaction
     helpers."""
 
+    _dispatch_found_moved = False
+    """The last `dispatch_many` found some row moved on (an executor claimed it first): the
+    next one locks and reads first rather than try an update that would fail again."""
+
     def _read(self) -> AbstractAsyncContextManager[AsyncConnection]:
         raise NotImplementedError
 
@@ -102,14 +106,17 @@ class OutboxMethods:
             raise ValueError("dispatch_many: an instance is named twice")
         if not requests:
             return {}
-        if len({r.src for r in requests}) == 1:
+        if len({r.src for r in requests}) == 1 and not self._dispatch_found_moved:
             # Usually every row is still where the outbox left it: update without reading
-            # first, and take the locking path only when some row has moved on.
+            # first, and take the locking path only when some row has moved on. While
+            # executors keep winning that race (busy, fast ones), every batch takes it.
             with suppress(q.RowsMoved):
                 async with self._hot() as run:
                     return await dispatch_unread(run, requests)
         async with self._write() as conn:
-            return await dispatch_many(conn, requests)
+            results = await dispatch_many(conn, requests)
+        self._dispatch_found_moved = not all(r.ok for r in results.values())
+        return results
 
 
 async def _skip(conn: AsyncConnection, instance_id: str, reason: str) -> None:
