@@ -18,7 +18,7 @@ from taskstream.core.store.sql import SqlStore
 from taskstream.scheduler import verdict
 from taskstream.scheduler.instances import new_instance
 from taskstream.scheduler.leader import Fenced, LeaderLease
-from taskstream.scheduler.service import Scheduler, SchedulerConfig
+from taskstream.scheduler.service import LAPSE_MARGIN_MS, Scheduler, SchedulerConfig
 from taskstream.scheduler.verdict import NOT_FINAL
 from tests.integration.harness import Harness, until
 from tests.integration.outages import waiting
@@ -279,4 +279,4 @@ async def test_a_standby_tries_again_when_the_leaders_lease_lapses(h: Harness) -
     assert await standby._step() == pytest.approx(10 / 3)  # a fresh lease: the usual poll
     await h.redis.pexpire(h.keys.leader, 1_200)  # the leader stopped renewing 8.8 s ago
     wait_s = await standby._step()
-    assert 0.7 < wait_s <= 1.2 + 0.005
+    assert 700 < round(wait_s * 1000) <= 1_200 + LAPSE_MARGIN_MS
