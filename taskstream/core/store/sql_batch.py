@@ -17,7 +17,7 @@ from the row just written, times from the database clock. For many instances:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import select, update
@@ -33,11 +33,13 @@ from taskstream.core.store import sql_templates as templates
 from taskstream.core.store.dbclock import db_now_ms
 from taskstream.core.store.port import Claim, Claimed, ClaimRequest, InstanceRow
 from taskstream.core.store.records import utf8_size
+from taskstream.core.store.sql_outbox import dispatch_rows
 from taskstream.core.store.sql_prepared import Runner
 from taskstream.core.store.tables import task_instances as inst
 
 _BEFORE_DISPATCH = frozenset({Status.PENDING.value, Status.RETRYING.value})
 """Statuses whose row the outbox moves to DISPATCHED after its XADD."""
+_DISPATCHED = frozenset({Status.DISPATCHED.value})
 
 
 def plan_claims(requests: Sequence[ClaimRequest]) -> dict[str, list[tuple[int, int]]]:
@@ -69,20 +71,31 @@ async def claim_one(
     return Claim(token=token, lease_expires_at_ms=expires)
 
 
+def _expected(
+    options: Mapping[str, list[tuple[int, int]]],
+    locked: Mapping[str, Mapping[str, Any]],
+    statuses: frozenset[str],
+) -> Iterator[tuple[str, int, int]]:
+    """(id, attempt, lease length ms) of each locked row at one of `statuses` whose attempt
+    a request for it expects (the lease of the first such request, in request order)."""
+    for instance_id, wanted in options.items():
+        row = locked.get(instance_id)
+        if row is None or row["status"] not in statuses:
+            continue
+        attempt = int(row["attempt"])
+        lease = next((ms for expected, ms in wanted if expected == attempt), None)
+        if lease is not None:
+            yield instance_id, attempt, lease
+
+
 def _claim_winners(
     options: Mapping[str, list[tuple[int, int]]], locked: Mapping[str, Mapping[str, Any]]
 ) -> dict[int, list[tuple[str, int]]]:
     """lease length ms -> [(id, attempt)] of the claims that win: the row is DISPATCHED and
     the first request for it (in request order) expects its attempt."""
     groups: dict[int, list[tuple[str, int]]] = {}
-    for instance_id, wanted in options.items():
-        row = locked.get(instance_id)
-        if row is None or row["status"] != Status.DISPATCHED.value:
-            continue
-        attempt = int(row["attempt"])
-        lease = next((ms for expected, ms in wanted if expected == attempt), None)
-        if lease is not None:
-            groups.setdefault(lease, []).append((instance_id, attempt))
+    for instance_id, attempt, lease in _expected(options, locked, _DISPATCHED):
+        groups.setdefault(lease, []).append((instance_id, attempt))
     return groups
 
 
@@ -97,27 +110,15 @@ async def _complete_dispatch(
     was read, so its XADD happened, and only the outbox's CAS has not landed yet (it then
     loses, finding the row claimed). Done here, in the claim's transaction, such a row is
     claimed at once instead of being lost and read and claimed again. Returns `locked` with
-    those rows DISPATCHED."""
-    groups: dict[Status, list[tuple[str, int]]] = {}
-    for instance_id, wanted in options.items():
-        row = locked.get(instance_id)
-        if row is None or row["status"] not in _BEFORE_DISPATCH:
-            continue
-        attempt = int(row["attempt"])
-        if any(expected == attempt for expected, _ in wanted):
-            groups.setdefault(Status(row["status"]), []).append((instance_id, attempt))
-    if not groups:
-        return locked
+    those rows DISPATCHED (the claim then sets every other column the move set)."""
+    groups: dict[str, list[tuple[str, int]]] = {}
+    for instance_id, attempt, _ in _expected(options, locked, _BEFORE_DISPATCH):
+        groups.setdefault(locked[instance_id]["status"], []).append((instance_id, attempt))
     moved = dict(locked)
-    values = rows.status_values(Status.DISPATCHED, None, None, None) | {"updated_at_ms": now_ms}
-    for src, pairs in sorted(groups.items(), key=lambda g: g[0].value):
-        await q.cas_update(run, src, pairs, [values] * len(pairs), "dispatch seen on stream")
-        ids = sorted(i for i, _ in pairs)
-        await q.append_history(
-            run, ids, src=src, owners=dict.fromkeys(ids), reasons=dict.fromkeys(ids, SEEN_ON_STREAM)
-        )
-        for instance_id in ids:
-            moved[instance_id] = {**locked[instance_id], **values}
+    for src, pairs in sorted(groups.items()):
+        await dispatch_rows(run, Status(src), pairs, reason=SEEN_ON_STREAM, at_ms=now_ms)
+        for instance_id, _ in pairs:
+            moved[instance_id] = {**locked[instance_id], "status": Status.DISPATCHED.value}
     return moved
 
 

@@ -223,7 +223,7 @@ async def dispatch_many(
             groups.setdefault(r.src, []).append((r.instance_id, r.attempt))
             results[r.instance_id] = CasResult(ok=True)
         for src, pairs in sorted(groups.items(), key=lambda g: g[0].value):
-            await _dispatch(CoreRunner(conn), src, pairs)
+            await dispatch_rows(CoreRunner(conn), src, pairs)
     return {r.instance_id: results[r.instance_id] for r in requests}
 
 
@@ -232,7 +232,7 @@ async def dispatch_unread(run: Runner, requests: Sequence[DispatchRequest]) -> d
     first: each chunk's CAS UPDATE must match all of its rows (it locks them in id order),
     else `q.RowsMoved` and the caller's transaction rolls back."""
     for part in q.chunks(sorted(requests, key=lambda r: r.instance_id)):
-        await _dispatch(run, part[0].src, [(r.instance_id, r.attempt) for r in part])
+        await dispatch_rows(run, part[0].src, [(r.instance_id, r.attempt) for r in part])
     return {r.instance_id: CasResult(ok=True) for r in requests}
 
 
@@ -242,11 +242,20 @@ _DISPATCHED = rows.status_values(Status.DISPATCHED, None, None, None) | {
 """The columns every move to DISPATCHED sets (`sql_templates.bind_update` values)."""
 
 
-async def _dispatch(run: Runner, src: Status, pairs: Sequence[tuple[str, int]]) -> None:
+async def dispatch_rows(
+    run: Runner,
+    src: Status,
+    pairs: Sequence[tuple[str, int]],
+    *,
+    reason: str = PUBLISHED,
+    at_ms: int | None = None,
+) -> None:
     """CAS the rows of `pairs` (id, attempt) from `src` to DISPATCHED (all must match), and
-    their history rows."""
-    await q.cas_update(run, src, pairs, [_DISPATCHED] * len(pairs), "dispatch batch")
+    their history rows with `reason`. `at_ms`: the time to record (epoch ms, the database
+    clock as read earlier in the transaction); None: the database clock of the statement."""
+    values = _DISPATCHED if at_ms is None else _DISPATCHED | {"updated_at_ms": at_ms}
+    await q.cas_update(run, src, pairs, [values] * len(pairs), "dispatch batch")
     ids = sorted(i for i, _ in pairs)
     await q.append_history(
-        run, ids, src=src, owners=dict.fromkeys(ids), reasons=dict.fromkeys(ids, PUBLISHED)
+        run, ids, src=src, owners=dict.fromkeys(ids), reasons=dict.fromkeys(ids, reason)
     )
