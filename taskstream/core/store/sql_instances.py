@@ -265,8 +265,7 @@ async def count_by_status(conn: AsyncConnection) -> dict[Status, int]:
 
 async def history(conn: AsyncConnection, instance_id: str) -> list[HistoryRow]:
     """An instance's status changes in the order they were committed."""
-    stmt = select(hist).where(hist.c.instance_id == instance_id).order_by(hist.c.id)
-    return [codec.history_row(r) for r in (await conn.execute(stmt)).mappings().all()]
+    return (await histories(conn, [instance_id])).get(instance_id, [])
 
 
 async def histories(
