@@ -2,9 +2,10 @@
 
 Entries that do not decode, or name an unknown agent, are dead-lettered (the second also fails
 the instance as poison). The rest are claimed in one store transaction (CAS DISPATCHED ->
-RUNNING with attempt + 1, the fencing token). A lost claim is a duplicate delivery: acked when
-the instance is settled; an entry seen before its PENDING/RETRYING -> DISPATCHED step is
-completed here (its XADD evidently happened) and claimed; an instance this consumer claimed
+RUNNING with attempt + 1, the fencing token); an entry seen before its PENDING/RETRYING ->
+DISPATCHED step has that step completed by the claim (its XADD evidently happened). A lost
+claim is a duplicate delivery: acked when the instance is settled; one whose row has become
+claimable since is claimed again; an instance this consumer claimed
 but runs nowhere (its batch failed after the claim committed) is adopted and run with the
 token it holds; anything else is left alone.
 """
@@ -228,9 +229,7 @@ class Intake:
                 adopted[row.id] = claim
                 self._log.warning("instance.adopted", instance_id=row.id, attempt=row.attempt)
             elif _claimable(row, c.entry):
-                if row.status is not Status.DISPATCHED:
-                    await seen_on_stream(self._store, row.id, row.status, row.attempt)
-                again.append(c)
+                again.append(c)  # the claim itself completes a dispatch still to land
             elif _done_with(row, c.entry):
                 await self._ack_duplicate(c.delivery, row.id, row.status)
             else:
@@ -280,8 +279,9 @@ def _split_duplicates(found: list[_Candidate]) -> tuple[list[_Candidate], list[_
 
 
 def _claimable(row: InstanceRow, entry: WorkEntry) -> bool:
-    """The entry is for the row's next attempt and only the outbox CAS (PENDING/RETRYING ->
-    DISPATCHED) raced with the claim: the entry is on the stream, so its XADD happened."""
+    """The entry is for the row's next attempt, which another try of the claim can take: the
+    row is DISPATCHED, or still PENDING/RETRYING (the outbox's CAS had not landed; the entry
+    is on the stream, so its XADD happened, and `claim_many` completes that step)."""
     return row.status in AWAITING_CLAIM and row.attempt == entry.attempt
 
 
