@@ -1,13 +1,17 @@
 """Shared parts of the executor tests: the task file, a harness with it applied on the
-database's clock (each test file's `h` fixture), and waits for an instance's status."""
+database's clock (each test file's `h` fixture), waits for an instance's status, and an
+executor run until instances reach one."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from taskstream.core import streams
 from taskstream.core.protocol import Keys
 from taskstream.core.states import Status
 from taskstream.core.store.sql import SqlStore
-from tests.integration.harness import Harness, until
+from taskstream.executor.service import Executor
+from tests.integration.harness import Harness, Running, until
 
 TASKS = """
 tasks:
@@ -85,3 +89,14 @@ async def reach(h: Harness, instance_id: str, *wanted: Status) -> None:
         return await status_of(h, instance_id) in wanted
 
     await until(check)
+
+
+async def run_until(h: Harness, executor: Executor, ids: Sequence[str], *wanted: Status) -> None:
+    """Run `executor` until every instance of `ids` is at one of `wanted`, then stop it (also
+    when the wait fails)."""
+    running = Running(executor)
+    try:
+        for instance_id in ids:
+            await reach(h, instance_id, *wanted)
+    finally:
+        await running.close()

@@ -14,7 +14,7 @@ from taskstream.core import streams
 from taskstream.core.protocol import GROUP, Keys, Priority
 from taskstream.core.states import Status
 from taskstream.core.store.sql import SqlStore
-from tests.integration.executor_cases import TASKS, harness, reach, status_of
+from tests.integration.executor_cases import TASKS, harness, reach, run_until, status_of
 from tests.integration.harness import T0, Harness, Running, until
 
 
@@ -84,11 +84,7 @@ async def test_a_fenced_zombie_does_not_commit_or_ack(h: Harness) -> None:
     assert await status_of(h, row.id) is Status.RETRYING
     h.clock.advance(60_000)
     await h.scheduler().run_pass()
-    ex = Running(h.executor("c2"))
-    try:
-        await reach(h, row.id, Status.SUCCESS)
-    finally:
-        await ex.close()
+    await run_until(h, h.executor("c2"), [row.id], Status.SUCCESS)
     late = await h.store.finish_many([FinishRequest(row.id, token, Status.SUCCESS, "late")])
     assert not late[row.id].ok
     history = await h.store.history(row.id)
@@ -103,12 +99,7 @@ async def test_redis_emptied_in_flight_nothing_is_lost(h: Harness) -> None:
     h.clock.advance(60_000)  # past the reconciler's grace
     counts = await h.sweeper().sweep_once()
     assert counts["republished"] == 6
-    ex = Running(h.executor(concurrency=8))
-    try:
-        for row in rows:
-            await reach(h, row.id, Status.SUCCESS)
-    finally:
-        await ex.close()
+    await run_until(h, h.executor(concurrency=8), [row.id for row in rows], Status.SUCCESS)
 
 
 LONG_KEY = f"""
@@ -126,11 +117,7 @@ async def test_a_side_effect_of_an_instance_with_a_long_dedupe_key_commits(h: Ha
     await h.apply(LONG_KEY)
     row = await h.trigger(LONG_KEY, "long-key")
     assert len(f"{row.dedupe_key}:send") > 255
-    ex = Running(h.executor())
-    try:
-        await reach(h, row.id, Status.SUCCESS)
-    finally:
-        await ex.close()
+    await run_until(h, h.executor(), [row.id], Status.SUCCESS)
     assert await h.store.side_effect_done(effect_key(row.dedupe_key, "send"))
     done = await h.store.get_instance(row.id)
     assert done is not None and done.result == {"performed": True, "attempt": 1}

@@ -17,7 +17,7 @@ from taskstream.core.store.port import InstanceRow
 from taskstream.core.store.sql import SqlStore
 from taskstream.core.store.tables import review_queue
 from taskstream.executor import service
-from tests.integration.executor_cases import TASKS, harness, reach, status_of
+from tests.integration.executor_cases import TASKS, harness, reach, run_until, status_of
 from tests.integration.harness import Harness, Running, until
 
 
@@ -29,11 +29,7 @@ async def h(store: SqlStore, redis: streams.Redis, keys: Keys) -> Harness:
 async def failed_run(h: Harness, task_id: str, **trigger: int) -> InstanceRow:
     """Trigger one instance of `task_id`, run an executor until it is FAILED, and read it."""
     row = await h.trigger(TASKS, task_id, **trigger)
-    ex = Running(h.executor())
-    try:
-        await reach(h, row.id, Status.FAILED)
-    finally:
-        await ex.close()
+    await run_until(h, h.executor(), [row.id], Status.FAILED)
     done = await h.store.get_instance(row.id)
     assert done is not None
     return done

@@ -14,7 +14,7 @@ from taskstream.core.protocol import GROUP, Keys, Priority
 from taskstream.core.reasons import RELEASED
 from taskstream.core.states import Status
 from taskstream.core.store.sql import SqlStore
-from tests.integration.executor_cases import TASKS, harness, reach, status_of
+from tests.integration.executor_cases import TASKS, harness, reach, run_until, status_of
 from tests.integration.harness import T0, Harness, Running, until
 
 
@@ -42,11 +42,8 @@ async def test_a_run_past_the_grace_is_released_without_spending_an_attempt(h: H
     assert released.next_attempt_at_ms <= h.clock.now_ms()
     assert (await h.redis.xpending(h.keys.stream(Priority.DEFAULT), GROUP))["pending"] == 0
     await h.scheduler().run_pass()
-    again = Running(h.executor(grace_s=10))
-    try:
-        await reach(h, row.id, Status.SUCCESS)  # max_attempts is 1: the release did not count
-    finally:
-        await again.close()
+    # max_attempts is 1: the release did not count
+    await run_until(h, h.executor(grace_s=10), [row.id], Status.SUCCESS)
     done = await h.store.get_instance(row.id)
     assert done is not None and done.attempt == 2
 
@@ -61,12 +58,7 @@ async def test_runs_released_together_each_count_their_own_history(h: Harness) -
         await reach(h, row.id, Status.RUNNING)
     await ex.close()
     await h.scheduler().run_pass()
-    again = Running(h.executor(grace_s=10))
-    try:
-        for row in rows:
-            await reach(h, row.id, Status.SUCCESS)
-    finally:
-        await again.close()
+    await run_until(h, h.executor(grace_s=10), [row.id for row in rows], Status.SUCCESS)
     claims = {
         (x.owner, x.at_ms)
         for r in rows
