@@ -129,7 +129,7 @@ class Committer:
                 # runs batched with it: each is written on its own.
                 self._log.warning("commit.batch_refused", error=str(exc)[:300], runs=len(batch))
                 for item in batch:
-                    await self._commit([item], stop)
+                    await self._commit_alone(item, stop)
                 return
             self._log.warning(
                 "commit.refused", error=str(exc)[:300], runs=[_named(i) for i in batch]
@@ -151,6 +151,16 @@ class Committer:
                 )
                 item.done.set_result(False)
         await self._settle(committed)
+
+    async def _commit_alone(self, item: _Item, stop: asyncio.Event) -> None:
+        """Commit one run of a refused batch. A failure after its commit (its ack, say) ends
+        this run's future only: the runs after it in the batch still get their commit."""
+        try:
+            await self._commit([item], stop)
+        except Exception as exc:
+            self._log.warning("commit.failed", error=str(exc)[:300], runs=[_named(item)])
+            if not item.done.done():
+                item.done.set_exception(exc)
 
     async def _finish(
         self, batch: list[_Item], stop: asyncio.Event

@@ -1,6 +1,6 @@
-"""The committer across a store failure after its commit, on real Redis and a real store: a
-run whose follow-up move failed is left to the sweeper without holding back the acks of the
-runs committed with it."""
+"""The committer across failures around its commit, on real Redis and a real store: a run
+whose follow-up move or ack failed is left to the sweeper without holding back the commits
+and acks of the runs batched with it."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ from typing import Any
 import pytest
 
 from taskstream.core import streams
-from taskstream.core.errors import StoreUnavailable
+from taskstream.core.errors import StoreError, StoreUnavailable
 from taskstream.core.protocol import GROUP, Keys, Priority
 from taskstream.core.states import FailClass, Status
 from taskstream.core.store.port import CasResult
+from taskstream.core.store.records import FinishRequest
 from taskstream.core.store.sql import SqlStore
 from taskstream.executor.committer import Committer
 from taskstream.executor.outcome import RunEnd, succeeded
@@ -33,6 +34,62 @@ class _SecondMoveFails(SqlStore):
         if instance_id == self.refused and src is Status.TIMEOUT:
             raise StoreUnavailable("store: connection lost")
         return await super().transition(instance_id, src, dst, **kw)
+
+
+class _RefusesBatches(SqlStore):
+    """The real store, except that it refuses any finish of more than one run, as it would a
+    batch holding a value it will not take."""
+
+    async def finish_many(self, requests: list[FinishRequest]) -> dict[str, CasResult]:
+        if len(requests) > 1:
+            raise StoreError("store: value refused")
+        return await super().finish_many(requests)
+
+
+URGENT = """
+tasks:
+  - id: urgent
+    agent: slow
+    priority: high
+    retry: {max_attempts: 1}
+    payload: {seconds: 0}
+"""
+
+
+async def test_a_failed_ack_in_a_refused_batch_does_not_keep_the_rest_from_their_commit(
+    db_url: str, redis: streams.Redis, keys: Keys
+) -> None:
+    """A refused batch is committed run by run. The first run's ack then fails (its stream
+    is no longer a stream); the run after it is still committed and acked, and the first,
+    committed, is left to the sweeper's ack."""
+    store = await _RefusesBatches.connect(db_url)
+    try:
+        h = await outages.harness(store, redis, keys)
+        await h.apply(URGENT)
+        first = await h.trigger(URGENT, "urgent")
+        second = await h.trigger(outages.TASKS, "quick", fire_ms=T0 + 1000)
+        deliveries = await streams.read(h.redis, h.keys, "c1", count=2, block_ms=10)
+        runs = {
+            r.entry.instance_id: r for r in await (await outages.intake(h, "c1")).admit(deliveries)
+        }
+        committer = Committer(store, h.redis, h.keys, h.clock, Random(7), dead=_no_dead_letters)
+        unacked = committer.enqueue(runs[first.id], succeeded({}))
+        committed = committer.enqueue(runs[second.id], succeeded({}))
+        await h.redis.delete(h.keys.stream(Priority.HIGH))
+        await h.redis.set(h.keys.stream(Priority.HIGH), "not a stream")
+        stop = asyncio.Event()
+        stop.set()
+        await committer.run(stop)
+
+        with pytest.raises(Exception, match="WRONGTYPE"):
+            unacked.result()
+        assert committed.result() is True
+        assert (await _status(store, first.id)) == (Status.SUCCESS, None)
+        assert (await _status(store, second.id)) == (Status.SUCCESS, None)
+        pending = await h.redis.xpending(h.keys.stream(Priority.DEFAULT), GROUP)
+        assert pending["pending"] == 0
+    finally:
+        await store.close()
 
 
 async def test_a_failed_move_out_of_timeout_does_not_hold_back_the_acks_of_its_batch(
