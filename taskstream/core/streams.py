@@ -99,7 +99,10 @@ async def read(
     """Read up to `count` new entries, walking the streams in `order` (see `read_order`).
 
     Non-blocking reads walk the priorities in order; only when all are empty does one blocking
-    read wait on every stream (COUNT 1 each, so it returns at most one entry per stream).
+    read wait on every stream (COUNT 1 each). That read can return one entry per stream, more
+    than `count` when `count` is below the number of streams (Valkey and Redis 7.2+ answer a
+    wake-up with every stream that has entries by then): those beyond `count` are delivered
+    to `consumer` all the same, and the caller must leave them pending and offer them later.
     """
     out: list[Delivery] = []
     for stream in keys.streams(order):

@@ -200,7 +200,7 @@ class Executor:
         if self._recheck:
             return await self._unseen(free)
         self._turn += 1
-        return await streams.read(
+        read = await streams.read(
             self._deps.redis,
             self._deps.keys,
             self._config.consumer,
@@ -208,6 +208,11 @@ class Executor:
             block_ms=self._config.block_ms,
             order=read_order(self._turn),
         )
+        if len(read) > free:
+            # A blocking read woke on several streams: the surplus stays in our pending list
+            # and is offered from there as slots free, so no more than `free` runs start.
+            self._recheck = True
+        return read[:free]
 
     async def _unseen(self, free: int) -> list[streams.Delivery]:
         """Our pending entries that no run of ours holds: delivered by a read whose reply was

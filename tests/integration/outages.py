@@ -174,13 +174,16 @@ async def finishing_under_lock(
 async def kill_blocked(redis: streams.Redis, name: str) -> None:
     """Kill the connections of the client named `name` once one is blocked in a command
     (CLIENT LIST flag `b`): that command fails with a connection error."""
-    found: list[str] = []
-
-    async def blocked() -> bool:
-        listing: list[dict[str, str]] = await redis.client_list()
-        found[:] = [c["id"] for c in listing if c.get("name") == name and "b" in c["flags"]]
-        return bool(found)
-
-    await until(blocked)
-    for client_id in found:
+    await until(lambda: blocked_in_read(redis, name))
+    for client_id in await _blocked(redis, name):
         await redis.client_kill_filter(_id=client_id)
+
+
+async def blocked_in_read(redis: streams.Redis, name: str) -> bool:
+    """Whether a connection of the client named `name` is blocked in a command."""
+    return bool(await _blocked(redis, name))
+
+
+async def _blocked(redis: streams.Redis, name: str) -> list[str]:
+    listing: list[dict[str, str]] = await redis.client_list()
+    return [c["id"] for c in listing if c.get("name") == name and "b" in c["flags"]]

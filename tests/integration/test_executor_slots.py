@@ -1,0 +1,136 @@
+"""An executor never runs more than `--concurrency` runs, on a real store and on both servers
+it meets (the shared Redis and the embedded Valkey of `taskstream up`): not even when its
+blocking read, which waits on every priority stream at once, wakes with an entry on each
+(Valkey answers such a wake-up with every stream that has entries). The entries beyond its
+free slots stay pending for it and run, one by one, as slots free up."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from random import Random
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from taskstream.agents.base import AgentContext, FunctionAgent
+from taskstream.agents.registry import default_registry
+from taskstream.core import streams
+from taskstream.core.definitions import to_records
+from taskstream.core.outbox import row_entry
+from taskstream.core.protocol import GROUP, Keys, Priority, encode
+from taskstream.core.specfile import parse_task_file_text
+from taskstream.core.states import Status
+from taskstream.core.store.sql import SqlStore
+from taskstream.executor.service import Executor, ExecutorConfig, ExecutorDeps
+from taskstream.runtime.embedded import EmbeddedValkey
+from taskstream.scheduler.service import new_instance
+from tests.agents import Params
+from tests.integration import outages
+from tests.integration.harness import Harness, Running, until
+from tests.integration.outages import blocked_in_read
+
+TASKS = """
+tasks:
+  - {id: t-high, agent: counted, priority: high, lease: 30s}
+  - {id: t-default, agent: counted, priority: default, lease: 30s}
+  - {id: t-low, agent: counted, priority: low, lease: 30s}
+"""
+
+
+class Counted:
+    """An agent that counts the runs inside it at once; each waits until the test lets it."""
+
+    def __init__(self) -> None:
+        self.inside = self.most = self.ended = 0
+        self.release = asyncio.Semaphore(0)
+        """One release lets one run end."""
+
+    async def run(self, ctx: AgentContext, p: Params) -> dict[str, Any]:
+        self.inside += 1
+        self.most = max(self.most, self.inside)
+        try:
+            await self.release.acquire()
+        finally:
+            self.inside -= 1
+            self.ended += 1
+        return {}
+
+
+@pytest.fixture(params=["redis", "valkey"])
+def server_url(request: pytest.FixtureRequest, redis_url: str, tmp_path: Path) -> Iterator[str]:
+    if request.param == "redis":
+        yield redis_url
+        return
+    valkey = EmbeddedValkey(tmp_path)
+    try:
+        yield valkey.start()
+    finally:
+        valkey.stop()
+
+
+@pytest.fixture
+async def on_server(server_url: str, store: SqlStore, keys: Keys) -> AsyncIterator[Harness]:
+    client = streams.connect(server_url)
+    try:
+        yield await outages.harness(store, client, keys)
+    finally:
+        found = [k async for k in client.scan_iter(match=f"{keys.base}:*", count=500)]
+        if found:
+            await client.delete(*found)
+        await client.aclose()
+
+
+async def test_a_read_that_wakes_on_every_stream_starts_no_more_runs_than_free_slots(
+    on_server: Harness, server_url: str
+) -> None:
+    h = on_server
+    agent = Counted()
+    registry = default_registry(h.registry_modules)
+    registry.register(FunctionAgent(name="counted", params_model=Params, fn=agent.run))
+    taskfile = parse_task_file_text(TASKS, "t.yaml", known_agents=registry.names())
+    await h.store.upsert_definitions(to_records(taskfile))
+    entries = []
+    for spec in taskfile.tasks:
+        created = await h.store.create_instance(new_instance(spec, h.clock.now_ms()))
+        row = await h.store.get_instance(created.instance_id)
+        assert row is not None
+        entries.append((spec.priority, row_entry(row, h.clock.now_ms())))
+    name = f"tstest-executor-{h.keys.namespace}"
+    client = aioredis.Redis.from_url(server_url, client_name=name)
+    deps = ExecutorDeps(h.store, client, h.keys, registry, h.clock, Random(7))
+    ex = Running(Executor(deps, ExecutorConfig(consumer="c1", block_ms=2000, concurrency=1)))
+    try:
+        await until(lambda: blocked_in_read(h.redis, name))
+        async with h.redis.pipeline(transaction=True) as pipe:  # one wake-up, three streams
+            for priority, entry in entries:
+                pipe.xadd(h.keys.stream(priority), encode(entry))  # type: ignore[arg-type]
+            await pipe.execute()
+
+        for ended in range(1, 4):  # each run, then the next, one at a time
+            await until(lambda: _is(agent.inside > 0))
+            # Intake claims a read's entries in one transaction, before any of them runs.
+            assert await _count(h, Status.RUNNING) == 1
+            agent.release.release()
+            await until(lambda n=ended: _is(agent.ended == n))  # type: ignore[misc]
+        await until(lambda: _is_count(h, Status.SUCCESS, 3))
+    finally:
+        await ex.close()
+        await client.aclose()
+    assert agent.most == 1
+    for priority in Priority:
+        assert (await h.redis.xpending(h.keys.stream(priority), GROUP))["pending"] == 0
+
+
+async def _is(value: bool) -> bool:
+    return value
+
+
+async def _count(h: Harness, status: Status) -> int:
+    return len(await h.store.list_instances(status=status))
+
+
+async def _is_count(h: Harness, status: Status, n: int) -> bool:
+    return await _count(h, status) == n
