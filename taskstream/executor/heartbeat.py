@@ -39,6 +39,9 @@ from taskstream.core.protocol import Keys
 from taskstream.core.store.port import Store
 from taskstream.executor.intake import DEFAULT_LEASE_S, Run
 
+ENDED_KEPT = 10_000
+"""How many ended claims a process remembers (see `Heartbeat.ran`); about 1 MB."""
+
 
 class Heartbeat:
     """Keeps this process visibly alive and its leases held."""
@@ -57,6 +60,8 @@ class Heartbeat:
         self._consumer, self._clock = consumer, clock
         self._ttl_ms = round(liveness_ttl_s * 1000)
         self._runs: dict[tuple[str, int], tuple[Run, asyncio.Task[None]]] = {}
+        self._ended: dict[tuple[str, int], None] = {}
+        """Claims of runs no longer tracked, oldest first, at most `ENDED_KEPT`."""
         self._last_extend_ms = 0
         self._sooner = asyncio.Event()
         self._waiting_s = math.inf
@@ -84,12 +89,24 @@ class Heartbeat:
             self._sooner.set()  # the lease loop sleeps longer than this run's lease allows
 
     def untrack(self, run: Run) -> None:
-        self._runs.pop((run.row.id, run.token), None)
+        claim = (run.row.id, run.token)
+        if self._runs.pop(claim, None) is not None:
+            self._ended[claim] = None
+            if len(self._ended) > ENDED_KEPT:
+                del self._ended[next(iter(self._ended))]
 
     def holds(self, instance_id: str, token: int) -> bool:
         """A tracked run holds this claim of the instance: claimed here at `token`, its end
         not yet committed."""
         return (instance_id, token) in self._runs
+
+    def ran(self, instance_id: str, token: int) -> bool:
+        """A run of this process holds this claim, or held it (among the last `ENDED_KEPT`
+        that ended). A claim of ours that no run ever held is one to adopt (its claim batch
+        failed after the commit); one whose run ended is not, even when a duplicate delivery
+        read the row before that run's commit and still finds it RUNNING."""
+        claim = (instance_id, token)
+        return claim in self._runs or claim in self._ended
 
     def entries(self) -> set[tuple[str, str]]:
         """(stream, entry id) of every delivery a tracked run holds, its duplicates included."""

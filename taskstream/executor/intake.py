@@ -113,8 +113,8 @@ class Intake:
         *,
         held: Callable[[str, int], bool],
     ) -> None:
-        """`held(instance_id, token)`: a run of this process holds that claim of the instance
-        (running, or its end waiting to commit), so it is not to be adopted."""
+        """`held(instance_id, token)`: a run of this process holds or held that claim of the
+        instance (running, its end waiting to commit, or ended), so it is not to be adopted."""
         self._store, self._redis, self._keys = store, redis, keys
         self._registry, self._defs, self._consumer = registry, defs, consumer
         self._held = held
@@ -243,9 +243,9 @@ class Intake:
 
     def _ours(self, row: InstanceRow, entry: WorkEntry) -> Claimed | None:
         """The claim to adopt when the entry's attempt is RUNNING under a claim of this
-        consumer that no run of this process holds: the batch that claimed it failed after
-        its commit (or the commit's reply was lost), so nobody would run it before its lease
-        expires. None otherwise."""
+        consumer that no run of this process holds or held: the batch that claimed it failed
+        after its commit (or the commit's reply was lost), so nobody would run it before its
+        lease expires. None otherwise."""
         expires = row.lease_expires_at_ms
         if row.status is not Status.RUNNING or row.attempt != entry.attempt + 1 or expires is None:
             return None

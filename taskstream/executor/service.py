@@ -108,7 +108,7 @@ class Executor:
             deps.registry,
             self._defs,
             config.consumer,
-            held=self._heartbeat.holds,
+            held=self._heartbeat.ran,
         )
         self._committer = Committer(
             deps.store, deps.redis, deps.keys, deps.clock, deps.rng, self._intake.dead
