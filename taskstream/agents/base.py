@@ -53,7 +53,8 @@ class AgentContext:
     async def mark_ready(self, name: str, business_date: str | None = None) -> bool:
         """Set the readiness marker `name` (e.g. `raw_data.ready`) for a business date (this
         run's by default), releasing ticks of tasks that `depends_on` it. False when it was
-        already set."""
+        already set. Fenced like the run's commit: `ClaimLost` when this run's lease lapsed
+        and its instance moved on, and the marker is not set."""
         day = business_date or self.business_date
         if day is None:
             raise ValueError("no business date: pass one explicitly")

@@ -37,6 +37,11 @@ class SchemaMissing(StoreUnavailable):
     as for a database that is down."""
 
 
+class ClaimLost(TaskstreamError):
+    """A run wrote on behalf of a claim (instance, token) that is no longer the instance's
+    running one: its lease lapsed and the instance moved on. The write was not made."""
+
+
 class QueueUnavailable(TaskstreamError):
     """Redis cannot be reached. Nothing was published or acknowledged."""
 

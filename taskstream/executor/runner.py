@@ -111,7 +111,7 @@ def _context(
         side_effects=run.side_effects,
         effect_done=store.side_effect_done,
         business_date=row.business_date,
-        set_marker=_marker_setter(store, env.on_marker),
+        set_marker=_marker_setter(store, env.on_marker, (row.id, run.token)),
         upstreams=run.upstreams,
         http=http,
     )
@@ -203,10 +203,13 @@ def _breaker_outcome(end: RunEnd) -> Outcome:
 
 
 def _marker_setter(
-    store: Store, on_marker: Callable[[], Awaitable[None]] | None
+    store: Store, on_marker: Callable[[], Awaitable[None]] | None, claim: tuple[str, int]
 ) -> Callable[[str, str], Awaitable[bool]]:
+    """Markers fenced by the run's claim: a run whose lease lapsed and whose instance moved
+    on (a zombie) releases no dependent task (`ClaimLost` ends its agent)."""
+
     async def mark(name: str, business_date: str) -> bool:
-        marked = await store.mark_ready(name, business_date)
+        marked = await store.mark_ready(name, business_date, claim=claim)
         if on_marker is not None:
             await on_marker()
         return marked

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
+from taskstream.core.errors import ClaimLost
 from taskstream.core.states import FailClass, Status
+from taskstream.core.store.port import ClaimRequest
 from taskstream.core.store.sql import SqlStore
 from tests.contract.conftest import MakeNew
 
@@ -16,6 +20,28 @@ async def test_markers_are_set_once_per_business_date(store: SqlStore) -> None:
     found = await store.ready_markers(["raw.ready", "other.ready"], "2026-11-30")
     assert found == {"raw.ready"}
     assert await store.ready_markers([], "2026-11-30") == set()
+
+
+async def test_a_marker_set_for_a_claim_is_set_only_while_the_claim_is_held(
+    store: SqlStore, make_new: MakeNew
+) -> None:
+    """A run's marker is fenced like its commit: set while its instance is RUNNING at the
+    run's token, refused (nothing set) once the instance moved on to a newer attempt."""
+    await store.create_instance(make_new("a"))
+    await store.transition("inst-a", Status.PENDING, Status.DISPATCHED, reason="t")
+    assert (await store.claim_many([ClaimRequest("inst-a", 0, 60)], owner="x"))["inst-a"].token == 1
+    assert await store.mark_ready("first.ready", "2026-11-30", claim=("inst-a", 1))
+    assert not await store.mark_ready("first.ready", "2026-11-30", claim=("inst-a", 1))
+
+    moved = await store.transition(
+        "inst-a", Status.RUNNING, Status.TIMEOUT, reason="lease_expired", attempt=1
+    )
+    assert moved.ok
+    with pytest.raises(ClaimLost, match="inst-a: claim 1 no longer held"):
+        await store.mark_ready("late.ready", "2026-11-30", claim=("inst-a", 1))
+    with pytest.raises(ClaimLost, match="no row"):
+        await store.mark_ready("late.ready", "2026-11-30", claim=("inst-zz", 1))
+    assert await store.ready_markers(["first.ready", "late.ready"], "2026-11-30") == {"first.ready"}
 
 
 async def test_active_instances_exclude_settled_ones(store: SqlStore, make_new: MakeNew) -> None:

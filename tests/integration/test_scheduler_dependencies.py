@@ -1,7 +1,7 @@
 """Ticks that depend on a marker, on real Redis and a real store, clock passed in: a tick
 waits for its marker and then runs (also when an agent sets it), is skipped when its window
 closes first or when a schedule edit leaves it behind, and a tick waiting for long does not
-hold back the ticks after it."""
+hold back the ticks after it. A run that lost its claim sets no marker."""
 
 from __future__ import annotations
 
@@ -12,8 +12,11 @@ from taskstream.core.clock import FixedClock
 from taskstream.core.protocol import Keys
 from taskstream.core.states import Status
 from taskstream.core.store.sql import SqlStore
+from taskstream.executor.retry import Failure
+from taskstream.executor.runner import RunEnv, execute
 from taskstream.scheduler import advance
 from tests.integration.harness import Harness, Running, until
+from tests.integration.outages import intake
 from tests.integration.scheduler_cases import DAY0, DEPS, M0, make
 
 EVERY_SECOND_DEPS = """
@@ -82,6 +85,29 @@ async def test_an_agent_marking_ready_releases_a_waiting_tick(
         await ex.close()
     await s.run_pass()
     assert [d.decision for d in await store.decisions("report")] == ["wait_dep", "should_run"]
+
+
+async def test_a_run_whose_claim_was_taken_over_sets_no_marker(
+    store: SqlStore, redis: streams.Redis, keys: Keys
+) -> None:
+    """A producer's lease lapsed while it was paused and the sweeper timed its attempt out:
+    when it resumes and marks its data ready, the marker is refused (`ClaimLost`), so the
+    waiting tick is not released by a run whose result will not be committed."""
+    h = Harness(store, redis, keys, FixedClock(M0 + 1))
+    tasks = DEPS + "  - {id: collect, agent: producer, retry: {max_attempts: 3}}\n"
+    await h.apply(tasks)
+    producer = await h.trigger(tasks, "collect", M0)
+    [delivery] = await streams.read(h.redis, h.keys, "c1", count=1, block_ms=10)
+    [run] = await (await intake(h, "c1")).admit([delivery])
+    moved = await store.transition(
+        producer.id, Status.RUNNING, Status.TIMEOUT, reason="lease_expired", attempt=run.token
+    )
+    assert moved.ok
+    end = await execute(run, RunEnv(store, h.clock, max_payload_bytes=1 << 20))
+    assert end.failure is Failure.RETRIABLE
+    assert "ClaimLost" in (end.error or "") and "no longer held" in (end.error or "")
+    assert producer.business_date is not None
+    assert await store.ready_markers(["raw.ready"], producer.business_date) == set()
 
 
 async def test_a_tick_left_waiting_by_a_schedule_edit_is_closed_and_nothing_spins(

@@ -221,8 +221,12 @@ class Store(Protocol):
 
     # scheduling
 
-    async def mark_ready(self, name: str, business_date: str) -> bool:
-        """Set a readiness marker for a business date (ISO date); False if already set."""
+    async def mark_ready(
+        self, name: str, business_date: str, *, claim: tuple[str, int] | None = None
+    ) -> bool:
+        """Set a readiness marker for a business date (ISO date); False if already set. With
+        `claim` (instance id, token), only while that instance is RUNNING at that token;
+        `ClaimLost` otherwise, and nothing is set."""
         ...
 
     async def ready_markers(self, names: Sequence[str], business_date: str) -> set[str]:

@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from taskstream.core.errors import ClaimLost
 from taskstream.core.states import Status
 from taskstream.core.store import sql_codec as codec
 from taskstream.core.store.dbclock import db_now_ms
@@ -30,10 +31,17 @@ class SchedulingMethods:
     def _write(self) -> AbstractAsyncContextManager[AsyncConnection]:
         raise NotImplementedError
 
-    async def mark_ready(self, name: str, business_date: str) -> bool:
-        """Set the readiness marker `name` for a business date; False when it was already set."""
+    async def mark_ready(
+        self, name: str, business_date: str, *, claim: tuple[str, int] | None = None
+    ) -> bool:
+        """Set the readiness marker `name` for a business date; False when it was already set.
+        With `claim` (instance id, token) the marker is fenced like a commit: set only while
+        the instance is RUNNING at that token (its row locked meanwhile, so no claim of a
+        newer attempt lands in between); `ClaimLost` otherwise, and nothing is set."""
         try:
             async with self._write() as conn:
+                if claim is not None:
+                    await _hold(conn, *claim)
                 await conn.execute(
                     markers.insert().values(
                         name=name, business_date=business_date, created_at_ms=db_now_ms()
@@ -113,3 +121,12 @@ class SchedulingMethods:
                 stmt = select(inst.c.id).where(inst.c.id.in_(list(part)))
                 found.update((await conn.execute(stmt)).scalars())
         return found
+
+
+async def _hold(conn: AsyncConnection, instance_id: str, token: int) -> None:
+    """Lock the instance row; `ClaimLost` unless it is RUNNING at `token`."""
+    stmt = select(inst.c.status, inst.c.attempt).where(inst.c.id == instance_id).with_for_update()
+    row = (await conn.execute(stmt)).first()
+    if row is None or row.status != Status.RUNNING.value or int(row.attempt) != token:
+        found = "no row" if row is None else f"{row.status} at attempt {row.attempt}"
+        raise ClaimLost(f"instance {instance_id}: claim {token} no longer held ({found})")
