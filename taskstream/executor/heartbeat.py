@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import math
 from asyncio import FIRST_COMPLETED
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
 from redis.exceptions import ResponseError
@@ -60,7 +61,7 @@ class Heartbeat:
         self._consumer, self._clock = consumer, clock
         self._ttl_ms = round(liveness_ttl_s * 1000)
         self._runs: dict[tuple[str, int], tuple[Run, asyncio.Task[None]]] = {}
-        self._ended: dict[tuple[str, int], None] = {}
+        self._ended: OrderedDict[tuple[str, int], None] = OrderedDict()
         """Claims of runs no longer tracked, oldest first, at most `ENDED_KEPT`."""
         self._last_extend_ms = 0
         self._sooner = asyncio.Event()
@@ -93,7 +94,7 @@ class Heartbeat:
         if self._runs.pop(claim, None) is not None:
             self._ended[claim] = None
             if len(self._ended) > ENDED_KEPT:
-                del self._ended[next(iter(self._ended))]
+                self._ended.popitem(last=False)  # O(1), where a dict's first key is not
 
     def holds(self, instance_id: str, token: int) -> bool:
         """A tracked run holds this claim of the instance: claimed here at `token`, its end

@@ -1,6 +1,6 @@
 """The heartbeat of one executor process: each run's lease is extended by its own length, runs
-are tracked by claim (instance id, token), the loops outlive an unexpected error, and the
-liveness key does not wait for the store."""
+are tracked by claim (instance id, token) and remembered for a while once ended, the loops
+outlive an unexpected error, and the liveness key does not wait for the store."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from redis.exceptions import ReadOnlyError
 from taskstream.core import streams
 from taskstream.core.reasons import LEASE_EXPIRED
 from taskstream.core.states import Status
+from taskstream.executor import heartbeat as heartbeat_module
 from taskstream.executor.heartbeat import Heartbeat
 from taskstream.executor.intake import Run
 from tests.integration.harness import Harness, until
@@ -123,6 +124,28 @@ async def test_a_newer_claim_of_an_instance_is_tracked_apart_from_its_fenced_run
     assert not new.done()
     heartbeat.untrack(first)
     assert (heartbeat.holds(instance_id, 1), heartbeat.holds(instance_id, 2)) == (False, True)
+
+
+async def test_ended_claims_are_remembered_up_to_a_bound(
+    outage: Harness, tasks: list[asyncio.Task[None]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An ended run's claim still counts as this process's own (`ran`: intake must not adopt
+    it), the newest `ENDED_KEPT` of them; a run being tracked is held whatever the bound."""
+    monkeypatch.setattr(heartbeat_module, "ENDED_KEPT", 2)
+    h = outage
+    heartbeat = Heartbeat(h.store, h.redis, h.keys, "c1", h.clock, liveness_ttl_s=6)
+    runs = []
+    for _ in range(4):
+        h.clock.advance(1000)  # another fire time: another instance
+        runs.append(await _claim(h, "long"))
+    for run in runs:
+        heartbeat.track(run, _running(tasks))
+    for run in runs[:3]:
+        heartbeat.untrack(run)
+        heartbeat.untrack(run)  # a second untrack of one run changes nothing
+    claims = [(run.row.id, run.token) for run in runs]
+    assert [heartbeat.ran(*c) for c in claims] == [False, True, True, True]
+    assert [heartbeat.holds(*c) for c in claims] == [False, False, False, True]
 
 
 async def test_the_beat_loop_outlives_an_unexpected_error(
