@@ -69,7 +69,7 @@ class Recovery:
             reason = timed_out_for(rows, row.attempt) or LEASE_EXPIRED
         history = [(h.reason, h.attempt) for h in rows]
         decided = decide(
-            Failure.TIMEOUT,
+            Failure.LOST,
             attempts_used=attempts_used(row.attempt, history),
             policy=policy,
             now_ms=now_ms,

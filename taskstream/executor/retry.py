@@ -25,6 +25,9 @@ class Failure(StrEnum):
     TIMEOUT = "timeout"
     FATAL = "fatal"
     MANUAL_REVIEW = "manual_review"
+    LOST = "lost"
+    """The run lost its owner or its lease (a crash, a pause, a store outage): not the
+    agent's doing, so it retries while attempts are left whatever `retry_on` says."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,13 +63,14 @@ def decide(
     """What happens after a failed attempt. `attempts_used` >= 1 includes the one that failed.
 
     Fatal fails now; manual review fails now (and goes to review); a retriable or timed-out
-    attempt retries while attempts are left and its class is in `policy.retry_on`.
+    attempt retries while attempts are left and its class is in `policy.retry_on`; a lost
+    run retries while attempts are left.
     """
     if failure is Failure.FATAL:
         return RetryDecision(Status.FAILED, fail_class=FailClass.FATAL)
     if failure is Failure.MANUAL_REVIEW:
         return RetryDecision(Status.FAILED, fail_class=FailClass.MANUAL_REVIEW)
-    if failure.value not in policy.retry_on:
+    if failure is not Failure.LOST and failure.value not in policy.retry_on:
         return RetryDecision(Status.FAILED, fail_class=FailClass.FATAL)
     if attempts_used >= policy.max_attempts:
         return RetryDecision(Status.FAILED, fail_class=FailClass.EXHAUSTED)

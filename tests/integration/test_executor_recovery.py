@@ -2,7 +2,7 @@
 in): they find what is lost behind a full page of entries or rows that are fine, two sweepers
 move a stuck entry once, a row no entry can be made of does not stop a pass, and a run whose
 owner is gone fails or retries as its executor would have (within the attempts stored with it
-and its deadline), unless its lease was extended meanwhile."""
+and its deadline, whatever its `retry_on`), unless its lease was extended meanwhile."""
 
 from __future__ import annotations
 
@@ -140,6 +140,30 @@ async def test_a_last_run_that_lost_its_owner_after_ordinary_failures_is_exhaust
         Status.FAILED,
         FailClass.EXHAUSTED,
     )
+
+
+NO_TIMEOUT_RETRIES = """
+tasks:
+  - id: strict
+    agent: slow
+    retry: {max_attempts: 5, retry_on: [retriable]}
+    payload: {seconds: 0}
+"""
+
+
+@pytest.mark.parametrize("reason", [OWNER_LOST, LEASE_EXPIRED])
+async def test_a_lost_run_retries_though_its_task_does_not_retry_timeouts(
+    h: Harness, reason: str
+) -> None:
+    """`retry_on: [retriable]` leaves out the agent's own timeouts, not runs lost with their
+    executor: one crash or lapsed lease retries (1 of 5 attempts), not `poison` or `fatal`."""
+    await h.apply(NO_TIMEOUT_RETRIES)
+    row = await h.trigger(NO_TIMEOUT_RETRIES, "strict")
+    done = await time_out_claimed(h, row.id, 0, reason)
+    assert done.ok and done.decision is not None
+    assert (done.decision.status, done.decision.fail_class) == (Status.RETRYING, None)
+    assert await status_of(h, row.id) is Status.RETRYING
+    assert await h.redis.xlen(h.keys.dead) == 0
 
 
 UNDEFINED = """

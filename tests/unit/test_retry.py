@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from random import Random
+from typing import Literal
 
 import pytest
 from hypothesis import given
@@ -86,6 +87,23 @@ def test_a_class_not_in_retry_on_fails_at_once() -> None:
     policy = RetryPolicy(max_attempts=5, retry_on=("retriable",))
     got = decide(Failure.TIMEOUT, attempts_used=1, policy=policy, now_ms=0, rng=Random(0))
     assert got.status is Status.FAILED
+
+
+@pytest.mark.parametrize("retry_on", [("retriable",), ("timeout",)])
+def test_a_lost_run_retries_on_its_budget_whatever_retry_on_says(
+    retry_on: tuple[Literal["retriable", "timeout"], ...],
+) -> None:
+    """A crash or a lapsed lease is not the agent's failure: `retry_on` does not filter it."""
+    policy = RetryPolicy(max_attempts=3, retry_on=retry_on)
+    used = [
+        decide(Failure.LOST, attempts_used=n, policy=policy, now_ms=0, rng=Random(0))
+        for n in (1, 2, 3)
+    ]
+    assert [(d.status, d.fail_class) for d in used] == [
+        (Status.RETRYING, None),
+        (Status.RETRYING, None),
+        (Status.FAILED, FailClass.EXHAUSTED),
+    ]
 
 
 @given(used=st.integers(min_value=1, max_value=50), max_attempts=st.integers(1, 20))
