@@ -62,11 +62,17 @@ def succeeded(result: Any) -> RunEnd:
     return RunEnd("completed", result=result, result_json=text)
 
 
+def timed_out(why: str) -> RunEnd:
+    """A run past its attempt's limit (its `timeout`, or the time left before its deadline);
+    `why` names the limit. Only the executor's own limit ends a run so: a `TimeoutError` the
+    agent's code raises (a socket's, an inner `wait_for`) is an unexpected error like any
+    other, see `failed`."""
+    return RunEnd("timeout", failure=Failure.TIMEOUT, error=f"TimeoutError: {why}")
+
+
 def failed(exc: BaseException) -> RunEnd:
     """A run that raised. Typed agent errors choose the class; anything else is retriable."""
     error = f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
-    if isinstance(exc, TimeoutError):
-        return RunEnd("timeout", failure=Failure.TIMEOUT, error=error)
     if isinstance(exc, NeedsReview):
         return RunEnd("needs_review", failure=Failure.MANUAL_REVIEW, error=error)
     if isinstance(exc, FatalError):

@@ -22,7 +22,7 @@ from taskstream.core.store.port import Store
 from taskstream.core.store.records import stored_payload_bytes
 from taskstream.executor.admission import RunUpstreams, UpstreamGate
 from taskstream.executor.intake import Run
-from taskstream.executor.outcome import RunEnd, deferred, failed, final, succeeded
+from taskstream.executor.outcome import RunEnd, deferred, failed, final, succeeded, timed_out
 from taskstream.executor.retry import Failure
 from taskstream.ratelimit.breaker import Outcome
 
@@ -72,7 +72,7 @@ async def execute(run: Run, env: RunEnv) -> RunEnd:
     timeout_s = run.spec.timeout if run.spec else DEFAULT_TIMEOUT_S
     limit = time_limit(timeout_s, row.deadline_ms, env.clock.now_ms())
     if limit.seconds <= 0:
-        return failed(TimeoutError("deadline passed before the run started"))
+        return timed_out("deadline passed before the run started")
     return await _admitted_call(run, log, params, limit, env)
 
 
@@ -84,9 +84,9 @@ class TimeLimit:
     seconds: float
     source: str
 
-    def expired(self) -> TimeoutError:
-        """The error an attempt that ran past this limit ends with (its `last_error`)."""
-        return TimeoutError(f"the attempt ran past its {self.source} ({self.seconds:g} s)")
+    def expired(self) -> str:
+        """Why an attempt that ran past this limit ended (in its `last_error`)."""
+        return f"the attempt ran past its {self.source} ({self.seconds:g} s)"
 
 
 def time_limit(timeout_s: float, deadline_ms: int | None, now_ms: int) -> TimeLimit:
@@ -178,9 +178,9 @@ async def _call(run: Run, ctx: AgentContext, params: BaseModel, limit: TimeLimit
         async with timer:
             result = await run.agent.run(ctx, params)
     except TimeoutError as exc:
-        # asyncio's own TimeoutError says nothing; name the limit the attempt ran past.
         ctx.log.warning("instance.run_failed", error_type="TimeoutError")
-        return failed(limit.expired() if timer.expired() else exc)
+        # asyncio's own TimeoutError says nothing; name the limit the attempt ran past.
+        return timed_out(limit.expired()) if timer.expired() else failed(exc)
     except UpstreamDeferred as exc:  # a call refused by its limiter or breaker: not an attempt
         ctx.log.info("instance.upstream_deferred", upstream=exc.upstream)
         return deferred(exc.retry_after_ms)

@@ -18,6 +18,7 @@ from taskstream.executor.outcome import (
     final,
     plan,
     succeeded,
+    timed_out,
 )
 from taskstream.executor.retry import Failure
 
@@ -31,7 +32,7 @@ POLICY = RetryPolicy(max_attempts=3, backoff=Backoff(base=1.0, factor=2.0, max=6
         (NeedsReview("x"), Failure.MANUAL_REVIEW),
         (RetriableError("x"), Failure.RETRIABLE),
         (ValueError("x"), Failure.RETRIABLE),
-        (TimeoutError(), Failure.TIMEOUT),
+        (TimeoutError(), Failure.RETRIABLE),  # the agent's own, not its attempt's limit
     ],
 )
 def test_exceptions_are_classified(exc: Exception, failure: Failure) -> None:
@@ -127,11 +128,19 @@ def test_only_a_review_failure_asks_for_a_review_entry() -> None:
 
 
 def test_timeout_goes_through_timeout_then_retries_or_fails() -> None:
-    got = plan(attempt(1), failed(TimeoutError()), now_ms=0, rng=Random(0))
+    got = plan(attempt(1), timed_out("limit"), now_ms=0, rng=Random(0))
     assert got.finish.dst is Status.TIMEOUT
     assert got.after_timeout is not None and got.after_timeout.status is Status.RETRYING
-    last = plan(attempt(3), failed(TimeoutError()), now_ms=0, rng=Random(0))
+    last = plan(attempt(3), timed_out("limit"), now_ms=0, rng=Random(0))
     assert last.after_timeout is not None and last.after_timeout.status is Status.FAILED
+
+
+def test_a_timeout_error_the_agent_raised_is_an_ordinary_retriable_failure() -> None:
+    """Only the attempt's own limit is a timeout: a socket's or an inner `wait_for`'s
+    `TimeoutError` is an unexpected error, retried as `retriable`, with no TIMEOUT move."""
+    got = plan(attempt(1), failed(TimeoutError("read")), now_ms=0, rng=Random(0))
+    assert (got.finish.dst, got.after_timeout) == (Status.RETRYING, None)
+    assert got.finish.error == "TimeoutError: read"
 
 
 def test_no_retry_is_planned_past_the_deadline() -> None:
@@ -145,7 +154,7 @@ def test_no_retry_is_planned_past_the_deadline() -> None:
         succeeded(1),
         failed(ValueError()),
         failed(FatalError()),
-        failed(TimeoutError()),
+        timed_out("limit"),
         deferred(5_000),
     ],
 )

@@ -13,5 +13,5 @@ def test_the_sooner_of_timeout_and_deadline_limits_the_attempt() -> None:
     )
     near = time_limit(30.0, 1_300, 1_000)
     assert (near.source, near.seconds) == ("deadline", 0.3)
-    assert str(near.expired()) == "the attempt ran past its deadline (0.3 s)"
+    assert near.expired() == "the attempt ran past its deadline (0.3 s)"
     assert time_limit(30.0, 900, 1_000).seconds < 0
