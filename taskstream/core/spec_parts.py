@@ -260,13 +260,13 @@ class Backoff(SpecModel):
     factor: Number = Field(default=2.0, ge=1.0, le=1000.0, allow_inf_nan=False)
     max: PositiveDuration = 300.0
 
-    @field_validator("max")
-    @classmethod
-    def _max_not_below_base(cls, value: float, info: ValidationInfo) -> float:
-        base = info.data.get("base")
-        if base is not None and value < base:
-            raise ValueError(f"must be >= base ({base:g}s), got {value:g}s")
-        return value
+    @model_validator(mode="after")
+    def _max_not_below_base(self) -> Backoff:
+        # After the model, not on the field: a `max` left at its default is checked too.
+        if self.max < self.base:
+            given = "" if "max" in self.model_fields_set else " (the default); set max"
+            raise ValueError(f"max must be >= base ({self.base:g}s), got {self.max:g}s{given}")
+        return self
 
 
 class RetryPolicy(SpecModel):
