@@ -13,7 +13,8 @@ from redis.exceptions import ResponseError
 
 from taskstream.core import streams
 from taskstream.core.errors import TaskstreamError
-from taskstream.core.outbox import Outbox
+from taskstream.core.outbox import Outbox, row_entry, why_refused
+from taskstream.core.protocol import Priority
 from taskstream.core.reasons import REQUEUED
 from taskstream.core.states import Status
 
@@ -44,6 +45,13 @@ async def requeue(
         raise TaskstreamError(f"no instance with id {instance_id!r}")
     if row.status is not Status.FAILED:
         raise TaskstreamError(f"instance {instance_id} is {row.status}; only FAILED can be retried")
+    try:  # a row no entry can be made of would sit PENDING for good, past `retry`'s reach
+        Priority.of(row.priority)
+        row_entry(row, now_ms)
+    except ValueError as exc:  # pydantic's ValidationError is one
+        raise TaskstreamError(
+            f"instance {instance_id} cannot be published ({why_refused(exc)}); left FAILED"
+        ) from exc
     cas = await outbox.store.transition(
         instance_id,
         Status.FAILED,
