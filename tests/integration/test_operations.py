@@ -18,7 +18,6 @@ from taskstream.core.protocol import GROUP, Keys, Priority
 from taskstream.core.states import FailClass, Status
 from taskstream.core.store.port import InstanceRow
 from taskstream.core.store.sql import SqlStore
-from taskstream.scheduler.instances import new_instance
 from tests.integration.harness import Harness, Running, until
 
 TASKS = """
@@ -110,36 +109,6 @@ async def test_dead_letters_are_listed_and_replayed(h: Harness) -> None:
     assert await h.redis.xlen(h.keys.dead) == 1
     replayed = await h.store.get_instance(row.id)
     assert replayed is not None and replayed.status is Status.DISPATCHED
-
-
-async def test_a_failed_instance_no_entry_can_be_made_of_is_left_failed_and_its_letter_kept(
-    h: Harness,
-) -> None:
-    """Its fire time is before 1970, which the stream protocol refuses. A requeue would leave
-    it PENDING for good (the reconciler cannot publish it, `retry` takes only FAILED): both
-    `retry` and `dead replay` refuse it, naming why, and the letter stays."""
-    spec = next(s for s in await h.definitions() if s.id == "once-fails")
-    bad = await h.outbox.emit(new_instance(spec, -60_000), now_ms=h.clock.now_ms())
-    moved = await h.store.transition(
-        bad.instance_id, Status.PENDING, Status.DISPATCHED, reason="published"
-    )
-    assert moved.ok
-    moved = await h.store.transition(
-        bad.instance_id, Status.DISPATCHED, Status.FAILED, reason="t", fail_class=FailClass.POISON
-    )
-    assert moved.ok
-    fields = {"reason": "poison", "orig.instance_id": bad.instance_id}
-    await h.redis.xadd(h.keys.dead, fields)  # type: ignore[arg-type]
-    [letter] = await operations.dead_letters(h.redis, h.keys.dead, limit=10)
-    with pytest.raises(TaskstreamError, match=r"cannot be published .*; left FAILED"):
-        await operations.replay(h.outbox, letter, who="ops", now_ms=h.clock.now_ms())
-    with pytest.raises(TaskstreamError, match="cannot be published"):
-        await operations.requeue(
-            h.outbox, bad.instance_id, who="ops", why="t", now_ms=h.clock.now_ms()
-        )
-    row = await h.store.get_instance(bad.instance_id)
-    assert row is not None and row.status is Status.FAILED
-    assert await h.redis.xlen(h.keys.dead) == 1
 
 
 @pytest.mark.parametrize("status", [Status.DISPATCHED, Status.RUNNING, Status.RETRYING])

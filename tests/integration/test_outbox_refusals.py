@@ -1,7 +1,7 @@
 """Rows that no stream entry can be made of (values a foreign writer put in the store) on real
 Redis and a real store: they are logged and left as they are, and never hold back the rows
-published with them: the scheduler's due retries, the reconciler's republishing, an operator's
-requeue and replay."""
+published with them (the scheduler's due retries, the reconciler's republishing), and an
+operator's requeue or replay of such a FAILED row is refused, leaving it FAILED."""
 
 from __future__ import annotations
 
@@ -115,9 +115,11 @@ async def test_a_due_retry_no_entry_can_be_made_of_does_not_hold_back_the_others
     assert emitted["runs"] == [f"{fixed}@0"]
 
 
-async def test_requeue_and_replay_say_why_a_row_was_not_published(
+async def test_requeue_and_replay_refuse_a_row_they_could_not_publish(
     store: SqlStore, redis: streams.Redis, keys: Keys
 ) -> None:
+    """A requeue would leave the row PENDING for good (the reconciler cannot publish it,
+    `retry` takes only FAILED): both refuse it, naming why; it stays FAILED, its letter kept."""
     h = Harness(store, redis, keys)
     bad, _ = await two_rows(store)
     for src, dst in ((Status.PENDING, Status.DISPATCHED), (Status.DISPATCHED, Status.RUNNING)):
@@ -125,12 +127,12 @@ async def test_requeue_and_replay_say_why_a_row_was_not_published(
     await store.transition(
         bad, Status.RUNNING, Status.FAILED, fail_class=FailClass.POISON, reason="setup"
     )
-    late = await operations.requeue(h.outbox, bad, who="ops", why="fixed", now_ms=T0)
-    assert late is not None and late.startswith("not published: ") and "urgent" in late
-    row = await store.get_instance(bad)
-    assert row is not None and row.status is Status.PENDING
+    with pytest.raises(TaskstreamError, match=r"cannot be published \(priority: .*urgent.*FAILED"):
+        await operations.requeue(h.outbox, bad, who="ops", why="fixed", now_ms=T0)
     await redis.xadd(keys.dead, {"orig.instance_id": bad, "reason": "poison"})
     [letter] = await operations.dead_letters(redis, keys.dead, limit=10)
-    with pytest.raises(TaskstreamError, match=r"cannot be published \(priority: .*urgent.*kept"):
+    with pytest.raises(TaskstreamError, match=r"cannot be published \(priority: .*urgent"):
         await operations.replay(h.outbox, letter, who="ops", now_ms=T0)
     assert await redis.xlen(keys.dead) == 1
+    row = await store.get_instance(bad)
+    assert row is not None and row.status is Status.FAILED
