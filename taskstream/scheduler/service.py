@@ -34,6 +34,9 @@ __all__ = ["Scheduler", "SchedulerConfig", "new_instance", "trigger_of"]
 
 MAX_RETRIES_PER_PASS = 1000
 ERROR_PAUSE_S = 1.0
+REFUSED_RECHECK_S = 60.0
+"""How soon a due retry that could not be published (no entry can be made of its row) is
+offered again, at the latest: it stays due, and must not wake the scheduler at once for ever."""
 LAPSE_MARGIN_MS = 5
 """How long after the holder's lease is due to lapse a standby tries to take it (ms)."""
 TASKS_AT_ONCE = 32
@@ -86,6 +89,9 @@ class Scheduler:
         self._advancer = Advancer(store, outbox, self._checks, holds)
         self._token: int | None = None
         self._floor: int | None = None
+        self._refused_only = False
+        """The last pass offered every due retry, and some were refused: those still due
+        are refused ones."""
         """The largest token the store's cursors were written with (read when first needed,
         and again after being fenced): new leader tokens start above it."""
         self._renew_s = leader.lease_ms / 3000 if leader else config.max_sleep_s
@@ -114,7 +120,7 @@ class Scheduler:
             if not await self._lead():
                 return self._standby_wait_s()
             next_due_ms = await self.run_pass(self._token)
-            retry_ms = await self._store.next_retry_at()
+            retry_ms = await self._next_retry_ms()
         except Fenced as exc:
             self._log.warning("scheduler.fenced", error=str(exc))
             self._advancer.forget()
@@ -128,10 +134,22 @@ class Scheduler:
             self._log.warning("scheduler.dependency_down", error=str(exc)[:300])
             return ERROR_PAUSE_S
         cap = min(self._config.max_sleep_s, self._renew_s)
+        now_ms = self._clock.now_ms()
         due = [t for t in (next_due_ms, retry_ms) if t is not None]
         if not due:
             return cap
-        return min(cap, max(0.0, (min(due) - self._clock.now_ms()) / 1000))
+        return min(cap, max(0.0, (min(due) - now_ms) / 1000))
+
+    async def _next_retry_ms(self) -> int | None:
+        """When the next retry is due (ms). After a pass that offered every due retry and was
+        refused some, those still due are the refused ones: the next due after now counts,
+        and they are offered again within `REFUSED_RECHECK_S`, not in a loop with no sleep."""
+        if not self._refused_only:
+            return await self._store.next_retry_at()
+        now_ms = self._clock.now_ms()
+        later = await self._store.next_retry_at(after_ms=now_ms)
+        recheck_ms = now_ms + round(REFUSED_RECHECK_S * 1000)
+        return recheck_ms if later is None else min(later, recheck_ms)
 
     def _standby_wait_s(self) -> float:
         """A standby tries again when the holder's lease lapses (plus a little, so the key
@@ -226,8 +244,10 @@ class Scheduler:
     async def _emit_due_retries(self, now_ms: int) -> None:
         """Publish RETRYING rows whose next attempt is due (RETRYING -> DISPATCHED)."""
         due = await self._store.due_retries(now_ms=now_ms, limit=MAX_RETRIES_PER_PASS)
+        self._refused_only = False
         if not due:
             return
         refused = await self._outbox.publish_many(due, now_ms=now_ms)
+        self._refused_only = bool(refused) and len(due) < MAX_RETRIES_PER_PASS
         runs = [f"{r.id}@{r.attempt}" for r in due if r.id not in refused]
         self._log.info("retries.emitted", count=len(runs), runs=runs)

@@ -21,7 +21,7 @@ from taskstream.core.states import FailClass, Status
 from taskstream.core.store.sql import SqlStore
 from taskstream.core.store.tables import task_instances
 from taskstream.scheduler.instances import new_instance
-from taskstream.scheduler.service import Scheduler, SchedulerConfig
+from taskstream.scheduler.service import REFUSED_RECHECK_S, Scheduler, SchedulerConfig
 from tests.integration.harness import T0, Harness
 
 SPEC = parse_task_file_text("tasks: [{id: t, agent: echo}]", "t.yaml").tasks[0]
@@ -136,3 +136,28 @@ async def test_requeue_and_replay_refuse_a_row_they_could_not_publish(
     assert await redis.xlen(keys.dead) == 1
     row = await store.get_instance(bad)
     assert row is not None and row.status is Status.FAILED
+
+
+async def test_a_due_retry_no_entry_can_be_made_of_does_not_keep_the_scheduler_awake(
+    store: SqlStore, redis: streams.Redis, keys: Keys
+) -> None:
+    """The refused row stays due; the scheduler sleeps until the next retry due after it
+    (5 s on), not 0 s after every pass, and once none is left, offers it again within
+    `REFUSED_RECHECK_S`."""
+    h = Harness(store, redis, keys, FixedClock(T0))
+    later, bad = await two_rows(store)
+    for instance_id, due_ms in ((later, T0 + 5000), (bad, T0)):
+        for src, dst in ((Status.PENDING, Status.DISPATCHED), (Status.DISPATCHED, Status.RUNNING)):
+            await store.transition(instance_id, src, dst, reason="setup")
+        await store.transition(
+            instance_id, Status.RUNNING, Status.RETRYING, reason="setup", next_attempt_at_ms=due_ms
+        )
+    await foreign(store, later, priority="default")
+    await foreign(store, bad, agent="")
+    h.clock.set(T0 + 1)
+    scheduler = Scheduler(store, h.outbox, h.clock, SchedulerConfig())
+    assert await scheduler._step() == pytest.approx(4.999)
+    h.clock.set(T0 + 5000)
+    assert await scheduler._step() == pytest.approx(REFUSED_RECHECK_S)
+    statuses = {r.id: r.status for r in await store.list_instances()}
+    assert statuses == {later: Status.DISPATCHED, bad: Status.RETRYING}

@@ -241,8 +241,9 @@ class Store(Protocol):
         """Every stored upstream's limits, by name."""
         ...
 
-    async def next_retry_at(self) -> int | None:
-        """The earliest due time (ms) of any RETRYING row; None when none waits."""
+    async def next_retry_at(self, *, after_ms: int | None = None) -> int | None:
+        """The earliest due time (ms) of any RETRYING row, of those due after `after_ms` when
+        given; None when none waits."""
         ...
 
     async def active_instances(

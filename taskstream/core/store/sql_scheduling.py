@@ -87,13 +87,16 @@ class SchedulingMethods:
             rows = (await conn.execute(select(ups.c.name, ups.c.config))).all()
         return {str(name): dict(codec.loads(config)) for name, config in rows}
 
-    async def next_retry_at(self) -> int | None:
-        """The earliest `next_attempt_at_ms` of any RETRYING row (ms), None when none waits."""
+    async def next_retry_at(self, *, after_ms: int | None = None) -> int | None:
+        """The earliest `next_attempt_at_ms` of any RETRYING row (ms), of those due after
+        `after_ms` when given; None when none waits."""
         stmt = select(func.min(inst.c.next_attempt_at_ms)).where(
             inst.c.settled.is_(None),
             inst.c.next_attempt_at_ms.is_not(None),
             inst.c.status == Status.RETRYING.value,
         )
+        if after_ms is not None:
+            stmt = stmt.where(inst.c.next_attempt_at_ms > after_ms)
         async with self._read() as conn:
             value = (await conn.execute(stmt)).scalar_one_or_none()
         return None if value is None else int(value)
