@@ -213,13 +213,35 @@ def decode(raw: RawFields) -> WorkEntry:
         raise ProtocolError("bad_field", f"{where}: {first['msg']}") from exc
 
 
+DEAD_MAX_FIELDS = 64
+DEAD_MAX_NAME = 200
+"""Bounds on what a dead letter keeps of its entry: fields, and bytes of a name."""
+
+
 def dead_fields(
     raw: RawFields, *, reason: str, detail: str, stream: str, entry_id: str
-) -> dict[str, str]:
-    """Fields of a dead-letter entry: why, where from, and the original fields (lossless)."""
-    out = {"reason": reason, "detail": detail[:500], "source_stream": stream, "source_id": entry_id}
-    for k, v in list(raw.items())[:64]:
-        key = k.decode(errors="replace") if isinstance(k, bytes) else k
-        val = v.decode(errors="replace") if isinstance(v, bytes) else v
-        out[f"orig.{key}"[:200]] = val[:MAX_ENTRY_BYTES]
+) -> dict[str | bytes, str | bytes]:
+    """Fields of a dead-letter entry: why, where from, and the original fields, each under
+    `orig.` and its name, as the bytes they were (not decoded: a bad encoding is kept as it
+    came). A poison entry's size is bounded (`DEAD_MAX_FIELDS` fields, names of
+    `DEAD_MAX_NAME` bytes, values of `MAX_ENTRY_BYTES`); `cut` then counts the fields
+    dropped or shortened, so a letter says when it is not the whole entry."""
+    out: dict[str | bytes, str | bytes] = {
+        "reason": reason,
+        "detail": detail[:500],
+        "source_stream": stream,
+        "source_id": entry_id,
+    }
+    cut = 0
+    for k, v in raw.items():
+        name = b"orig." + (k if isinstance(k, bytes) else str(k).encode())
+        value = v if isinstance(v, bytes) else str(v).encode()
+        key = name[:DEAD_MAX_NAME]
+        if len(out) - 4 >= DEAD_MAX_FIELDS or key in out:
+            cut += 1
+            continue
+        cut += len(name) > DEAD_MAX_NAME or len(value) > MAX_ENTRY_BYTES
+        out[key] = value[:MAX_ENTRY_BYTES]
+    if cut:
+        out["cut"] = str(cut)
     return out

@@ -190,7 +190,7 @@ return id
 
 
 async def move(
-    redis: Redis, delivery: Delivery, target: str, fields: Mapping[str, str | bytes]
+    redis: Redis, delivery: Delivery, target: str, fields: Mapping[Any, str | bytes]
 ) -> str | None:
     """Replace the pending entry `delivery` by a new entry of `fields` on stream `target`, in
     one script: XACK it, and only if that acknowledged it (it was still pending), XADD the new

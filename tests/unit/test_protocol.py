@@ -114,11 +114,30 @@ def test_any_field_values_decode_or_raise_protocol_error(changes: dict[str, str]
 
 def test_dead_fields_keep_the_original_and_the_reason() -> None:
     out = dead_fields(
-        {b"v": b"\xff"}, reason="bad_encoding", detail="d", stream="s", entry_id="1-0"
+        {b"v": b"\xff", b"\xfe": b"x"},
+        reason="bad_encoding",
+        detail="d",
+        stream="s",
+        entry_id="1-0",
     )
     assert out["reason"] == "bad_encoding"
     assert out["source_id"] == "1-0"
-    assert out["orig.v"] == "\ufffd"
+    assert (out[b"orig.v"], out[b"orig.\xfe"]) == (b"\xff", b"x")  # the bytes, as they came
+    assert "cut" not in out
+
+
+def test_dead_fields_say_how_much_of_an_oversize_entry_they_cut() -> None:
+    """74 fields: two names alike in their first 200 bytes (the first shortened, the second
+    dropped), a value over the entry limit (shortened), then 71 more (62 kept)."""
+    raw: dict[bytes, bytes] = {b"n" * 300 + b"a": b"2", b"n" * 300 + b"b": b"3"}
+    raw[b"big"] = b"x" * (MAX_ENTRY_BYTES + 1)
+    raw.update({f"f{i}".encode(): b"1" for i in range(71)})
+    out = dead_fields(raw, reason="r", detail="d", stream="s", entry_id="1-0")
+    kept = [k for k in out if isinstance(k, bytes)]
+    assert len(kept) == 64 and kept[-1] == b"orig.f61"
+    assert out[(b"orig." + b"n" * 300)[:200]] == b"2"
+    assert len(out[b"orig.big"]) == MAX_ENTRY_BYTES
+    assert out["cut"] == "12"  # 2 shortened, 1 alike name and 9 fields over the 64 dropped
 
 
 def test_read_order_prefers_high_without_starving_low() -> None:
