@@ -16,7 +16,7 @@ from taskstream.core.store import sql_codec as codec
 from taskstream.core.store.dbclock import db_now_ms
 from taskstream.core.store.port import InstanceRow
 from taskstream.core.store.sql_engine import ConstraintViolation
-from taskstream.core.store.sql_queries import chunks
+from taskstream.core.store.sql_queries import chunks, lock_states
 from taskstream.core.store.tables import readiness_markers as markers
 from taskstream.core.store.tables import task_instances as inst
 from taskstream.core.store.tables import upstreams as ups
@@ -128,8 +128,7 @@ class SchedulingMethods:
 
 async def _hold(conn: AsyncConnection, instance_id: str, token: int) -> None:
     """Lock the instance row; `ClaimLost` unless it is RUNNING at `token`."""
-    stmt = select(inst.c.status, inst.c.attempt).where(inst.c.id == instance_id).with_for_update()
-    row = (await conn.execute(stmt)).first()
-    if row is None or row.status != Status.RUNNING.value or int(row.attempt) != token:
-        found = "no row" if row is None else f"{row.status} at attempt {row.attempt}"
+    seen = (await lock_states(conn, [instance_id])).get(instance_id)
+    if seen is None or seen.status is not Status.RUNNING or seen.attempt != token:
+        found = "no row" if seen is None else f"{seen.status} at attempt {seen.attempt}"
         raise ClaimLost(f"instance {instance_id}: claim {token} no longer held ({found})")
