@@ -13,8 +13,7 @@ from redis.exceptions import ResponseError
 
 from taskstream.core import streams
 from taskstream.core.errors import TaskstreamError
-from taskstream.core.outbox import Outbox, row_entry, why_refused
-from taskstream.core.protocol import Priority
+from taskstream.core.outbox import Outbox, placed_entry, why_refused
 from taskstream.core.reasons import REQUEUED
 from taskstream.core.states import Status
 
@@ -46,9 +45,8 @@ async def requeue(
     if row.status is not Status.FAILED:
         raise TaskstreamError(f"instance {instance_id} is {row.status}; only FAILED can be retried")
     try:  # a row no entry can be made of would sit PENDING for good, past `retry`'s reach
-        Priority.of(row.priority)
-        row_entry(row, now_ms)
-    except ValueError as exc:  # pydantic's ValidationError is one
+        placed_entry(row, now_ms)
+    except ValueError as exc:
         raise TaskstreamError(
             f"instance {instance_id} cannot be published ({why_refused(exc)}); left FAILED"
         ) from exc

@@ -127,7 +127,7 @@ class Outbox:
         out = []
         for row in rows:
             try:
-                out.append((row, (Priority.of(row.priority), row_entry(row, now_ms))))
+                out.append((row, placed_entry(row, now_ms)))
             except ValueError as exc:  # pydantic's ValidationError is one
                 refused[row.id] = why_refused(exc)
                 self._tell(row, refused[row.id])
@@ -260,6 +260,12 @@ async def seen_on_stream(
         instance_id, status, Status.DISPATCHED, reason=SEEN_ON_STREAM, attempt=attempt
     )
     return Status.DISPATCHED if moved.ok else moved.found
+
+
+def placed_entry(row: InstanceRow, now_ms: int) -> tuple[Priority, WorkEntry]:
+    """`row`'s stream and entry (`row_entry`). `ValueError` when the row cannot have one (a
+    value the stream protocol refuses); `why_refused` names it."""
+    return Priority.of(row.priority), row_entry(row, now_ms)
 
 
 def why_refused(exc: ValueError) -> str:
