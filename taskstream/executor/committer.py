@@ -115,10 +115,7 @@ class Committer:
             try:
                 await self._commit(batch, stop)
             except Exception as exc:  # the loop must outlive any one batch
-                self._log.warning("commit.failed", error=str(exc)[:300], runs=len(batch))
-                for item in batch:
-                    if not item.done.done():
-                        item.done.set_exception(exc)
+                self._failed(batch, exc)
 
     async def _commit(self, batch: list[_Item], stop: asyncio.Event) -> None:
         try:
@@ -158,7 +155,12 @@ class Committer:
         try:
             await self._commit([item], stop)
         except Exception as exc:
-            self._log.warning("commit.failed", error=str(exc)[:300], runs=[_named(item)])
+            self._failed([item], exc)
+
+    def _failed(self, items: list[_Item], exc: Exception) -> None:
+        """End with `exc` the futures of `items` not ended yet (`commit.failed`)."""
+        self._log.warning("commit.failed", error=str(exc)[:300], runs=[_named(i) for i in items])
+        for item in items:
             if not item.done.done():
                 item.done.set_exception(exc)
 
