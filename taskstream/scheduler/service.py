@@ -89,11 +89,11 @@ class Scheduler:
         self._advancer = Advancer(store, outbox, self._checks, holds)
         self._token: int | None = None
         self._floor: int | None = None
-        self._refused_only = False
-        """The last pass offered every due retry, and some were refused: those still due
-        are refused ones."""
         """The largest token the store's cursors were written with (read when first needed,
         and again after being fenced): new leader tokens start above it."""
+        self._refused_by: int | None = None
+        """Set when the last pass offered every retry due by this time (ms) and some were
+        refused: those due by then and still RETRYING are refused ones. None otherwise."""
         self._renew_s = leader.lease_ms / 3000 if leader else config.max_sleep_s
         self._log = get_logger(role="scheduler", owner=leader.owner if leader else None)
 
@@ -134,21 +134,21 @@ class Scheduler:
             self._log.warning("scheduler.dependency_down", error=str(exc)[:300])
             return ERROR_PAUSE_S
         cap = min(self._config.max_sleep_s, self._renew_s)
-        now_ms = self._clock.now_ms()
         due = [t for t in (next_due_ms, retry_ms) if t is not None]
         if not due:
             return cap
-        return min(cap, max(0.0, (min(due) - now_ms) / 1000))
+        return min(cap, max(0.0, (min(due) - self._clock.now_ms()) / 1000))
 
     async def _next_retry_ms(self) -> int | None:
-        """When the next retry is due (ms). After a pass that offered every due retry and was
-        refused some, those still due are the refused ones: the next due after now counts,
-        and they are offered again within `REFUSED_RECHECK_S`, not in a loop with no sleep."""
-        if not self._refused_only:
+        """When the next retry is due (ms). After a pass that offered every retry due by its
+        time and was refused some, the next due after that time counts (one due since then
+        was not offered yet, and is due now), and the refused ones are offered again
+        `REFUSED_RECHECK_S` after that pass, not in a loop with no sleep."""
+        by = self._refused_by
+        if by is None:
             return await self._store.next_retry_at()
-        now_ms = self._clock.now_ms()
-        later = await self._store.next_retry_at(after_ms=now_ms)
-        recheck_ms = now_ms + round(REFUSED_RECHECK_S * 1000)
+        later = await self._store.next_retry_at(after_ms=by)
+        recheck_ms = by + round(REFUSED_RECHECK_S * 1000)
         return recheck_ms if later is None else min(later, recheck_ms)
 
     def _standby_wait_s(self) -> float:
@@ -244,10 +244,11 @@ class Scheduler:
     async def _emit_due_retries(self, now_ms: int) -> None:
         """Publish RETRYING rows whose next attempt is due (RETRYING -> DISPATCHED)."""
         due = await self._store.due_retries(now_ms=now_ms, limit=MAX_RETRIES_PER_PASS)
-        self._refused_only = False
+        self._refused_by = None
         if not due:
             return
         refused = await self._outbox.publish_many(due, now_ms=now_ms)
-        self._refused_only = bool(refused) and len(due) < MAX_RETRIES_PER_PASS
+        if refused and len(due) < MAX_RETRIES_PER_PASS:
+            self._refused_by = now_ms
         runs = [f"{r.id}@{r.attempt}" for r in due if r.id not in refused]
         self._log.info("retries.emitted", count=len(runs), runs=runs)
