@@ -232,16 +232,17 @@ def dead_fields(
         "source_stream": stream,
         "source_id": entry_id,
     }
+    kept: dict[str | bytes, str | bytes] = {}
     cut = 0
     for k, v in raw.items():
         name = b"orig." + (k if isinstance(k, bytes) else str(k).encode())
         value = v if isinstance(v, bytes) else str(v).encode()
-        key = name[:DEAD_MAX_NAME]
-        if len(out) - 4 >= DEAD_MAX_FIELDS or key in out:
+        if len(kept) == DEAD_MAX_FIELDS or name[:DEAD_MAX_NAME] in kept:
             cut += 1
             continue
         cut += len(name) > DEAD_MAX_NAME or len(value) > MAX_ENTRY_BYTES
-        out[key] = value[:MAX_ENTRY_BYTES]
+        kept[name[:DEAD_MAX_NAME]] = value[:MAX_ENTRY_BYTES]
+    out.update(kept)
     if cut:
         out["cut"] = str(cut)
     return out
