@@ -13,6 +13,7 @@ from taskstream.core.store.sql import SqlStore
 from tests.integration import outages
 from tests.integration.harness import Harness
 from tests.support.databases import temp_database
+from tests.support.keyspace import drop_keys
 
 
 @pytest.fixture
@@ -24,9 +25,7 @@ def keys(namespace: str) -> Keys:
 async def redis(redis_url: str, keys: Keys) -> AsyncIterator[streams.Redis]:
     client = streams.connect(redis_url)
     yield client
-    found = [k async for k in client.scan_iter(match=f"{keys.base}:*", count=500)]
-    if found:
-        await client.delete(*found)
+    await drop_keys(client, keys)
     await client.aclose()
 
 

@@ -187,3 +187,13 @@ async def blocked_in_read(redis: streams.Redis, name: str) -> bool:
 async def _blocked(redis: streams.Redis, name: str) -> list[str]:
     listing: list[dict[str, str]] = await redis.client_list()
     return [c["id"] for c in listing if c.get("name") == name and "b" in c["flags"]]
+
+
+async def forever() -> None:
+    """A stand-in for a run whose agent is still running."""
+    await asyncio.Event().wait()
+
+
+async def no_dead_letters(delivery: streams.Delivery, reason: str, error: str) -> None:
+    """A committer's dead-letter hook for tests that expect none."""
+    raise AssertionError(f"unexpected dead letter: {reason}")

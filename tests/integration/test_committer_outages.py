@@ -22,6 +22,7 @@ from taskstream.executor.outcome import RunEnd, succeeded
 from taskstream.executor.retry import Failure
 from tests.integration import outages
 from tests.integration.harness import T0
+from tests.integration.outages import no_dead_letters
 
 
 class _SecondMoveFails(SqlStore):
@@ -72,7 +73,7 @@ async def test_a_failed_ack_in_a_refused_batch_does_not_keep_the_rest_from_their
         runs = {
             r.entry.instance_id: r for r in await (await outages.intake(h, "c1")).admit(deliveries)
         }
-        committer = Committer(store, h.redis, h.keys, h.clock, Random(7), dead=_no_dead_letters)
+        committer = Committer(store, h.redis, h.keys, h.clock, Random(7), dead=no_dead_letters)
         unacked = committer.enqueue(runs[first.id], succeeded({}))
         committed = committer.enqueue(runs[second.id], succeeded({}))
         await h.redis.delete(h.keys.stream(Priority.HIGH))
@@ -108,7 +109,7 @@ async def test_a_failed_move_out_of_timeout_does_not_hold_back_the_acks_of_its_b
         runs = {
             r.entry.instance_id: r for r in await (await outages.intake(h, "c1")).admit(deliveries)
         }
-        committer = Committer(store, h.redis, h.keys, h.clock, Random(7), dead=_no_dead_letters)
+        committer = Committer(store, h.redis, h.keys, h.clock, Random(7), dead=no_dead_letters)
         timed_out = committer.enqueue(runs[late.id], RunEnd("timeout", failure=Failure.TIMEOUT))
         committed = committer.enqueue(runs[done.id], succeeded({}))
         stop = asyncio.Event()
@@ -133,10 +134,6 @@ async def test_a_failed_move_out_of_timeout_does_not_hold_back_the_acks_of_its_b
         assert (await _status(store, done.id)) == (Status.SUCCESS, None)
     finally:
         await store.close()
-
-
-async def _no_dead_letters(delivery: streams.Delivery, reason: str, error: str) -> None:
-    raise AssertionError(f"unexpected dead letter: {reason}")
 
 
 async def _status(store: SqlStore, instance_id: str) -> tuple[Status, FailClass | None]:

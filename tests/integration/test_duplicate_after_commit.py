@@ -21,6 +21,7 @@ from taskstream.executor.heartbeat import Heartbeat
 from taskstream.executor.intake import Intake
 from taskstream.executor.outcome import succeeded
 from tests.integration import outages
+from tests.integration.outages import forever, no_dead_letters
 
 
 class _CommitsAfterRead(SqlStore):
@@ -38,14 +39,6 @@ class _CommitsAfterRead(SqlStore):
         return row
 
 
-async def _no_dead_letters(delivery: streams.Delivery, reason: str, error: str) -> None:
-    raise AssertionError(f"unexpected dead letter: {reason}")
-
-
-async def _forever() -> None:
-    await asyncio.Event().wait()
-
-
 async def test_a_duplicate_read_while_its_run_commits_is_not_adopted(
     db_url: str, redis: streams.Redis, keys: Keys
 ) -> None:
@@ -60,14 +53,14 @@ async def test_a_duplicate_read_while_its_run_commits_is_not_adopted(
         intake = Intake(store, h.redis, h.keys, registry, defs, "c1", held=heartbeat.ran)
         [delivery] = await streams.read(h.redis, h.keys, "c1", count=1, block_ms=10)
         [run] = await intake.admit([delivery])
-        task = asyncio.create_task(_forever())
+        task = asyncio.create_task(forever())
         heartbeat.track(run, task)
         stream = h.keys.stream(Priority.DEFAULT)
         await h.redis.xadd(stream, delivery.fields)  # type: ignore[arg-type]
         [duplicate] = await streams.read(h.redis, h.keys, "c1", count=1, block_ms=10)
 
         async def commit() -> None:
-            committer = Committer(store, h.redis, h.keys, h.clock, Random(7), _no_dead_letters)
+            committer = Committer(store, h.redis, h.keys, h.clock, Random(7), no_dead_letters)
             done = committer.enqueue(run, succeeded({}))
             stop = asyncio.Event()
             stop.set()

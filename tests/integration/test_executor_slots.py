@@ -31,6 +31,7 @@ from tests.agents import Params
 from tests.integration import outages
 from tests.integration.harness import Harness, Running, until
 from tests.integration.outages import blocked_in_read
+from tests.support.keyspace import drop_keys
 
 TASKS = """
 tasks:
@@ -77,9 +78,7 @@ async def on_server(server_url: str, store: SqlStore, keys: Keys) -> AsyncIterat
     try:
         yield await outages.harness(store, client, keys)
     finally:
-        found = [k async for k in client.scan_iter(match=f"{keys.base}:*", count=500)]
-        if found:
-            await client.delete(*found)
+        await drop_keys(client, keys)
         await client.aclose()
 
 

@@ -18,7 +18,7 @@ from taskstream.executor import heartbeat as heartbeat_module
 from taskstream.executor.heartbeat import Heartbeat
 from taskstream.executor.intake import Run
 from tests.integration.harness import Harness, until
-from tests.integration.outages import intake, lease_end
+from tests.integration.outages import forever, intake, lease_end
 
 LEASES = """
 tasks:
@@ -38,10 +38,6 @@ tasks:
 """
 
 
-async def _forever() -> None:
-    await asyncio.Event().wait()
-
-
 @pytest.fixture
 def tasks() -> Iterator[list[asyncio.Task[None]]]:
     """Stand-ins for runs whose agents are still running; cancelled after the test."""
@@ -52,7 +48,7 @@ def tasks() -> Iterator[list[asyncio.Task[None]]]:
 
 
 def _running(made: list[asyncio.Task[None]]) -> asyncio.Task[None]:
-    made.append(asyncio.create_task(_forever()))
+    made.append(asyncio.create_task(forever()))
     return made[-1]
 
 

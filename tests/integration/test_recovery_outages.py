@@ -24,6 +24,7 @@ from tests.integration.outages import (
     TASKS,
     Gate,
     claimed_unrun,
+    forever,
     gated_executor,
     intake,
     kill_waiter,
@@ -80,7 +81,7 @@ async def test_the_heartbeat_fences_a_running_run_but_not_one_whose_end_is_commi
     )
     returned = asyncio.create_task(asyncio.sleep(0))
     await returned
-    busy = asyncio.create_task(_forever())
+    busy = asyncio.create_task(forever())
     heartbeat = Heartbeat(h.store, h.redis, h.keys, "c1", h.clock, liveness_ttl_s=6)
     heartbeat.track(running, busy)
     heartbeat.track(committing, returned)
@@ -88,10 +89,6 @@ async def test_the_heartbeat_fences_a_running_run_but_not_one_whose_end_is_commi
     assert (running.fenced, committing.fenced) == (True, False)
     with pytest.raises(asyncio.CancelledError):
         await busy
-
-
-async def _forever() -> None:
-    await asyncio.Event().wait()
 
 
 async def test_a_poison_entry_whose_dead_letter_failed_is_moved_there_by_the_sweeper(

@@ -24,6 +24,7 @@ from taskstream.ratelimit.backend import Breakers, Limiter
 from taskstream.ratelimit.memory import MemoryBreakers, MemoryLimiter
 from taskstream.ratelimit.metrics import GuardMetrics
 from taskstream.ratelimit.redis_backend import RedisBreakers, RedisLimiter
+from tests.support.keyspace import drop_keys
 
 KINDS: Final = ("memory", "redis")
 START_MS: Final = 1_700_000_000_000
@@ -95,7 +96,5 @@ async def open_rig(kind: str, redis_url: str, namespace: str) -> AsyncIterator[R
     try:
         yield RedisRig(client, keys)
     finally:
-        found = [k async for k in client.scan_iter(match=f"{keys.base}:*", count=500)]
-        if found:
-            await client.delete(*found)
+        await drop_keys(client, keys)
         await client.aclose()
