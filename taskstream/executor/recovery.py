@@ -60,16 +60,19 @@ class Recovery:
         self, row: InstanceRow, *, now_ms: int, reason: str | None = None
     ) -> Recovered:
         """TIMEOUT -> RETRYING (backoff) or FAILED (exhausted; poison when every run so far
-        lost its owner). `reason`: why the run timed out; None (a TIMEOUT left behind when
-        the second move failed) reads it from the move into TIMEOUT, so an `owner_lost` run
-        still counts as one that lost its owner."""
+        lost its owner; fatal when the run hit its own timeout and the task's `retry_on` has
+        no `timeout`). `reason`: why the run timed out; None (a TIMEOUT left behind when the
+        second move failed) reads it from the move into TIMEOUT, so an `owner_lost` run still
+        counts as one that lost its owner and a `timeout` run as one that timed out."""
         policy = policy_of(self._defs.get(row.task_id), row.max_attempts)
         rows = await self._store.history(row.id)
         if reason is None:
             reason = timed_out_for(rows, row.attempt) or LEASE_EXPIRED
         history = [(h.reason, h.attempt) for h in rows]
+        # A run past its own timeout stays under the task's `retry_on`; only a lost one does not.
+        failure = Failure.TIMEOUT if reason == Failure.TIMEOUT else Failure.LOST
         decided = decide(
-            Failure.LOST,
+            failure,
             attempts_used=attempts_used(row.attempt, history),
             policy=policy,
             now_ms=now_ms,

@@ -136,6 +136,48 @@ async def test_a_failed_move_out_of_timeout_does_not_hold_back_the_acks_of_its_b
         await store.close()
 
 
+STRICT = """
+tasks:
+  - id: strict
+    agent: slow
+    retry: {max_attempts: 5, retry_on: [retriable]}
+    payload: {seconds: 0}
+"""
+
+
+async def test_a_timeout_left_behind_is_finished_under_the_tasks_retry_on(
+    db_url: str, redis: streams.Redis, keys: Keys
+) -> None:
+    """The run hit its own timeout and its task does not retry timeouts: the executor plans
+    TIMEOUT -> FAILED (fatal), and that second move fails. The sweeper finishes the row the
+    same way, not with a retry the task's policy forbids."""
+    store = await _SecondMoveFails.connect(db_url)
+    try:
+        h = await outages.harness(store, redis, keys)
+        await h.apply(STRICT)
+        row = await h.trigger(STRICT, "strict")
+        store.refused = row.id
+        deliveries = await streams.read(h.redis, h.keys, "c1", count=1, block_ms=10)
+        [run] = await (await outages.intake(h, "c1")).admit(deliveries)
+        committer = Committer(store, h.redis, h.keys, h.clock, Random(7), dead=no_dead_letters)
+        timed_out = committer.enqueue(run, RunEnd("timeout", failure=Failure.TIMEOUT))
+        stop = asyncio.Event()
+        stop.set()
+        await committer.run(stop)
+        with pytest.raises(StoreUnavailable):
+            timed_out.result()
+        assert (await _status(store, row.id)) == (Status.TIMEOUT, None)
+
+        store.refused = ""
+        sweeper = h.sweeper()
+        for _ in range(2):
+            h.clock.advance(60_000)
+            await sweeper.sweep_once()
+        assert (await _status(store, row.id)) == (Status.FAILED, FailClass.FATAL)
+    finally:
+        await store.close()
+
+
 async def _status(store: SqlStore, instance_id: str) -> tuple[Status, FailClass | None]:
     row = await store.get_instance(instance_id)
     assert row is not None
