@@ -20,7 +20,7 @@ from taskstream.cli.common import (
 )
 from taskstream.core import operations
 from taskstream.core.clock import SystemClock
-from taskstream.core.errors import TaskstreamError
+from taskstream.core.errors import StoreUnavailable, TaskstreamError
 from taskstream.core.outbox import Outbox
 from taskstream.core.spec import INSTANCE_ID_LENGTH
 
@@ -112,7 +112,7 @@ def dead_replay_cmd(
             letter = await operations.dead_letter(cluster.queue, cluster.keys.dead, dead_id)
             if letter is None:
                 raise TaskstreamError(f"no dead letter with id {dead_id!r} (see `dead list`)")
-            _say(f"{letter.dead_id}: {await _replay(cluster, letter)}")
+            _say(f"{letter.dead_id}: {await _replay_one(cluster, letter)}")
 
     run_async(go())
 
@@ -123,18 +123,29 @@ REPLAY_PAGE = 1000
 async def _replay_all(cluster: Cluster) -> None:
     """Every dead letter there was when it started, oldest first, a page at a time. Letters
     kept (not replayable) are passed over and letters written meanwhile are left (a replayed
-    instance can be dead-lettered again at once), so each is looked at once."""
+    instance can be dead-lettered again at once), so each is looked at once. Raises
+    `TaskstreamError` at the end when some were kept, and at once when the store is down."""
     dead = cluster.keys.dead
     newest = await operations.newest_dead_id(cluster.queue, dead)
     after: str | None = None
+    seen = kept = 0
     while newest and (
         letters := await operations.dead_letters(
             cluster.queue, dead, limit=REPLAY_PAGE, after=after, until=newest
         )
     ):
         for letter in letters:
-            _say(f"{letter.dead_id}: {await _replay(cluster, letter)}")
+            try:
+                done = await _replay_one(cluster, letter)
+            except StoreUnavailable:
+                raise
+            except TaskstreamError as exc:
+                kept, done = kept + 1, f"not replayed: {exc}"
+            _say(f"{letter.dead_id}: {done}")
+        seen += len(letters)
         after = letters[-1].dead_id
+    if kept:
+        raise TaskstreamError(f"{kept} of {seen} dead letters not replayed (kept)")
 
 
 def _say(line: str) -> None:
@@ -142,10 +153,7 @@ def _say(line: str) -> None:
     sys.stdout.flush()
 
 
-async def _replay(cluster: Cluster, letter: operations.DeadLetter) -> str:
-    try:
-        return await operations.replay(
-            _outbox(cluster), letter, who=operator(), now_ms=SystemClock().now_ms()
-        )
-    except TaskstreamError as exc:
-        return f"not replayed: {exc}"
+async def _replay_one(cluster: Cluster, letter: operations.DeadLetter) -> str:
+    return await operations.replay(
+        _outbox(cluster), letter, who=operator(), now_ms=SystemClock().now_ms()
+    )

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from redis.exceptions import ResponseError
@@ -37,6 +38,9 @@ async def requeue(
     starts again from this point; the attempt counter (fencing token) moves on by one, so
     entries of the failed attempts left on a stream are acked as older ones.
 
+    Refused (`TaskstreamError`, the row left FAILED) when the instance's deadline has passed
+    at `now_ms` (epoch ms): its new attempt would fail before it starts.
+
     Returns None when published, else why it was not (Redis down): the requeue stands, and
     the reconciler publishes the PENDING row once Redis is back."""
     row = await outbox.store.get_instance(instance_id)
@@ -44,6 +48,11 @@ async def requeue(
         raise TaskstreamError(f"no instance with id {instance_id!r}")
     if row.status is not Status.FAILED:
         raise TaskstreamError(f"instance {instance_id} is {row.status}; only FAILED can be retried")
+    if row.deadline_ms is not None and row.deadline_ms <= now_ms:
+        raise TaskstreamError(
+            f"instance {instance_id} is past its deadline ({_utc(row.deadline_ms)}): a new"
+            " attempt would time out before it starts; left FAILED"
+        )
     try:  # a row no entry can be made of would sit PENDING for good, past `retry`'s reach
         placed_entry(row, now_ms)
     except ValueError as exc:
@@ -68,6 +77,11 @@ async def requeue(
         down = type(exc).__name__
         return f"not published yet (redis unavailable: {down}); the reconciler publishes it"
     return None if refused is None else f"not published: the row cannot be an entry ({refused})"
+
+
+def _utc(epoch_ms: int) -> str:
+    """`epoch_ms` as an ISO 8601 UTC time to the second."""
+    return datetime.fromtimestamp(epoch_ms / 1000, UTC).isoformat(timespec="seconds")
 
 
 DEAD_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Literal
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from redis.asyncio import ConnectionPool
+from redis.exceptions import RedisError
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
@@ -106,6 +108,19 @@ def _check_redis_url(url: str) -> None:
         port = 0
     if port == 0:
         raise ValueError(f"{_BAD_PORT} (percent-encode a '/', '?' or '#' in the password)")
+    _check_redis_options(url, parts.query)
+
+
+def _check_redis_options(url: str, query: str) -> None:
+    """`ValueError` naming the query options (names only) when the Redis client refuses
+    them: a value it cannot read (`socket_timeout=abc`) or a name it does not know. Builds a
+    connection object as the client would, without connecting."""
+    try:
+        pool = ConnectionPool.from_url(url)
+        pool.connection_class(**pool.connection_kwargs)
+    except (ValueError, TypeError, RedisError):
+        names = ", ".join(sorted(parse_qs(query, keep_blank_values=True))) or "none"
+        raise ValueError(f"the Redis client refuses this URL's options ({names})") from None
 
 
 def _check_database_url(url: str) -> None:

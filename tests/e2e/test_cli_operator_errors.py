@@ -37,13 +37,40 @@ def test_replaying_all_looks_at_every_dead_letter_once(tmp_path: Path, redis_url
             for n in range(1001):
                 pipe.xadd(cli.keys.dead, {"reason": "undecodable", "detail": str(n)})
             ids = [i.decode() for i in pipe.execute()]
-        out = run_cli("dead", "replay", "--all", env=cli.env, cwd=cli.cwd, check=True)
+        out = run_cli("dead", "replay", "--all", env=cli.env, cwd=cli.cwd)
         kept = client.xlen(cli.keys.dead)
         client.close()
     lines = out.stdout.splitlines()
     assert [line.split(":")[0] for line in lines] == ids
     assert all("not replayed" in line and "names no instance" in line for line in lines)
     assert kept == 1001
+    assert out.returncode == 1
+    assert out.stderr == "error: 1001 of 1001 dead letters not replayed (kept)\n"
+
+
+def test_a_dead_letter_that_cannot_be_replayed_fails(tmp_path: Path, redis_url: str) -> None:
+    """Nothing was done, so `dead replay ID && ...` must not go on."""
+    with applied(tmp_path, redis_url, {}) as cli:
+        client = redis.Redis.from_url(redis_url, decode_responses=True)
+        dead_id = str(client.xadd(cli.keys.dead, {"reason": "poison", "orig.instance_id": "x"}))
+        out = run_cli("dead", "replay", dead_id, env=cli.env, cwd=cli.cwd)
+        kept = client.xlen(cli.keys.dead)
+        client.close()
+    assert out.returncode == 1
+    assert out.stderr == f"error: dead letter {dead_id} names no instance; kept\n"
+    assert (out.stdout, kept) == ("", 1)
+
+
+@pytest.mark.parametrize("option", ["socket_timeout=abc", "no_such_option=1"])
+def test_a_redis_url_option_the_client_refuses_is_named(
+    tmp_path: Path, redis_url: str, option: str
+) -> None:
+    with applied(tmp_path, redis_url, {}) as cli:
+        env = cli.env | {"TASKSTREAM_REDIS_URL": f"{redis_url}?{option}"}
+        out = run_cli("dead", "list", env=env, cwd=cli.cwd)
+    assert out.returncode == 2
+    assert out.stderr.startswith("TASKSTREAM_REDIS_URL: ")
+    assert option.partition("=")[0] in out.stderr and "Traceback" not in out.stderr
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ from taskstream.cli import ops_cmds
 from taskstream.cli.common import Cluster
 from taskstream.core import operations, streams
 from taskstream.core import streams_admin as admin
-from taskstream.core.errors import TaskstreamError
+from taskstream.core.errors import StoreUnavailable, TaskstreamError
 from taskstream.core.outbox import Outbox
 from taskstream.core.protocol import GROUP, Keys, Priority
 from taskstream.core.states import FailClass, Status
@@ -198,7 +198,7 @@ async def test_replay_all_looks_at_the_letters_there_were_once(
     not know its agent would): `--all` must not chase the letters its own replays cause."""
     await ghost_and_garbage_letters(h)
     seen: list[str] = []
-    replay = ops_cmds._replay
+    replay = ops_cmds._replay_one
 
     async def replay_then_dead_again(cluster: Cluster, letter: operations.DeadLetter) -> str:
         seen.append(letter.dead_id)
@@ -207,11 +207,55 @@ async def test_replay_all_looks_at_the_letters_there_were_once(
             await h.redis.xadd(h.keys.dead, {"reason": "unknown_agent", "instance_id": "x"})
         return said
 
-    monkeypatch.setattr(ops_cmds, "_replay", replay_then_dead_again)
+    monkeypatch.setattr(ops_cmds, "_replay_one", replay_then_dead_again)
     cluster = _Cluster(h.store, h.redis, h.keys)
-    await asyncio.wait_for(ops_cmds._replay_all(cluster), timeout=30)  # type: ignore[arg-type]
+    with pytest.raises(TaskstreamError, match=r"^1 of 2 dead letters not replayed"):
+        await asyncio.wait_for(ops_cmds._replay_all(cluster), timeout=30)  # type: ignore[arg-type]
     assert len(seen) == len(set(seen)) == 2
     assert await h.redis.xlen(h.keys.dead) == 2  # the kept garbage and the new letter
+
+
+async def test_replay_all_stops_when_the_store_goes_down(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store outage is not one more letter kept: `--all` stops at once (exit 1), and the
+    letters after it are left untouched."""
+    await ghost_and_garbage_letters(h)
+    for n in range(3):
+        await h.redis.xadd(h.keys.dead, {"reason": "poison", "orig.instance_id": f"i{n}"})
+    seen: list[str] = []
+
+    async def store_down(cluster: Cluster, letter: operations.DeadLetter) -> str:
+        seen.append(letter.dead_id)
+        raise StoreUnavailable("store mysql://... unavailable: OperationalError")
+
+    monkeypatch.setattr(ops_cmds, "_replay_one", store_down)
+    cluster = _Cluster(h.store, h.redis, h.keys)
+    with pytest.raises(StoreUnavailable):
+        await ops_cmds._replay_all(cluster)  # type: ignore[arg-type]
+    assert len(seen) == 1
+    assert await h.redis.xlen(h.keys.dead) == 5
+
+
+async def test_a_requeue_past_the_deadline_is_refused(h: Harness) -> None:
+    """Its new attempt would time out before it starts: the instance stays FAILED and the
+    operator is told why, instead of `requeued` followed by an instant failure."""
+    tasks = TASKS.replace("{fail_until: 1}", "{fail_until: 1}\n    deadline: 1h")
+    row = await h.trigger(tasks, "once-fails", fire_ms=h.clock.now_ms())
+    assert row.deadline_ms == h.clock.now_ms() + 3_600_000
+    ex = Running(h.executor())
+    try:
+        await finished(h, row.id, Status.FAILED)
+    finally:
+        await ex.close()
+    with pytest.raises(TaskstreamError, match=r"is past its deadline \(.*\): .*; left FAILED$"):
+        await operations.requeue(h.outbox, row.id, who="ops", why="late", now_ms=row.deadline_ms)
+    after = await h.store.get_instance(row.id)
+    assert after is not None and after.status is Status.FAILED
+    said = await operations.requeue(
+        h.outbox, row.id, who="ops", why="in time", now_ms=row.deadline_ms - 1
+    )
+    assert said is None
 
 
 async def test_a_requeue_is_not_failed_again_by_the_entry_it_replaces(h: Harness) -> None:

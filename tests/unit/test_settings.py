@@ -63,6 +63,9 @@ def test_a_redis_url_the_client_reads_is_accepted(url: str) -> None:
         ("redis://svc:s3cr3t@[::1/0", "not a URL"),
         ("http://svc:s3cr3t@cache.internal:6379", "scheme 'http'"),
         ("svc:s3cr3t@cache.internal:6379", "not a URL"),
+        ("redis://svc:s3cr3t@cache.internal/0?socket_timeout=abc", "options (socket_timeout)"),
+        ("redis://svc:s3cr3t@cache.internal/0?bogus=1&db=0", "options (bogus, db)"),
+        ("rediss://svc:s3cr3t@cache.internal/0?ssl_cert_reqs=maybe", "options (ssl_cert_reqs)"),
     ],
 )
 def test_a_bad_redis_url_is_refused_without_its_user_info(url: str, says: str) -> None:
