@@ -18,6 +18,11 @@ from sqlalchemy.exc import ArgumentError
 
 from taskstream.core.store.urls import url_scheme
 
+MAX_PAYLOAD_LIMIT = 7 * 1024 * 1024
+"""The largest `max_payload_bytes`: MariaDB refuses statements over `max_allowed_packet`
+(16 MiB by default), and the driver's escaping may double a payload's bytes (each backslash
+and quote)."""
+
 
 class Settings(BaseSettings):
     """Everything a taskstream process needs to find its cluster and tune its loops.
@@ -38,8 +43,7 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     executor_concurrency: int = Field(default=4, ge=1, le=1024)
     read_block_ms: int = Field(default=1000, ge=10, le=60_000)
-    # At most 8 MiB: MariaDB refuses statements over max_allowed_packet (16 MiB by default).
-    max_payload_bytes: int = Field(default=256 * 1024, ge=1024, le=8 * 1024 * 1024)
+    max_payload_bytes: int = Field(default=256 * 1024, ge=1024, le=MAX_PAYLOAD_LIMIT)
     max_deliveries: int = Field(default=5, ge=1, le=1000)
     scheduler_max_sleep_s: float = Field(default=60.0, gt=0.0, le=3600.0)
     """Longest scheduler sleep without a hint on the control channel (a safety net)."""

@@ -6,6 +6,14 @@ rows and history equal those of the locking path, on every dialect."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import pytest
+from sqlalchemy import text
+
+from taskstream.core.errors import StoreError, StoreUnavailable
+from taskstream.core.payloads import payload_problem
+from taskstream.core.settings import MAX_PAYLOAD_LIMIT
 from taskstream.core.states import Status
 from taskstream.core.store.port import CasResult, ClaimRequest, DispatchRequest, FinishRequest
 from taskstream.core.store.sql import SqlStore
@@ -219,3 +227,38 @@ async def test_finishes_with_large_results_are_split_into_statements(
     for instance_id, _ in runs:
         row = await store.get_instance(instance_id)
         assert row is not None and (row.status, row.result) == (Status.SUCCESS, {instance_id: big})
+
+
+async def test_a_statement_over_the_packet_limit_is_refused_not_waited_out(
+    store: SqlStore, db_url: str, make_new: MakeNew
+) -> None:
+    """MariaDB refuses a statement over its `max_allowed_packet` (error 1153) whatever the
+    number of tries: a `StoreError` (callers split the batch or give up), not the
+    `StoreUnavailable` that callers wait out and send again for ever."""
+    if not db_url.startswith(("mysql", "mariadb")):
+        pytest.skip("a MySQL / MariaDB limit")
+    limit = await _packet_limit(store)
+    huge = replace(make_new("huge"), payload={"p": "x" * (limit + 1024)})
+    with pytest.raises(StoreError, match="packet limit") as caught:
+        await store.create_instances([huge])
+    assert not isinstance(caught.value, StoreUnavailable)
+    await store.create_instances([make_new("next")])  # the store goes on
+    assert await store.get_instance("inst-next") is not None
+    assert await store.get_instance("inst-huge") is None
+
+
+async def test_a_payload_at_the_largest_limit_fits_even_escaped(
+    store: SqlStore, make_new: MakeNew
+) -> None:
+    """Backslashes are sent as two bytes each: a payload that `max_payload_bytes` at its
+    largest lets through still fits MariaDB's default packet limit."""
+    payload = {"p": "\\" * (MAX_PAYLOAD_LIMIT // 2 - 16)}
+    assert payload_problem(payload, MAX_PAYLOAD_LIMIT) is None
+    await store.create_instances([replace(make_new("wide"), payload=payload)])
+    row = await store.get_instance("inst-wide")
+    assert row is not None and row.payload == payload
+
+
+async def _packet_limit(store: SqlStore) -> int:
+    async with store.engine.connect() as conn:
+        return int((await conn.execute(text("SELECT @@max_allowed_packet"))).scalar_one())

@@ -46,12 +46,24 @@ def test_rows_with_their_own_values_and_rows_that_keep_theirs() -> None:
     assert "ELSE task_instances.last_error END" in sql
     assert "updated_at_ms=CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)" in sql
     # In the table's column order. result: all three rows; last_error: the two that give one.
-    # Three rows go in the statement for four, the last row repeated.
+    # Three rows go in the statement for four, the last id repeated with no value (a CASE
+    # takes its first match, so the padding is never used).
     assert args == [
-        *("i1", "r1", "i2", "r2", "i3", "r3", "i3", "r3"),
+        *("i1", "r1", "i2", "r2", "i3", "r3", "i3", None),
         *("i1", "e1", "i3", "e3"),
         *("RUNNING", "i1", "i2", "i3", "i3", 1),
     ]
+
+
+def test_a_large_value_is_sent_once_whatever_the_padding() -> None:
+    """65 rows go in the statement for 128: the last row's result, if copied into the 63
+    padded places, would make a 300 KB batch a 19 MB statement (over MariaDB's packet limit)."""
+    pairs = [(f"i{n:03d}", 1) for n in range(65)]
+    rows = [{"result": f"r{n}"} for n in range(64)] + [{"result": "x" * 300_000}]
+    _, args = _sent(*templates.bind_update(Status.RUNNING, pairs, rows))
+
+    assert sum(1 for a in args if isinstance(a, str) and len(a) == 300_000) == 1
+    assert args.count(None) == 128 - 65
 
 
 def test_rows_at_different_attempts_are_matched_as_pairs() -> None:

@@ -8,8 +8,9 @@ the middle of a statement, or a rollback that failed.
 
 Driver errors become store errors as `sql_engine.translate` makes them for the engine:
 integrity errors `ConstraintViolation`, operational and interface errors (lost connection,
-lock wait timeout, server gone) and socket errors `StoreUnavailable`, anything else
-`StoreError`. Errors the body raises itself (`RowsMoved`, `StoreError`) pass unchanged.
+lock wait timeout, server gone) and socket errors `StoreUnavailable`, a statement over the
+server's packet limit and anything else `StoreError`. Errors the body raises itself
+(`RowsMoved`, `StoreError`) pass unchanged.
 """
 
 from __future__ import annotations
@@ -22,7 +23,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.util import greenlet_spawn
 
 from taskstream.core.errors import StoreError, StoreUnavailable
-from taskstream.core.store.sql_engine import ConstraintViolation, schema_missing, translate_errors
+from taskstream.core.store.sql_engine import (
+    ConstraintViolation,
+    schema_missing,
+    too_large,
+    translate_errors,
+)
 from taskstream.core.store.sql_prepared import DriverRunner
 
 _DETAIL_MAX = 300
@@ -42,9 +48,11 @@ def translate_driver(exc: BaseException, dbapi: Any, display_url: str) -> StoreE
     """The store error for a driver error, or None when `exc` is not one."""
     if isinstance(exc, dbapi.IntegrityError):
         return ConstraintViolation(f"store {display_url}: constraint violated: {_detail(exc)}")
-    missing = schema_missing(_detail(exc), display_url) if isinstance(exc, dbapi.Error) else None
-    if missing is not None:
-        return missing
+    if isinstance(exc, dbapi.Error):
+        detail = _detail(exc)
+        refused = schema_missing(detail, display_url) or too_large(detail, display_url)
+        if refused is not None:
+            return refused
     if isinstance(exc, dbapi.OperationalError | dbapi.InterfaceError | OSError | TimeoutError):
         return StoreUnavailable(f"store {display_url} unavailable: {_detail(exc)}")
     if isinstance(exc, dbapi.Error):

@@ -178,6 +178,19 @@ _NO_COLUMN = re.compile(
 """How they say a column does not exist: a database migrated by an older taskstream."""
 
 
+_TOO_LARGE = re.compile(r"\(1153,")
+"""MySQL / MariaDB error 1153 (ER_NET_PACKET_TOO_LARGE): a statement over the server's
+`max_allowed_packet`. The same statement sent again is refused again."""
+
+
+def too_large(detail: str, display_url: str) -> StoreError | None:
+    """A `StoreError` (not `StoreUnavailable`, which callers wait out and retry) when a
+    driver error's text says the server refused a statement for its size."""
+    if _TOO_LARGE.search(detail) is None:
+        return None
+    return StoreError(f"store {display_url} refused a statement over its packet limit ({detail})")
+
+
 def schema_missing(detail: str, display_url: str) -> SchemaMissing | None:
     """`SchemaMissing` when a driver error's text says a table or a column does not exist:
     the database was never migrated, or was migrated by an older taskstream."""
@@ -195,9 +208,9 @@ def translate(exc: Exception, display_url: str) -> StoreError:
     (a redacted URL: only that form may appear in the message)."""
     if isinstance(exc, sa_exc.IntegrityError):
         return ConstraintViolation(f"store {display_url}: constraint violated: {_detail(exc)}")
-    missing = schema_missing(_detail(exc), display_url)
-    if missing is not None:
-        return missing
+    refused = schema_missing(_detail(exc), display_url) or too_large(_detail(exc), display_url)
+    if refused is not None:
+        return refused
     unavailable = _is_unavailable(exc)
     if unavailable:
         return StoreUnavailable(f"store {display_url} unavailable: {_detail(exc)}")

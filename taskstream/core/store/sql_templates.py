@@ -176,11 +176,18 @@ def bind_update(
             columns.append((name, "one", 0))
             params[f"v_{name}"] = first
         else:
-            given = padded(given)
+            given = _padded_values(given)
             columns.append((name, "each", len(given)))
             for j, (i, v) in enumerate(given):
                 params[f"{name}_id{j}"], params[f"{name}{j}"] = i, v
     return cas_update(size_for(len(pairs)), one_attempt, tuple(columns)), params
+
+
+def _padded_values(given: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """(id, value) pairs padded to `size_for` with the last id and NULL: `CASE` takes the
+    first `WHEN` an id matches, so the padding is never used, and a large value (a result of
+    megabytes) is sent once, not once per padded place."""
+    return given + [(given[-1][0], None)] * (size_for(len(given)) - len(given))
 
 
 def _per_row(name: str, n: int, each: bool, type_: Any) -> Any:
