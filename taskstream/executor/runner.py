@@ -184,6 +184,13 @@ async def _call(run: Run, ctx: AgentContext, params: BaseModel, limit: TimeLimit
     except UpstreamDeferred as exc:  # a call refused by its limiter or breaker: not an attempt
         ctx.log.info("instance.upstream_deferred", upstream=exc.upstream)
         return deferred(exc.retry_after_ms)
+    except asyncio.CancelledError as exc:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise  # the run itself is cancelled: a stop or a fence
+        # Work of the agent's own was cancelled and it let that out: a failure like another.
+        ctx.log.warning("instance.run_failed", error_type="CancelledError")
+        return failed(exc)
     except Exception as exc:  # every failure of agent code becomes an outcome
         ctx.log.warning("instance.run_failed", error_type=type(exc).__name__)
         return failed(exc)

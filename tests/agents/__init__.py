@@ -33,6 +33,10 @@ class Params(BaseModel):
 async def _flaky(ctx: AgentContext, p: Params) -> dict[str, Any]:
     if ctx.attempt <= p.stall_until:
         await asyncio.sleep(p.seconds)
+    if ctx.attempt <= p.fail_until and p.kind == "cancelled":
+        inner = asyncio.get_running_loop().create_future()
+        inner.cancel()  # work of its own, cancelled; nobody cancelled the run
+        await inner
     if ctx.attempt <= p.fail_until:
         errors = {
             "retriable": RetriableError,

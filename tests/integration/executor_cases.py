@@ -27,6 +27,10 @@ tasks:
     agent: flaky
     retry: {max_attempts: 2, backoff: {base: 1s}, jitter: 0}
     payload: {fail_until: 99}
+  - id: self-cancelled
+    agent: flaky
+    retry: {max_attempts: 2, backoff: {base: 1s}, jitter: 0}
+    payload: {fail_until: 1, kind: cancelled}
   - id: fatal
     agent: flaky
     payload: {fail_until: 99, kind: fatal}

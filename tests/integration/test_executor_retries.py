@@ -105,6 +105,19 @@ async def test_timeout_goes_through_timeout_to_retry(h: Harness) -> None:
     assert done.last_error == "TimeoutError: the attempt ran past its timeout (0.2 s)"
 
 
+async def test_a_cancellation_inside_the_agent_is_a_retriable_failure(h: Harness) -> None:
+    """The agent's own work was cancelled (not the run): the attempt fails and is retried,
+    instead of the run being dropped RUNNING until its lease runs out."""
+    row = await h.trigger(TASKS, "self-cancelled")
+    await run_until(h, h.executor(), [row.id], Status.RETRYING)
+    done = await h.store.get_instance(row.id)
+    assert done is not None
+    assert (done.attempt, done.lease_owner) == (1, None)
+    assert done.last_error is not None and done.last_error.startswith("CancelledError")
+    pending = await h.redis.xpending(h.keys.stream(Priority.DEFAULT), GROUP)
+    assert pending["pending"] == 0
+
+
 async def test_a_deadline_sooner_than_the_timeout_limits_the_attempt(h: Harness) -> None:
     done = await failed_run(h, "past-deadline", fire_ms=h.clock.now_ms())
     assert done.last_error == "TimeoutError: the attempt ran past its deadline (0.3 s)"
