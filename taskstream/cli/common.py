@@ -47,8 +47,29 @@ def operator() -> str:
         return f"uid:{os.getuid()}"
 
 
+LEFTOVER_S = 5.0
+"""How long the tasks still running when a command's coroutine returns get to end once
+cancelled (s). `asyncio.run` would wait for them without end: an agent that ignores its
+cancellation would keep a stopped role from exiting."""
+
+
 def run_async(coro: Coroutine[Any, Any, T]) -> T:
-    return asyncio.run(coro)
+    """`asyncio.run(coro)`, except that tasks left running afterwards are cancelled and given
+    `LEFTOVER_S` to end; those that do not are abandoned, so the process still exits."""
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(coro)
+    finally:
+        try:
+            left = asyncio.all_tasks(loop)
+            for task in left:
+                task.cancel()
+            if left:
+                loop.run_until_complete(asyncio.wait(left, timeout=LEFTOVER_S))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.run_until_complete(loop.shutdown_default_executor())
+        finally:
+            loop.close()
 
 
 def print_json(data: Any) -> None:

@@ -40,6 +40,9 @@ from taskstream.core.protocol import Keys
 from taskstream.core.store.port import Store
 from taskstream.executor.intake import DEFAULT_LEASE_S, Run
 
+OVERRUN_S = 10.0
+"""How long past its time limit a run may go on (its agent not ending when cancelled) before
+its lease is let go: the slot stays taken, but the sweeper retries the instance elsewhere."""
 ENDED_KEPT = 10_000
 """How many ended claims a process remembers (see `Heartbeat.ran`); about 1 MB."""
 
@@ -193,16 +196,39 @@ class Heartbeat:
 
     async def extend(self) -> None:
         """Extend every tracked run's lease by its own lease length (store), cancel the runs
-        that no longer hold one, then reset their entries' idle time (Redis)."""
+        that no longer hold one, then reset their entries' idle time (Redis). A run still going
+        `OVERRUN_S` past its time limit (its agent ignored the cancellation) is let go: neither
+        extended nor touched, so the sweeper times it out when its lease ends."""
         runs = dict(self._runs)
+        overran = self._overran(runs)
         by_length: dict[float, list[tuple[str, int]]] = {}
         for claim, (run, _) in runs.items():
-            by_length.setdefault(_lease_s(run), []).append(claim)
+            if claim not in overran:
+                by_length.setdefault(_lease_s(run), []).append(claim)
         held: set[tuple[str, int]] = set()
         for lease_s, claims in sorted(by_length.items()):
             held |= await self._store.extend_leases(claims, lease_s=lease_s)
         self._fence(runs, held)
-        await streams.touch(self._redis, self._consumer, [run.delivery for run, _ in runs.values()])
+        kept = [run.delivery for claim, (run, _) in runs.items() if claim not in overran]
+        await streams.touch(self._redis, self._consumer, kept)
+
+    def _overran(
+        self, runs: dict[tuple[str, int], tuple[Run, asyncio.Task[None]]]
+    ) -> set[tuple[str, int]]:
+        """Claims of runs whose agent is still going `OVERRUN_S` after its time limit."""
+        late = self._clock.now_ms() - round(OVERRUN_S * 1000)
+        overran = set()
+        for claim, (run, task) in runs.items():
+            if run.ends_by_ms is not None and run.ends_by_ms < late and not task.done():
+                overran.add(claim)
+                if not run.fenced:
+                    self._log.error(
+                        "instance.overran",
+                        instance_id=run.row.id,
+                        attempt=run.token,
+                        ends_by_ms=run.ends_by_ms,
+                    )
+        return overran
 
     def _fence(
         self,
@@ -213,9 +239,10 @@ class Heartbeat:
             # A run whose agent returned is committing (or just committed): its commit decides,
             # and logs, whether it was fenced.
             if claim not in held and not task.done():
-                self._log.warning(
-                    "instance.fenced", instance_id=run.row.id, attempt=run.token, at="heartbeat"
-                )
+                if not run.fenced:  # once, though an agent that ignores it is cancelled again
+                    self._log.warning(
+                        "instance.fenced", instance_id=run.row.id, attempt=run.token, at="heartbeat"
+                    )
                 run.fenced = True
                 task.cancel()
 

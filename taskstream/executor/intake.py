@@ -48,6 +48,8 @@ class Run:
     """Other deliveries of the same attempt read in the same batch: acked with this run."""
     given_back: int = 0
     """Earlier attempts that do not count: released unrun, or before a manual requeue."""
+    ends_by_ms: int | None = None
+    """When the attempt's time limit ends (epoch ms, the executor's clock); set as it starts."""
 
     @property
     def token(self) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 
@@ -73,6 +74,7 @@ async def execute(run: Run, env: RunEnv) -> RunEnd:
     limit = time_limit(timeout_s, row.deadline_ms, env.clock.now_ms())
     if limit.seconds <= 0:
         return timed_out("deadline passed before the run started")
+    run.ends_by_ms = env.clock.now_ms() + math.ceil(limit.seconds * 1000)
     return await _admitted_call(run, log, params, limit, env)
 
 

@@ -44,6 +44,9 @@ from taskstream.executor.runner import RunEnv, execute
 
 ERROR_PAUSE_S = 1.0
 DEFINITIONS_CHECK_S = 1.0
+STUCK_S = 10.0
+"""How long a stop waits for the runs it cancelled after the grace (their releases included)
+before it leaves those still going: agents that ignore cancellation."""
 
 
 def consumer_name(start_ms: int) -> str:
@@ -291,7 +294,10 @@ class Executor:
         # The grace is over: the releases of the cancelled runs, and any commit still waiting
         # for an unavailable store, get one more try each instead of holding the exit up.
         self._committer.last_tries()
-        await asyncio.gather(*pending, return_exceptions=True)
+        if pending:
+            _, stuck = await asyncio.wait(pending, timeout=STUCK_S)
+            if stuck:  # agents that ignore cancellation: their runs are left to the sweeper
+                self._log.error("executor.runs_stuck", runs=len(stuck))
 
 
 async def _until_one_ends(running: set[asyncio.Task[None]], stop: asyncio.Event) -> None:

@@ -6,6 +6,7 @@ Loaded by executors started in tests through `TASKSTREAM_AGENT_MODULES=tests.age
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 from typing import Any
@@ -70,6 +71,16 @@ async def _slow(ctx: AgentContext, p: Params) -> dict[str, Any]:
     return {"slept": p.seconds, "attempt": ctx.attempt}
 
 
+async def _stubborn(ctx: AgentContext, p: Params) -> dict[str, Any]:
+    """Sleeps `seconds`, ignoring every cancellation meanwhile (a misbehaving agent)."""
+    loop = asyncio.get_running_loop()
+    ends = loop.time() + p.seconds
+    while loop.time() < ends:
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(0.05)
+    return {"slept": p.seconds}
+
+
 async def _producer(ctx: AgentContext, p: Params) -> dict[str, Any]:
     """Marks `raw.ready` for its business date, as a data-collection agent would."""
     return {"marked": await ctx.mark_ready("raw.ready")}
@@ -81,4 +92,5 @@ AGENTS = (
     FunctionAgent(name="effect", params_model=Params, fn=_effect),
     FunctionAgent(name="crash", params_model=Params, fn=_crash),
     FunctionAgent(name="slow", params_model=Params, fn=_slow),
+    FunctionAgent(name="stubborn", params_model=Params, fn=_stubborn),
 )

@@ -7,7 +7,9 @@ import logging
 import signal
 import time
 
+from taskstream.cli import common
 from taskstream.core.states import Status
+from taskstream.executor import service
 from tests.fault.conftest import Cluster, RecordProperty, rows_to
 
 log = logging.getLogger(__name__)
@@ -18,6 +20,9 @@ tasks:
   - id: five
     agent: slow
     payload: {seconds: 5}
+  - id: stubborn
+    agent: stubborn
+    payload: {seconds: 120}
 """
 
 
@@ -50,5 +55,35 @@ async def test_sigterm_lets_the_running_task_finish_and_exits_zero(
     assert not executor.logged("instance.released")
     assert executor.logged("executor.stopped")
     assert await cluster.backlog() == (0, 0)
+    alive_key: int = await cluster.redis.exists(cluster.keys.alive(executor.consumer))
+    assert alive_key == 0
+
+
+async def test_an_agent_that_ignores_cancellation_does_not_keep_the_executor_from_exiting(
+    cluster: Cluster, record_property: RecordProperty
+) -> None:
+    """After the grace the run is cancelled; its agent goes on. The executor waits
+    `STUCK_S` for it, then the process's last `LEFTOVER_S`, and exits 0 with its liveness key
+    removed, so a sweeper takes the run over at once."""
+    await cluster.apply(TASKS)
+    executor = cluster.start("executor", {"TASKSTREAM_SHUTDOWN_GRACE_S": "1"})
+    await cluster.ready()
+    instance = await cluster.emit("stubborn")
+    await cluster.reach(instance, Status.RUNNING)
+
+    executor.send(signal.SIGTERM)
+    signalled = time.monotonic()
+
+    async def exited() -> bool:
+        return not executor.alive
+
+    bound_s = 1 + service.STUCK_S + common.LEFTOVER_S
+    await cluster.until(exited, timeout_s=bound_s + 20, what="executor exited")
+    record_property("stubborn_exit_s", round(time.monotonic() - signalled, 2))
+
+    assert executor.proc.returncode == 0
+    assert executor.logged("executor.runs_stuck", runs=1)
+    row = await cluster.store.get_instance(instance)
+    assert row is not None and row.status is Status.RUNNING
     alive_key: int = await cluster.redis.exists(cluster.keys.alive(executor.consumer))
     assert alive_key == 0

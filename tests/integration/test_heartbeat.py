@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 from redis.exceptions import ReadOnlyError
@@ -17,6 +18,7 @@ from taskstream.core.states import Status
 from taskstream.executor import heartbeat as heartbeat_module
 from taskstream.executor.heartbeat import Heartbeat
 from taskstream.executor.intake import Run
+from taskstream.executor.runner import RunEnv, execute
 from tests.integration.harness import Harness, until
 from tests.integration.outages import forever, intake, lease_end
 
@@ -307,3 +309,50 @@ async def test_a_process_whose_store_does_not_answer_loses_its_leases_though_ali
         slow.answer.set()
         stop.set()
         await asyncio.wait_for(loop, timeout=20)
+
+
+async def test_a_run_long_past_its_time_limit_is_let_go(
+    outage: Harness, tasks: list[asyncio.Task[None]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An agent that ignores its cancellation keeps its run going past the time limit. Once
+    `OVERRUN_S` past it, the heartbeat stops extending its lease and touching its entry, and
+    cancels it again, so the sweeper times the instance out when the lease ends; the run
+    still within the margin keeps both."""
+    h = outage
+    await h.apply(LEASES)
+    late, within = await _claim(h, "long"), await _claim(h, "short")
+    heartbeat = Heartbeat(h.store, h.redis, h.keys, "c1", h.clock, liveness_ttl_s=6)
+    stuck = _running(tasks)
+    heartbeat.track(late, stuck)
+    heartbeat.track(within, _running(tasks))
+    margin_ms = round(heartbeat_module.OVERRUN_S * 1000)
+    late.ends_by_ms = h.clock.now_ms() - margin_ms - 1
+    within.ends_by_ms = h.clock.now_ms() - margin_ms + 1
+    extended: list[tuple[str, int]] = []
+    touched: list[streams.Delivery] = []
+    extend_leases, touch = h.store.extend_leases, streams.touch
+
+    async def extend_seen(claims: list[tuple[str, int]], *, lease_s: float) -> set[Any]:
+        extended.extend(claims)
+        return await extend_leases(claims, lease_s=lease_s)
+
+    async def touch_seen(redis: Any, consumer: str, deliveries: list[Any]) -> list[Any]:
+        touched.extend(deliveries)
+        return await touch(redis, consumer, deliveries)
+
+    monkeypatch.setattr(h.store, "extend_leases", extend_seen)
+    monkeypatch.setattr(streams, "touch", touch_seen)
+    await heartbeat.extend()
+
+    assert extended == [(within.row.id, within.token)]
+    assert touched == [within.delivery]
+    assert (late.fenced, within.fenced) == (True, False)
+    assert stuck.cancelling() == 1
+
+
+async def test_a_run_knows_when_its_time_limit_ends(outage: Harness) -> None:
+    h = outage
+    await h.apply(LEASES.replace("lease: 10s", "lease: 10s\n    timeout: 2s"))
+    run = await _claim(h, "short")
+    await execute(run, RunEnv(h.store, h.clock, max_payload_bytes=1 << 20))
+    assert run.ends_by_ms == h.clock.now_ms() + 2_000
