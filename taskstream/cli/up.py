@@ -79,7 +79,10 @@ async def _up(
             ] + [Child(f"executor-{i}", role_argv("executor", *extra)) for i in range(executors)]
             embedded = valkey is not None
             log.info("cluster.up", executors=executors, home=str(s.home), embedded=embedded)
+            keeper = asyncio.create_task(valkey.keep(stop)) if valkey else None
             await Supervisor(eps, children, s.shutdown_grace_s).run(stop)
+            if keeper is not None:
+                await keeper  # `stop` is set: it ends once a restart under way is done
         finally:
             endpoint.remove(s.home, os.getpid())
             if valkey:

@@ -10,6 +10,8 @@ the supervisor stops the server last.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import secrets
 import socket
@@ -20,7 +22,12 @@ from pathlib import Path
 import redis
 
 from taskstream.core.errors import QueueUnavailable
+from taskstream.core.logging import get_logger
 from taskstream.runtime.lifetime import guarded
+from taskstream.runtime.supervisor import restart_delay_s
+
+WATCH_S = 1.0
+"""How often `keep` looks whether the server is still running (s)."""
 
 CONFIG = """bind 127.0.0.1
 protected-mode yes
@@ -48,6 +55,7 @@ class EmbeddedValkey:
     def __init__(self, home: Path) -> None:
         self._dir = (home / "valkey").resolve()
         self._proc: subprocess.Popen[bytes] | None = None
+        self._url = ""
 
     def start(self, timeout_s: float = 15.0) -> str:
         """Start the server and wait until it answers PING; returns its URL."""
@@ -56,16 +64,40 @@ class EmbeddedValkey:
         password = secrets.token_hex(24)
         conf = self._dir / "valkey.conf"
         _write_private(conf, CONFIG.format(port=port, dir=self._dir, password=password))
+        self._url = f"redis://:{password}@127.0.0.1:{port}/0"
+        self._spawn(timeout_s)
+        return self._url
+
+    def _spawn(self, timeout_s: float) -> None:
+        """Run the server on the written `valkey.conf` and wait until it answers PING."""
         self._proc = subprocess.Popen(  # noqa: S603 - fixed argv, no shell
-            guarded([str(_server_binary()), str(conf)]),  # a SIGKILLed `up` must not leave it
+            guarded([str(_server_binary()), str(self._dir / "valkey.conf")]),  # see `guarded`
             cwd=self._dir,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
-        url = f"redis://:{password}@127.0.0.1:{port}/0"
-        self._wait_ready(url, timeout_s)
-        return url
+        self._wait_ready(self._url, timeout_s)
+
+    async def keep(self, stop: asyncio.Event) -> None:
+        """Until `stop` is set, start the server again whenever it exits (the OOM killer, a
+        crash), after 1, 2, 4, 8, then 16 s: same port and password, so the roles' URLs
+        still hold, and the same data (AOF). Without it every role would wait for a Redis that
+        never comes back while `up` looked healthy."""
+        log, restarts = get_logger(role="supervisor"), 0
+        while not stop.is_set():
+            if self._proc is not None and self._proc.poll() is not None:
+                restarts += 1
+                delay = restart_delay_s(restarts)
+                log.warning("valkey.exited", code=self._proc.returncode, restart_in_s=delay)
+                if await _stopped_within(stop, delay):
+                    return
+                try:
+                    await asyncio.to_thread(self._spawn, 15.0)
+                    log.info("valkey.restarted", restarts=restarts)
+                except QueueUnavailable as exc:
+                    log.error("valkey.restart_failed", error=str(exc)[-300:])
+            await _stopped_within(stop, WATCH_S)
 
     def _wait_ready(self, url: str, timeout_s: float) -> None:
         client = redis.Redis.from_url(url, socket_connect_timeout=0.5)
@@ -96,6 +128,13 @@ class EmbeddedValkey:
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
+
+
+async def _stopped_within(stop: asyncio.Event, seconds: float) -> bool:
+    """Wait up to `seconds` for `stop`; whether it is set."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), timeout=seconds)
+    return stop.is_set()
 
 
 def _write_private(path: Path, text: str) -> None:

@@ -226,3 +226,30 @@ def test_second_up_in_the_same_folder_refuses(tmp_path: Path, reaper: list[Any])
     assert f"already running in .taskstream (pid {first.pid})" in (tmp_path / "up2.log").read_text()
     assert endpoint_pid == first.pid
     assert len(valkey_pids(home)) == 1
+
+
+def test_up_restarts_its_embedded_valkey_when_it_dies(tmp_path: Path, reaper: list[Any]) -> None:
+    """The embedded Valkey killed (the OOM killer, a crash): `up` starts it again on the same
+    port and password, the roles reconnect, and work triggered afterwards runs."""
+    env = base_env()
+    proc = start_up(tmp_path, env, "--executors", "1")
+    reaper.append(proc)
+    up_log = tmp_path / "up.log"
+    assert wait_for(lambda: b"executor.started" in up_log.read_bytes(), 60), up_log.read_text()
+    home = tmp_path / ".taskstream"
+    [first] = valkey_pids(home)
+    os.kill(first, signal.SIGKILL)
+
+    restarted = wait_for(lambda: b"valkey.restarted" in up_log.read_bytes(), 30)
+    reaper.extend(valkey_pids(home))
+    assert restarted, up_log.read_text()[-2000:]
+    assert valkey_pids(home) not in ([], [first])
+    (tmp_path / "tasks.yaml").write_text(SLOW.replace("seconds: 60", "seconds: 0"))
+    run_cli("tasks", "apply", "tasks.yaml", env=env, cwd=tmp_path, check=True)
+    run_cli("trigger", "long", env=env, cwd=tmp_path, check=True)
+    assert wait_for(lambda: [s for s, _ in instance_status(tmp_path)] == ["SUCCESS"], 60), (
+        instance_status(tmp_path),
+        up_log.read_text()[-2000:],
+    )
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
