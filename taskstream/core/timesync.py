@@ -35,5 +35,7 @@ async def keep_synced(store: Store, clock: OffsetClock, stop: asyncio.Event) -> 
     while not stop.is_set():
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), timeout=RESYNC_S)
+        if stop.is_set():
+            return  # a stopping process needs no offset, nor a wait on a store that is away
         with contextlib.suppress(StoreUnavailable):
             await sync(store, clock)

@@ -17,6 +17,8 @@ from taskstream.core.settings import MAX_PAYLOAD_LIMIT
 from taskstream.core.states import Status
 from taskstream.core.store.port import CasResult, ClaimRequest, DispatchRequest, FinishRequest
 from taskstream.core.store.sql import SqlStore
+from taskstream.core.store.sql_engine import make_engine, translate_errors
+from taskstream.core.store.urls import normalize_url
 from tests.contract.conftest import Advance, MakeNew, trail
 from tests.support.statements import statements
 
@@ -262,3 +264,18 @@ async def test_a_payload_at_the_largest_limit_fits_even_escaped(
 async def _packet_limit(store: SqlStore) -> int:
     async with store.engine.connect() as conn:
         return int((await conn.execute(text("SELECT @@max_allowed_packet"))).scalar_one())
+
+
+async def test_a_server_that_stops_answering_makes_the_store_unavailable(db_url: str) -> None:
+    """A reply that does not come within the read timeout (a frozen server, a link cut
+    without a reset) ends the statement as `StoreUnavailable`, instead of a wait without end;
+    `SLEEP` stands for the silence."""
+    if not db_url.startswith(("mysql", "mariadb")):
+        pytest.skip("a MySQL / MariaDB driver setting")
+    engine = make_engine(normalize_url(db_url), read_timeout_s=0.3)
+    try:
+        with pytest.raises(StoreUnavailable, match="read timeout"):
+            async with translate_errors("db"), engine.connect() as conn:
+                await conn.execute(text("SELECT SLEEP(3)"))
+    finally:
+        await engine.dispose()

@@ -74,7 +74,7 @@ async def upgrade(url: str) -> None:
     migrated it).
     """
     display_url = redact_url(url)
-    engine = make_engine(normalize_url(url))
+    engine = make_engine(normalize_url(url), read_timeout_s=None)
     try:
         async with translate_errors(display_url), engine.begin() as conn:
             await conn.run_sync(_upgrade)

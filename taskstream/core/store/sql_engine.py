@@ -39,6 +39,9 @@ READ_ONLY = "taskstream_read_only"
 
 POOL_RECYCLE_S = 1800
 CONNECT_TIMEOUT_S = 10
+READ_TIMEOUT_S = 60.0
+"""Longest wait for one reply of MySQL / MariaDB on an open connection (s): longer than
+InnoDB's own lock wait (50 s by default), which ends a statement waiting for a row lock."""
 SQLITE_BUSY_TIMEOUT_MS = 10_000
 _DETAIL_MAX = 300
 
@@ -64,13 +67,15 @@ every use ends its own transaction (`begin()` commits or rolls back; a read's `c
 rolls back on close), so the pool's extra ROLLBACK would be a wasted round trip."""
 
 
-def make_engine(url: str) -> AsyncEngine:
-    """An engine for a normalized (async-driver) URL, with the session setup above."""
+def make_engine(url: str, *, read_timeout_s: float | None = READ_TIMEOUT_S) -> AsyncEngine:
+    """An engine for a normalized (async-driver) URL, with the session setup above;
+    `read_timeout_s` bounds each reply of MySQL / MariaDB (None: no bound, for migrations,
+    whose DDL may take minutes on large tables)."""
     backend = make_url(url).get_backend_name()
     if backend == "sqlite":
         return _sqlite_engine(url)
     if backend == "mysql":
-        return _mysql_engine(url)
+        return _mysql_engine(url, read_timeout_s)
     if backend == "postgresql":
         return create_async_engine(
             url,
@@ -105,14 +110,14 @@ def _sqlite_on_begin(connection: Connection) -> None:
     connection.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
 
-def _mysql_engine(url: str) -> AsyncEngine:
+def _mysql_engine(url: str, read_timeout_s: float | None) -> AsyncEngine:
     engine = create_async_engine(
         url,
         isolation_level="READ COMMITTED",
         pool_recycle=POOL_RECYCLE_S,
         pool_size=POOL_SIZE,
         pool_reset_on_return=None,
-        async_creator=_bounded_connect(url),
+        async_creator=_bounded_connect(url, read_timeout_s),
     )
     event.listen(engine.sync_engine, "connect", _mysql_on_connect)
     # An executemany INSERT (rows as parameters, times as SQL) goes out as multi-row INSERT
@@ -122,14 +127,19 @@ def _mysql_engine(url: str) -> AsyncEngine:
     return engine
 
 
-def _bounded_connect(url: str) -> Callable[[], Awaitable[Any]]:
+def _bounded_connect(url: str, read_timeout_s: float | None) -> Callable[[], Awaitable[Any]]:
     """The driver's connect for `url`, bounded as a whole by `CONNECT_TIMEOUT_S`. The driver's
     own `connect_timeout` covers only the TCP connect: a server that accepts and never
     answers the handshake (frozen, or another service on a wrong port) would hang every
-    caller for ever instead of making the store unavailable."""
+    caller for ever instead of making the store unavailable. With asyncmy, every reply is
+    awaited at most `read_timeout_s`: a server that stops answering on an open connection
+    (frozen, or cut off without a reset) then makes the store unavailable too, instead of
+    hanging its caller until TCP gives up hours later."""
     parsed = make_url(url)
     cargs, cparams = parsed.get_dialect()().create_connect_args(parsed)
     cparams["connect_timeout"] = CONNECT_TIMEOUT_S
+    if read_timeout_s is not None and parsed.get_driver_name() == "asyncmy":
+        cparams["read_timeout"] = read_timeout_s
     driver: Any = importlib.import_module(parsed.get_driver_name())  # asyncmy or aiomysql
 
     async def connect() -> Any:
