@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis._parsers.base import BaseParser
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import MasterDownError, OutOfMemoryError, ReadOnlyError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -30,6 +31,19 @@ from taskstream.core.protocol import (
 
 Redis = aioredis.Redis
 
+
+class PersistenceError(ResponseError):
+    """MISCONF: the server refuses writes because its snapshots fail (a full or broken disk,
+    `stop-writes-on-bgsave-error`). redis-py has no class of its own for it."""
+
+    def __str__(self) -> str:
+        return f"MISCONF {super().__str__()}"  # the parser cut the word that names it
+
+
+# redis-py turns an error reply into the class its first word names; MISCONF would be a plain
+# ResponseError, which callers take for a bug of ours instead of an outage.
+BaseParser.EXCEPTION_CLASSES.setdefault("MISCONF", PersistenceError)
+
 DRIVER_ERRORS = (
     RedisConnectionError,
     RedisTimeoutError,
@@ -37,10 +51,12 @@ DRIVER_ERRORS = (
     ReadOnlyError,
     MasterDownError,
     OutOfMemoryError,
+    PersistenceError,
 )
 """Redis cannot serve us now: no connection, a timeout, or a server that refuses our writes
 for the time being (READONLY from a replica after a failover, MASTERDOWN from a replica cut
-off from its master, OOM at its memory limit). Callers pause and try again."""
+off from its master, OOM at its memory limit, MISCONF while its disk fails). Callers pause
+and try again."""
 
 
 @dataclass(frozen=True, slots=True)

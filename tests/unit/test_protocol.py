@@ -154,3 +154,19 @@ def test_a_priority_by_name_and_a_foreign_one_named_in_the_error() -> None:
     assert Priority.of("high") is Priority.HIGH
     with pytest.raises(ValueError, match=r"^priority: 'urgent' is not one of high, default, low$"):
         Priority.of("urgent")
+
+
+def test_a_server_refusing_writes_for_its_disk_is_an_outage() -> None:
+    """MISCONF (snapshots failing) is waited out like READONLY or OOM, not taken for a bug:
+    the limiter would otherwise fail the run instead of deferring it."""
+    from redis._parsers.base import BaseParser
+
+    from taskstream.core import streams
+
+    reply = "MISCONF Redis is configured to save RDB snapshots, but it's currently unable"
+    error = BaseParser.parse_error(reply)  # type: ignore[no-untyped-call]
+    assert isinstance(error, streams.PersistenceError)
+    assert isinstance(error, streams.DRIVER_ERRORS)
+    assert str(error).startswith("MISCONF Redis is configured")
+    other = BaseParser.parse_error("ERR unknown command")  # type: ignore[no-untyped-call]
+    assert not isinstance(other, streams.DRIVER_ERRORS)
