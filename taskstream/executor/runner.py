@@ -29,6 +29,8 @@ from taskstream.ratelimit.breaker import Outcome
 
 DEFAULT_TIMEOUT_S = 60.0
 ADMISSION_RETRY_MS = 1000
+GIVE_BACK_S = 2.0
+"""Longest wait for a cancelled run's admission to be given back (Redis); s."""
 """Wait before a run whose admission could not be decided (Redis or the store down) is
 tried again (ms)."""
 UNAVAILABLE = (QueueUnavailable, StoreUnavailable, *streams.DRIVER_ERRORS)
@@ -139,6 +141,10 @@ async def _admitted_call(
     ctx = _context(run, env, log, http)
     try:
         end = await _call(run, ctx, params, limit)
+    except asyncio.CancelledError:
+        if access is not None:  # a trial call it was admitted as must not stay taken
+            await _give_back(access, upstreams, log)
+        raise
     finally:
         await ctx.http.aclose()
     if access is None:
@@ -197,6 +203,19 @@ async def _call(run: Run, ctx: AgentContext, params: BaseModel, limit: TimeLimit
         ctx.log.warning("instance.run_failed", error_type=type(exc).__name__)
         return failed(exc)
     return succeeded(result)
+
+
+async def _give_back(
+    access: RunUpstreams, upstreams: tuple[str, ...], log: FilteringBoundLogger
+) -> None:
+    """Settle a cancelled run's admission as saying nothing (its half-open trial slots
+    freed), within `GIVE_BACK_S` and shielded from the cancellation; best effort."""
+    try:
+        await asyncio.shield(
+            asyncio.wait_for(access.settle(upstreams, Outcome.IGNORE), GIVE_BACK_S)
+        )
+    except Exception as exc:  # the slots then free when their trial times out
+        log.warning("upstream.give_back_failed", error_type=type(exc).__name__)
 
 
 def _breaker_outcome(end: RunEnd) -> Outcome:
