@@ -23,12 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.util import greenlet_spawn
 
 from taskstream.core.errors import StoreError, StoreUnavailable
-from taskstream.core.store.sql_engine import (
-    ConstraintViolation,
-    schema_missing,
-    too_large,
-    translate_errors,
-)
+from taskstream.core.store.sql_engine import ConstraintViolation, refused, translate_errors
 from taskstream.core.store.sql_prepared import DriverRunner
 
 _DETAIL_MAX = 300
@@ -48,11 +43,9 @@ def translate_driver(exc: BaseException, dbapi: Any, display_url: str) -> StoreE
     """The store error for a driver error, or None when `exc` is not one."""
     if isinstance(exc, dbapi.IntegrityError):
         return ConstraintViolation(f"store {display_url}: constraint violated: {_detail(exc)}")
-    if isinstance(exc, dbapi.Error):
-        detail = _detail(exc)
-        refused = schema_missing(detail, display_url) or too_large(detail, display_url)
-        if refused is not None:
-            return refused
+    final = refused(_detail(exc), display_url) if isinstance(exc, dbapi.Error) else None
+    if final is not None:
+        return final
     if isinstance(exc, dbapi.OperationalError | dbapi.InterfaceError | OSError | TimeoutError):
         return StoreUnavailable(f"store {display_url} unavailable: {_detail(exc)}")
     if isinstance(exc, dbapi.Error):

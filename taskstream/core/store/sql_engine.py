@@ -193,12 +193,15 @@ _TOO_LARGE = re.compile(r"\(1153,")
 `max_allowed_packet`. The same statement sent again is refused again."""
 
 
-def too_large(detail: str, display_url: str) -> StoreError | None:
-    """A `StoreError` (not `StoreUnavailable`, which callers wait out and retry) when a
-    driver error's text says the server refused a statement for its size."""
-    if _TOO_LARGE.search(detail) is None:
-        return None
-    return StoreError(f"store {display_url} refused a statement over its packet limit ({detail})")
+def refused(detail: str, display_url: str) -> StoreError | None:
+    """The error for a refusal that trying again cannot mend, from a driver error's text:
+    `SchemaMissing`, or a `StoreError` (not `StoreUnavailable`, which callers wait out and
+    retry) for a statement over the server's packet limit; None for any other error."""
+    if _TOO_LARGE.search(detail) is not None:
+        return StoreError(
+            f"store {display_url} refused a statement over its packet limit ({detail})"
+        )
+    return schema_missing(detail, display_url)
 
 
 def schema_missing(detail: str, display_url: str) -> SchemaMissing | None:
@@ -218,9 +221,9 @@ def translate(exc: Exception, display_url: str) -> StoreError:
     (a redacted URL: only that form may appear in the message)."""
     if isinstance(exc, sa_exc.IntegrityError):
         return ConstraintViolation(f"store {display_url}: constraint violated: {_detail(exc)}")
-    refused = schema_missing(_detail(exc), display_url) or too_large(_detail(exc), display_url)
-    if refused is not None:
-        return refused
+    final = refused(_detail(exc), display_url)
+    if final is not None:
+        return final
     unavailable = _is_unavailable(exc)
     if unavailable:
         return StoreUnavailable(f"store {display_url} unavailable: {_detail(exc)}")
