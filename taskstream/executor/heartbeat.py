@@ -200,7 +200,7 @@ class Heartbeat:
         `OVERRUN_S` past its time limit (its agent ignored the cancellation) is let go: neither
         extended nor touched, so the sweeper times it out when its lease ends."""
         runs = dict(self._runs)
-        overran = self._overran(runs)
+        overran = self._overran(runs, self._clock.now_ms())
         by_length: dict[float, list[tuple[str, int]]] = {}
         for claim, (run, _) in runs.items():
             if claim not in overran:
@@ -213,10 +213,11 @@ class Heartbeat:
         await streams.touch(self._redis, self._consumer, kept)
 
     def _overran(
-        self, runs: dict[tuple[str, int], tuple[Run, asyncio.Task[None]]]
+        self, runs: dict[tuple[str, int], tuple[Run, asyncio.Task[None]]], now_ms: int
     ) -> set[tuple[str, int]]:
-        """Claims of runs whose agent is still going `OVERRUN_S` after its time limit."""
-        late = self._clock.now_ms() - round(OVERRUN_S * 1000)
+        """Claims of runs whose agent is still going `OVERRUN_S` after its time limit at
+        `now_ms` (epoch ms); logs each the first time."""
+        late = now_ms - round(OVERRUN_S * 1000)
         overran = set()
         for claim, (run, task) in runs.items():
             if run.ends_by_ms is not None and run.ends_by_ms < late and not task.done():
