@@ -10,7 +10,7 @@ import time
 from taskstream.cli import common
 from taskstream.core.states import Status
 from taskstream.executor import service
-from tests.fault.conftest import Cluster, RecordProperty, rows_to
+from tests.fault.conftest import Cluster, RecordProperty, Role, rows_to
 
 log = logging.getLogger(__name__)
 
@@ -35,14 +35,7 @@ async def test_sigterm_lets_the_running_task_finish_and_exits_zero(
     instance = await cluster.emit("five")
     await cluster.reach(instance, Status.RUNNING)
 
-    executor.send(signal.SIGTERM)
-    signalled = time.monotonic()
-
-    async def exited() -> bool:
-        return not executor.alive
-
-    await cluster.until(exited, timeout_s=GRACE_S + 20, what="executor exited")
-    stop_s = round(time.monotonic() - signalled, 2)
+    stop_s = await _sigterm_until_exited(cluster, executor, timeout_s=GRACE_S + 20)
     record_property("sigterm_exit_s", stop_s)
     log.info("executor.exited after_s=%s", stop_s)
 
@@ -71,15 +64,9 @@ async def test_an_agent_that_ignores_cancellation_does_not_keep_the_executor_fro
     instance = await cluster.emit("stubborn")
     await cluster.reach(instance, Status.RUNNING)
 
-    executor.send(signal.SIGTERM)
-    signalled = time.monotonic()
-
-    async def exited() -> bool:
-        return not executor.alive
-
     bound_s = 1 + service.STUCK_S + common.LEFTOVER_S
-    await cluster.until(exited, timeout_s=bound_s + 20, what="executor exited")
-    record_property("stubborn_exit_s", round(time.monotonic() - signalled, 2))
+    stop_s = await _sigterm_until_exited(cluster, executor, timeout_s=bound_s + 20)
+    record_property("stubborn_exit_s", stop_s)
 
     assert executor.proc.returncode == 0
     assert executor.logged("executor.runs_stuck", runs=1)
@@ -87,3 +74,15 @@ async def test_an_agent_that_ignores_cancellation_does_not_keep_the_executor_fro
     assert row is not None and row.status is Status.RUNNING
     alive_key: int = await cluster.redis.exists(cluster.keys.alive(executor.consumer))
     assert alive_key == 0
+
+
+async def _sigterm_until_exited(cluster: Cluster, executor: Role, *, timeout_s: float) -> float:
+    """SIGTERM `executor` and wait until it has exited; seconds it took, to 0.01 s."""
+    executor.send(signal.SIGTERM)
+    signalled = time.monotonic()
+
+    async def exited() -> bool:
+        return not executor.alive
+
+    await cluster.until(exited, timeout_s=timeout_s, what="executor exited")
+    return round(time.monotonic() - signalled, 2)

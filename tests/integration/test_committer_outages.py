@@ -21,7 +21,7 @@ from taskstream.executor.committer import Committer
 from taskstream.executor.outcome import RunEnd, succeeded
 from taskstream.executor.retry import Failure
 from tests.integration import outages
-from tests.integration.harness import T0
+from tests.integration.harness import T0, Harness
 from tests.integration.outages import no_dead_letters
 
 
@@ -78,9 +78,7 @@ async def test_a_failed_ack_in_a_refused_batch_does_not_keep_the_rest_from_their
         committed = committer.enqueue(runs[second.id], succeeded({}))
         await h.redis.delete(h.keys.stream(Priority.HIGH))
         await h.redis.set(h.keys.stream(Priority.HIGH), "not a stream")
-        stop = asyncio.Event()
-        stop.set()
-        await committer.run(stop)
+        await _commit_queued(committer)
 
         with pytest.raises(Exception, match="WRONGTYPE"):
             unacked.result()
@@ -112,9 +110,7 @@ async def test_a_failed_move_out_of_timeout_does_not_hold_back_the_acks_of_its_b
         committer = Committer(store, h.redis, h.keys, h.clock, Random(7), dead=no_dead_letters)
         timed_out = committer.enqueue(runs[late.id], RunEnd("timeout", failure=Failure.TIMEOUT))
         committed = committer.enqueue(runs[done.id], succeeded({}))
-        stop = asyncio.Event()
-        stop.set()
-        await committer.run(stop)  # one batch, then the queue is empty
+        await _commit_queued(committer)  # one batch, then the queue is empty
 
         assert committed.result() is True
         with pytest.raises(StoreUnavailable):
@@ -126,10 +122,7 @@ async def test_a_failed_move_out_of_timeout_does_not_hold_back_the_acks_of_its_b
         assert (await _status(store, late.id)) == (Status.TIMEOUT, None)
 
         store.refused = ""
-        sweeper = h.sweeper()
-        for _ in range(2):
-            h.clock.advance(60_000)
-            await sweeper.sweep_once()
+        await _sweep_past_leases(h)
         assert (await _status(store, late.id)) == (Status.FAILED, FailClass.EXHAUSTED)
         assert (await _status(store, done.id)) == (Status.SUCCESS, None)
     finally:
@@ -161,21 +154,31 @@ async def test_a_timeout_left_behind_is_finished_under_the_tasks_retry_on(
         [run] = await (await outages.intake(h, "c1")).admit(deliveries)
         committer = Committer(store, h.redis, h.keys, h.clock, Random(7), dead=no_dead_letters)
         timed_out = committer.enqueue(run, RunEnd("timeout", failure=Failure.TIMEOUT))
-        stop = asyncio.Event()
-        stop.set()
-        await committer.run(stop)
+        await _commit_queued(committer)
         with pytest.raises(StoreUnavailable):
             timed_out.result()
         assert (await _status(store, row.id)) == (Status.TIMEOUT, None)
 
         store.refused = ""
-        sweeper = h.sweeper()
-        for _ in range(2):
-            h.clock.advance(60_000)
-            await sweeper.sweep_once()
+        await _sweep_past_leases(h)
         assert (await _status(store, row.id)) == (Status.FAILED, FailClass.FATAL)
     finally:
         await store.close()
+
+
+async def _commit_queued(committer: Committer) -> None:
+    """Run the committer over what is queued, then let it end."""
+    stop = asyncio.Event()
+    stop.set()
+    await committer.run(stop)
+
+
+async def _sweep_past_leases(h: Harness) -> None:
+    """Two sweeps, each a minute on: past a 30 s lease, then past the sweeper's idle time."""
+    sweeper = h.sweeper()
+    for _ in range(2):
+        h.clock.advance(60_000)
+        await sweeper.sweep_once()
 
 
 async def _status(store: SqlStore, instance_id: str) -> tuple[Status, FailClass | None]:
