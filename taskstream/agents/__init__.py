@@ -11,13 +11,14 @@ from taskstream.agents.errors import (
     UpstreamUnavailable,
 )
 from taskstream.agents.registry import Registry, default_registry
-from taskstream.agents.upstream import UpstreamAccess, UpstreamClient
+from taskstream.agents.upstream import CallTicket, UpstreamAccess, UpstreamClient
 from taskstream.agents.upstream_response import UpstreamResponse
 
 __all__ = [
     "Agent",
     "AgentContext",
     "AgentError",
+    "CallTicket",
     "FatalError",
     "NeedsReview",
     "Registry",

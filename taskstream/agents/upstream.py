@@ -72,20 +72,35 @@ _UPSTREAM_FAULTS = (
 """Errors after which the upstream is to blame: no (usable) answer came back."""
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class CallTicket:
+    """One call `UpstreamAccess.acquire` admitted, handed back with its `sending` and its
+    `record`: so the report made for a call is that call's own, even when a run has several
+    calls to one upstream in flight (a half-open probe among them). Compared by identity.
+
+    `probe_round`: the round of the half-open probe the call was admitted as, if it was;
+    `hit`: its member in the upstream's sliding window, if the upstream has a limit."""
+
+    upstream: str
+    probe_round: int | None = None
+    hit: str | None = None
+
+
 class UpstreamAccess(Protocol):
     """Admission to named upstreams for one run: the executor binds its gate as this."""
 
-    async def acquire(self, name: str) -> int | None:
-        """Take one call to upstream `name`: None when it may go now, else the wait (ms)."""
+    async def acquire(self, name: str) -> CallTicket | int:
+        """Take one call to upstream `name`: its ticket when it may go now, else the wait
+        (ms)."""
         ...
 
-    async def record(self, name: str, outcome: Outcome) -> int | None:
-        """Report the outcome of a call that `acquire` admitted. For a failure that leaves the
+    async def record(self, ticket: CallTicket, outcome: Outcome) -> int | None:
+        """Report the outcome of the call `ticket` admitted. For a failure that leaves the
         breaker open: the cool-down left (ms, >= 1), by which the run is deferred; else None."""
         ...
 
-    async def sending(self, name: str) -> bool:
-        """An admitted call to `name` is sending its request now (its hit in the limiter's
+    async def sending(self, ticket: CallTicket) -> bool:
+        """The call `ticket` admitted is sending its request now (its hit in the limiter's
         window moves to now). False when its admission went stale: it must not be sent."""
         ...
 
@@ -96,26 +111,27 @@ class _StaleAdmission(Exception):
 
 
 def _on_headers_out(
-    access: UpstreamAccess, upstream: str
+    access: UpstreamAccess, ticket: CallTicket
 ) -> Callable[[str, dict[str, Any]], Awaitable[None]]:
     """An httpcore trace hook: when the request's headers are about to go out (after any
     connection setup), tell `access` the call is sending, and stop it if its admission went
     stale."""
 
     async def trace(event: str, info: dict[str, Any]) -> None:
-        if event in _HEADERS_OUT and not await access.sending(upstream):
-            raise _StaleAdmission(upstream)
+        if event in _HEADERS_OUT and not await access.sending(ticket):
+            raise _StaleAdmission(ticket.upstream)
 
     return trace
 
 
 @dataclass(frozen=True, slots=True)
 class _Call:
-    """One call as it may be logged: no headers, no query."""
+    """One call as it may be logged (no headers, no query), with its admission, if any."""
 
     upstream: str | None
     method: str
     url: str
+    ticket: CallTicket | None = None
 
     @property
     def text(self) -> str:
@@ -172,16 +188,15 @@ class UpstreamClient:
         request that cannot be sent. With `check=False` every response is returned
         (its outcome is still recorded). `timeout_s` and `max_body_bytes` default to the client's.
         """
-        call = _Call(upstream, method, url)
         limit_s = self.timeout_s if timeout_s is None else timeout_s
         cap = self.max_body_bytes if max_body_bytes is None else max_body_bytes
-        await self._admit(upstream)
+        call = _Call(upstream, method, url, await self._admit(upstream))
         started = time.monotonic()
         try:
             response = await self._send(
                 method,
                 url,
-                upstream,
+                call.ticket,
                 (limit_s, cap),
                 headers=request_headers(headers),
                 params=params,
@@ -218,28 +233,33 @@ class UpstreamClient:
             self._own = httpx.AsyncClient(follow_redirects=False)
         return self._own
 
-    async def _admit(self, upstream: str | None) -> None:
-        if upstream is None or self._access is None:
-            return
-        try:
-            wait_ms = await self._access.acquire(upstream)
-        except QueueUnavailable as exc:
-            self._log.warning("upstream.guard_unavailable", upstream=upstream, error=str(exc)[:300])
-            wait_ms = GUARD_DOWN_WAIT_MS
-        if wait_ms is not None:
-            self._log.info("upstream.call_deferred", upstream=upstream, retry_after_ms=wait_ms)
-            raise UpstreamDeferred(upstream, wait_ms)
-
-    async def _record(self, upstream: str | None, outcome: Outcome) -> int | None:
-        """Report to the breaker; returns the cool-down left (ms) when a failure left it open.
-        The call has happened: an unreachable breaker store costs one observation, never the
-        call's result."""
+    async def _admit(self, upstream: str | None) -> CallTicket | None:
+        """The call's ticket (None: no upstream or no access, nothing to admit); raises
+        `UpstreamDeferred` when the call may not go now."""
         if upstream is None or self._access is None:
             return None
         try:
-            return await self._access.record(upstream, outcome)
+            admitted = await self._access.acquire(upstream)
         except QueueUnavailable as exc:
-            self._log.warning("upstream.record_lost", upstream=upstream, error=str(exc)[:300])
+            self._log.warning("upstream.guard_unavailable", upstream=upstream, error=str(exc)[:300])
+            admitted = GUARD_DOWN_WAIT_MS
+        if isinstance(admitted, CallTicket):
+            return admitted
+        self._log.info("upstream.call_deferred", upstream=upstream, retry_after_ms=admitted)
+        raise UpstreamDeferred(upstream, admitted)
+
+    async def _record(self, ticket: CallTicket | None, outcome: Outcome) -> int | None:
+        """Report to the breaker; returns the cool-down left (ms) when a failure left it open.
+        The call has happened: an unreachable breaker store costs one observation, never the
+        call's result."""
+        if ticket is None or self._access is None:
+            return None
+        try:
+            return await self._access.record(ticket, outcome)
+        except QueueUnavailable as exc:
+            self._log.warning(
+                "upstream.record_lost", upstream=ticket.upstream, error=str(exc)[:300]
+            )
             return None
 
     def _outage(self, error: Exception, open_ms: int | None) -> Exception:
@@ -258,17 +278,17 @@ class UpstreamClient:
         self,
         method: str,
         url: str,
-        upstream: str | None,
+        ticket: CallTicket | None,
         limits: tuple[float, int],
         **kwargs: Any,
     ) -> UpstreamResponse:
-        """Send the request; with an `upstream`, tell the run's access when its headers go
-        out (`_on_headers_out`). `limits`: (total timeout in s, body bytes read)."""
+        """Send the request; with a `ticket`, tell the run's access when its headers go out
+        (`_on_headers_out`). `limits`: (total timeout in s, body bytes read)."""
         timeout_s, max_body_bytes = limits
         client = self._client()
         request = client.build_request(method, url, timeout=httpx.Timeout(timeout_s), **kwargs)
-        if upstream is not None and self._access is not None:
-            request.extensions["trace"] = _on_headers_out(self._access, upstream)
+        if ticket is not None and self._access is not None:
+            request.extensions["trace"] = _on_headers_out(self._access, ticket)
         async with asyncio.timeout(timeout_s):
             response = await client.send(request, stream=True)
             try:
@@ -287,7 +307,7 @@ class UpstreamClient:
         self, call: _Call, response: UpstreamResponse, elapsed_ms: int, check: bool
     ) -> UpstreamResponse:
         outcome = outcome_of(response.status)
-        open_ms = await self._record(call.upstream, outcome)
+        open_ms = await self._record(call.ticket, outcome)
         self._log.info(
             "upstream.call",
             **call.fields(),
@@ -320,7 +340,7 @@ class UpstreamClient:
                 f"{call.text} could not be sent: {kind}", upstream=upstream, status=None
             )
         outcome = Outcome.FAILURE if isinstance(error, UpstreamUnavailable) else Outcome.IGNORE
-        open_ms = await self._record(upstream, outcome)
+        open_ms = await self._record(call.ticket, outcome)
         self._log.warning(
             "upstream.call_failed",
             **call.fields(),

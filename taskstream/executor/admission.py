@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from taskstream.agents.upstream import CallTicket
 from taskstream.core.definitions import UpstreamCache
 from taskstream.core.errors import StoreUnavailable
 from taskstream.core.logging import get_logger
@@ -225,8 +226,11 @@ class RunUpstreams:
     """One run's `UpstreamAccess` (what its `UpstreamClient` asks), over the process's gate.
 
     The run was admitted once per declared upstream before its agent started; the client's
-    first call to each of those uses that admission, later calls are admitted anew. After the
-    run, `settle` records the run's outcome for exactly the admissions no call reported on:
+    first call to each of those uses that admission, later calls are admitted anew. Each
+    admitted call holds a `CallTicket` with what its admission took (its half-open probe, its
+    window hit), and its report is made with that ticket: a run's calls to one upstream may
+    overlap, and one call's outcome must not be taken for another's probe. After the run,
+    `settle` records the run's outcome for exactly the admissions no call reported on:
     declared upstreams the client never called, and calls cut short by cancellation. So each
     admitted call is recorded in its breaker once.
     """
@@ -241,63 +245,53 @@ class RunUpstreams:
         """`hits`: the window hits of the admissions in `admitted`, by upstream; `probes`:
         the rounds of those of them admitted as half-open probes, by upstream."""
         self._gate = gate
-        self._spare = set(admitted)
-        self._called: set[str] = set()
-        self._open: dict[str, int] = {}  # admitted calls not reported yet, by upstream
-        self._unsent: dict[str, list[str]] = {name: [hit] for name, hit in hits.items()}
-        self._probes = {name: [round_] for name, round_ in (probes or {}).items()}
-        """Rounds of the probe admissions not reported yet, by upstream, oldest first: the
-        first reports to each carry the probes' outcomes (one run's calls to one upstream
-        follow each other)."""
+        rounds = probes or {}
+        self._spare = {
+            name: CallTicket(name, rounds.get(name), hits.get(name)) for name in admitted
+        }
+        """The run's own admissions no call has used yet, by upstream."""
+        self._open: list[CallTicket] = []
+        """Tickets of admitted calls not reported yet, in admission order."""
 
-    async def acquire(self, name: str) -> int | None:
-        """Admit one call to `name` (the run's spare admission first); None or a wait (ms)."""
-        self._called.add(name)
-        hit: str | None = None
-        if name in self._spare:
-            self._spare.discard(name)
-            wait_ms = None
-        else:
+    async def acquire(self, name: str) -> CallTicket | int:
+        """Admit one call to `name` (the run's spare admission first): its ticket, or a wait
+        (ms)."""
+        ticket = self._spare.pop(name, None)
+        if ticket is None:
             wait_ms, hit, probe_round = await self._gate.admit_call(name)
-            if wait_ms is None and probe_round is not None:
-                self._probes.setdefault(name, []).append(probe_round)
-        if wait_ms is None:
-            self._open[name] = self._open.get(name, 0) + 1
-            if hit is not None:
-                self._unsent.setdefault(name, []).append(hit)
-        return wait_ms
+            if wait_ms is not None:
+                return wait_ms
+            ticket = CallTicket(name, probe_round, hit)
+        self._open.append(ticket)
+        return ticket
 
-    async def sending(self, name: str) -> bool:
-        """An admitted call to `name` is being sent now: move one of its unsent hits to now.
-        Any one keeps the count sound (each call sent has a hit at its send time; a hit of a
-        call that never went out only counts longer); the newest is the least likely to be
-        stale. False when that hit is stale: the call must not go out."""
-        unsent = self._unsent.get(name)
-        if not unsent:
+    async def sending(self, ticket: CallTicket) -> bool:
+        """The call of `ticket` is being sent now: move its window hit to now. False when
+        that hit is stale: the call must not go out."""
+        if ticket.hit is None:
             return True
-        return await self._gate.restamp(name, unsent.pop())
+        return await self._gate.restamp(ticket.upstream, ticket.hit)
 
-    async def record(self, name: str, outcome: Outcome) -> int | None:
-        """Record one admitted call's outcome in `name`'s breaker; for a failure that leaves
-        it open, the cool-down left (ms) to defer the run by (see `UpstreamGate.record_call`)."""
-        self._open[name] = max(0, self._open.get(name, 0) - 1)
-        return await self._gate.record_call(name, outcome, probe_round=self._probe_reported(name))
+    async def record(self, ticket: CallTicket, outcome: Outcome) -> int | None:
+        """Record the outcome of the call of `ticket` in its upstream's breaker, with the
+        probe it was admitted as (if any); for a failure that leaves the breaker open, the
+        cool-down left (ms) to defer the run by (see `UpstreamGate.record_call`). A ticket
+        already reported (or settled) is not recorded again."""
+        if not any(ticket is held for held in self._open):
+            return None
+        self._open = [held for held in self._open if held is not ticket]
+        return await self._report(ticket, outcome)
 
-    def _probe_reported(self, name: str) -> int | None:
-        """The round of the probe whose report is now made for `name` (uses it up), or None
-        when the report is not a probe's."""
-        rounds = self._probes.get(name)
-        return rounds.pop(0) if rounds else None
+    async def _report(self, ticket: CallTicket, outcome: Outcome) -> int | None:
+        return await self._gate.record_call(
+            ticket.upstream, outcome, probe_round=ticket.probe_round
+        )
 
-    async def settle(self, declared: Sequence[str], outcome: Outcome) -> int | None:
+    async def settle(self, outcome: Outcome) -> int | None:
         """After the run: record `outcome` for the admissions that no call has reported on.
         When such a failure leaves a breaker open, the longest cool-down left (ms): the run
         is then deferred like a failed call through the client (see `record_call`)."""
-        unused = [name for name in declared if name not in self._called]
-        unreported = [name for name, count in self._open.items() for _ in range(count)]
-        self._open.clear()
-        waits = [
-            await self._gate.record_call(name, outcome, probe_round=self._probe_reported(name))
-            for name in [*unused, *unreported]
-        ]
+        unreported = [*self._spare.values(), *self._open]
+        self._spare, self._open = {}, []
+        waits = [await self._report(ticket, outcome) for ticket in unreported]
         return max((w for w in waits if w is not None), default=None)

@@ -143,14 +143,14 @@ async def _admitted_call(
         end = await _call(run, ctx, params, limit)
     except asyncio.CancelledError:
         if access is not None:  # a trial call it was admitted as must not stay taken
-            await _give_back(access, upstreams, log)
+            await _give_back(access, log)
         raise
     finally:
         await ctx.http.aclose()
     if access is None:
         return end
     try:
-        wait_ms = await access.settle(upstreams, _breaker_outcome(end))
+        wait_ms = await access.settle(_breaker_outcome(end))
     except Exception as exc:
         # The agent has run: its end stands; only the breakers miss this outcome.
         log.warning("upstream.settle_failed", error_type=type(exc).__name__, error=str(exc)[:300])
@@ -205,15 +205,11 @@ async def _call(run: Run, ctx: AgentContext, params: BaseModel, limit: TimeLimit
     return succeeded(result)
 
 
-async def _give_back(
-    access: RunUpstreams, upstreams: tuple[str, ...], log: FilteringBoundLogger
-) -> None:
+async def _give_back(access: RunUpstreams, log: FilteringBoundLogger) -> None:
     """Settle a cancelled run's admission as saying nothing (its half-open trial slots
     freed), within `GIVE_BACK_S` and shielded from the cancellation; best effort."""
     try:
-        await asyncio.shield(
-            asyncio.wait_for(access.settle(upstreams, Outcome.IGNORE), GIVE_BACK_S)
-        )
+        await asyncio.shield(asyncio.wait_for(access.settle(Outcome.IGNORE), GIVE_BACK_S))
     except Exception as exc:  # the slots then free when their trial times out
         log.warning("upstream.give_back_failed", error_type=type(exc).__name__)
 

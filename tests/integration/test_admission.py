@@ -246,10 +246,10 @@ async def test_a_run_admitted_before_the_breaker_opened_does_not_decide_its_prob
     await RedisRig(h.redis, h.keys).wait_until_ms(opened.since_ms + cfg.cooldown_ms)
     probe = await gate.admit_run(["api"])
     assert isinstance(probe, RunUpstreams)
-    await old.settle(["api"], Outcome.SUCCESS)
+    await old.settle(Outcome.SUCCESS)
     assert (await breakers.state("api")).status is BreakerStatus.HALF_OPEN
     assert (await gate.admit_call("api"))[0] is not None  # the probe is still out
-    await probe.settle(["api"], Outcome.SUCCESS)
+    await probe.settle(Outcome.SUCCESS)
     assert (await breakers.state("api")).status is BreakerStatus.CLOSED
 
 
@@ -273,11 +273,58 @@ async def test_a_probe_run_that_outlived_its_slot_does_not_decide_the_next_probe
     second = await gate.admit_run(["api"])
     assert isinstance(second, RunUpstreams)
     held = await breakers.state("api")
-    await slow.settle(["api"], outcome)
+    await slow.settle(outcome)
     assert await breakers.state("api") == held
     assert isinstance(await gate.admit_run(["api"]), int)  # the second probe is still out
-    await second.settle(["api"], Outcome.SUCCESS)
+    await second.settle(Outcome.SUCCESS)
     assert (await breakers.state("api")).status is BreakerStatus.CLOSED
+
+
+async def test_a_calls_report_decides_only_its_own_probe(h: Harness) -> None:
+    """`probes` 1. A run's first call goes out on its admission while the breaker is closed;
+    other runs trip it; after the cool-down the same run's second call to that upstream is
+    admitted as the probe while the first is still in flight. The first call failing (it
+    was in flight when the breaker opened) must not re-open the breaker nor free the
+    probe: only the second call's report decides it."""
+    await h.store.upsert_upstreams({"llm": {"limit": 10, "window": 60.0, "burst": None}})
+    clock = FixedClock(h.clock.now_ms())
+    breakers = MemoryBreakers(clock)
+    cfg = BreakerConfig(failure_threshold=1, cooldown_ms=1_000, probes=1)
+    gate = UpstreamGate(h.store, MemoryLimiter(clock), breakers, cfg)
+    run = await gate.admit_run(["llm"])
+    assert isinstance(run, RunUpstreams)
+    early = await run.acquire("llm")
+    assert not isinstance(early, int) and early.probe_round is None
+    assert await gate.record_call("llm", Outcome.FAILURE, probe_round=None) is not None
+    clock.advance(cfg.cooldown_ms)
+    probe = await run.acquire("llm")
+    assert not isinstance(probe, int) and probe.probe_round is not None
+    await run.record(early, Outcome.FAILURE)
+    state = await breakers.state("llm")
+    assert (state.status, state.probes_admitted) == (BreakerStatus.HALF_OPEN, 1)
+    assert await run.record(probe, Outcome.SUCCESS) is None
+    assert (await breakers.state("llm")).status is BreakerStatus.CLOSED
+    await run.settle(Outcome.FAILURE)  # both calls reported: nothing is left to settle
+    assert (await breakers.state("llm")).status is BreakerStatus.CLOSED
+
+
+async def test_a_sent_call_moves_its_own_hit(h: Harness) -> None:
+    """Two calls of one run are admitted at different times; the later one is sent first.
+    Its own window hit moves to the send time; the earlier call's hit stays where it was."""
+    await h.store.upsert_upstreams({"llm": {"limit": 10, "window": 60.0, "burst": None}})
+    clock = FixedClock(h.clock.now_ms())
+    limiter = MemoryLimiter(clock)
+    gate = UpstreamGate(h.store, limiter, MemoryBreakers(clock))
+    run = gate.bind(())
+    first = await run.acquire("llm")
+    clock.advance(1_000)
+    second = await run.acquire("llm")
+    assert not isinstance(first, int) and not isinstance(second, int)
+    clock.advance(1_000)
+    assert await run.sending(second)
+    hits = limiter._hits["llm"]
+    assert first.hit is not None and second.hit is not None
+    assert (hits[first.hit], hits[second.hit]) == (clock.now_ms() - 2_000, clock.now_ms())
 
 
 class _BlipOnce(MemoryLimiter):
@@ -303,7 +350,7 @@ async def test_an_admission_that_fails_midway_gives_back_its_half_open_probe(h: 
     gate = UpstreamGate(h.store, limiter, breakers, config)
     opened = await gate.admit_run(["llm"])
     assert isinstance(opened, RunUpstreams)
-    await opened.settle(["llm"], Outcome.FAILURE)
+    await opened.settle(Outcome.FAILURE)
     clock.advance(30_000)
     limiter.blip = True
     with pytest.raises(GuardUnavailable):

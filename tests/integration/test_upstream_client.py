@@ -15,7 +15,12 @@ import pytest
 from structlog.testing import capture_logs
 
 from taskstream.agents.errors import UpstreamDeferred, UpstreamRejected, UpstreamUnavailable
-from taskstream.agents.upstream import GUARD_DOWN_WAIT_MS, STALE_WAIT_MS, UpstreamClient
+from taskstream.agents.upstream import (
+    GUARD_DOWN_WAIT_MS,
+    STALE_WAIT_MS,
+    CallTicket,
+    UpstreamClient,
+)
 from taskstream.core import streams
 from taskstream.core.protocol import Keys
 from taskstream.core.store.sql import SqlStore
@@ -242,7 +247,7 @@ async def test_the_first_call_uses_the_runs_admission_and_later_ones_acquire(
         with pytest.raises(UpstreamDeferred):
             await client.get(server.url(), upstream="api")
         await client.aclose()
-    await access.settle(["api"], Outcome.SUCCESS)
+    await access.settle(Outcome.SUCCESS)
     assert (await breaker(redis, keys)).window_calls == 2  # the two calls, not the run again
 
 
@@ -261,7 +266,7 @@ async def test_settle_records_unused_upstreams_and_interrupted_calls(
             await call
         await client.aclose()
     assert (await breaker(redis, keys)).window_calls == 0
-    await access.settle(["api", "other"], Outcome.FAILURE)
+    await access.settle(Outcome.FAILURE)
     assert (await breaker(redis, keys, "api")).window_failures == 1
     assert (await breaker(redis, keys, "other")).window_failures == 1
 
@@ -302,15 +307,15 @@ class DownGuard:
     def __init__(self, admits: bool) -> None:
         self.admits = admits
 
-    async def acquire(self, name: str) -> int | None:
+    async def acquire(self, name: str) -> CallTicket | int:
         if not self.admits:
             raise GuardUnavailable("redis down")
-        return None
+        return CallTicket(name)
 
-    async def record(self, name: str, outcome: Outcome) -> None:
+    async def record(self, ticket: CallTicket, outcome: Outcome) -> None:
         raise GuardUnavailable("redis down")
 
-    async def sending(self, name: str) -> bool:
+    async def sending(self, ticket: CallTicket) -> bool:
         return True
 
 
