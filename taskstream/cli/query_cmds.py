@@ -153,7 +153,8 @@ def inspect_cmd(instance_id: str = typer.Argument(...), as_json: bool = JSON_OPT
             h["to_status"],
             str(h["attempt"]),
             h["owner"] or "",
-            h["reason"],
+            # A person's note is their text: shown as written, never read as markup.
+            Text(h["reason"] if h["note"] is None else f"{h['reason']}: {h['note']}"),
         )
     console.print(table)
 

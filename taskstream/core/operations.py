@@ -67,6 +67,7 @@ async def requeue(
         attempt=row.attempt,
         owner=who,
         error=f"requeued by {who}: {why}",
+        note=why,
     )
     if not cas.ok:
         raise TaskstreamError(f"instance {instance_id} changed meanwhile (now {cas.found})")

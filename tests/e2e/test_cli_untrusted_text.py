@@ -4,11 +4,14 @@ that are not UTF-8 are shown escaped instead of failing the command."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
 import redis
 
+from taskstream.core.states import FailClass, Status
+from taskstream.core.store.sql import SqlStore
 from tests.e2e.cli_rig import applied
 
 ON_DEMAND = "tasks:\n  - {id: od, agent: echo}\n"
@@ -42,3 +45,34 @@ def test_inspect_prints_a_payload_with_brackets_as_it_is(tmp_path: Path, redis_u
         shown = cli("inspect", instance_id)
     assert f"payload: {{'note': '{MARKUP}'}}" in shown
     assert f"id: {instance_id}" in shown
+
+
+async def _poisoned(url: str, instance_id: str) -> None:
+    """Fail the dispatched instance as an executor that could not decode its entry would."""
+    store = await SqlStore.connect(url)
+    try:
+        cas = await store.transition(
+            instance_id,
+            Status.DISPATCHED,
+            Status.FAILED,
+            reason="undecodable",
+            fail_class=FailClass.POISON,
+        )
+        assert cas.ok
+    finally:
+        await store.close()
+
+
+def test_a_retry_reason_is_kept_in_the_history_and_shown_as_it_is(
+    tmp_path: Path, redis_url: str
+) -> None:
+    with applied(tmp_path, redis_url, {"tasks.yaml": ON_DEMAND}) as cli:
+        instance_id = cli("trigger", "od").split()[2]
+        asyncio.run(_poisoned(cli.env["TASKSTREAM_DATABASE_URL"], instance_id))
+        cli("retry", instance_id, "--reason", MARKUP)
+        shown = cli("inspect", instance_id)
+        [requeued] = [
+            h for h in json.loads(cli("inspect", instance_id, "--json"))["history"] if h["note"]
+        ]
+    assert (requeued["reason"], requeued["note"]) == ("requeued", MARKUP)
+    assert f"requeued: {MARKUP}" in shown

@@ -60,11 +60,13 @@ async def test_requeue_gives_a_failed_instance_a_new_budget(h: Harness) -> None:
         await ex.close()
     history = await h.store.history(row.id)
     requeue = next(x for x in history if x.reason == "requeued")
-    assert (requeue.from_status, requeue.to_status, requeue.owner) == (
+    assert (requeue.from_status, requeue.to_status, requeue.owner, requeue.note) == (
         Status.FAILED,
         Status.PENDING,
         "ops",
+        "upstream fixed",
     )
+    assert [x.note for x in history if x is not requeue] == [None] * (len(history) - 1)
     with pytest.raises(TaskstreamError, match="only FAILED"):
         await operations.requeue(h.outbox, row.id, who="ops", why="again", now_ms=0)
 

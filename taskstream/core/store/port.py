@@ -134,9 +134,11 @@ class Store(Protocol):
         error: str | None = None,
         next_attempt_at_ms: int | None = None,
         lease_until: int | None = None,
+        note: str | None = None,
     ) -> CasResult:
         """CAS src -> dst (and attempt == `attempt`, and the lease still ending at
-        `lease_until` ms, when given), plus a history row."""
+        `lease_until` ms, when given), plus a history row (carrying `note`, the why a
+        person gave for the move)."""
         ...
 
     async def claim(

@@ -94,6 +94,8 @@ class HistoryRow:
     owner: str | None
     reason: str
     at_ms: int
+    note: str | None = None
+    """What the person who made the move gave as its why (`retry --reason`), else None."""
 
 
 @dataclass(frozen=True, slots=True)

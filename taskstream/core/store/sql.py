@@ -162,10 +162,12 @@ class SqlStore(DefinitionMethods, OutboxMethods, SchedulingMethods):
         error: str | None = None,
         next_attempt_at_ms: int | None = None,
         lease_until: int | None = None,
+        note: str | None = None,
     ) -> CasResult:
         """CAS src -> dst (and attempt == `attempt` when given) plus a history row.
         `lease_until` (ms): move only while the lease still ends there, as it was read; a
-        heartbeat that extended it since makes the CAS lose (found RUNNING).
+        heartbeat that extended it since makes the CAS lose (found RUNNING). `note`: the why
+        a person gave for the move, kept with its history row (cut to `NOTE_LEN` chars).
 
         Sets `fail_class` (None unless FAILED) and `next_attempt_at_ms` (None clears it), sets
         `last_error` when `error` is given, and clears the lease unless dst is RUNNING. Entering
@@ -191,6 +193,7 @@ class SqlStore(DefinitionMethods, OutboxMethods, SchedulingMethods):
             error=error,
             next_attempt_at_ms=next_attempt_at_ms,
             lease_until=lease_until,
+            note=note,
         )
         async with self._write() as conn:
             for _ in range(2):

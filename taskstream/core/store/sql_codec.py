@@ -16,7 +16,7 @@ from taskstream.core.errors import StoreError
 from taskstream.core.states import FailClass, Status
 from taskstream.core.store.port import DecisionRow, DefinitionRecord, HistoryRow, InstanceRow
 from taskstream.core.store.records import stored_json
-from taskstream.core.store.tables import REASON_LEN
+from taskstream.core.store.tables import NOTE_LEN, REASON_LEN
 
 ERROR_MAX_CHARS = 10_000
 """`last_error` is cut to this many characters (a MySQL TEXT holds 64 KiB of utf8mb4)."""
@@ -42,6 +42,11 @@ def loads(text: str | None) -> Any:
 def reason(text: str) -> str:
     """A history or decision reason, cut to the column's width."""
     return text[:REASON_LEN]
+
+
+def note(text: str | None) -> str | None:
+    """A history note, cut to the column's width (characters); None stays None."""
+    return None if text is None else text[:NOTE_LEN]
 
 
 def error_text(text: str | None) -> str | None:
@@ -101,6 +106,7 @@ def history_row(m: RowMapping) -> HistoryRow:
         owner=m["owner"],
         reason=m["reason"],
         at_ms=int(m["at_ms"]),
+        note=m["note"],
     )
 
 

@@ -19,7 +19,7 @@ from taskstream.core.store import sql_codec as codec
 from taskstream.core.store.dbclock import db_now_ms
 from taskstream.core.store.port import HistoryRow, InstanceRow, NewInstance
 from taskstream.core.store.sql_queries import chunks
-from taskstream.core.store.tables import OWNER_LEN, STATUS_LEN, side_effects
+from taskstream.core.store.tables import NOTE_LEN, OWNER_LEN, STATUS_LEN, side_effects
 from taskstream.core.store.tables import instance_history as hist
 from taskstream.core.store.tables import task_instances as inst
 
@@ -152,9 +152,12 @@ async def append_history(
     dst: Status,
     owner: str | None,
     reason: str,
+    note: str | None = None,
 ) -> None:
-    """Append one history row, copying `attempt` and the time from the row just written."""
-    source = select(
+    """Append one history row, copying `attempt` and the time from the row just written.
+    The `note` column is written only with a note: rows without one are written as before
+    it existed."""
+    fields = [
         inst.c.id,
         literal(None if src is None else src.value, String(STATUS_LEN)),
         literal(dst.value, String(STATUS_LEN)),
@@ -162,8 +165,12 @@ async def append_history(
         literal(owner, String(OWNER_LEN)),
         literal(codec.reason(reason), String()),
         inst.c.updated_at_ms,
-    ).where(inst.c.id == instance_id)
+    ]
     columns = ["instance_id", "from_status", "to_status", "attempt", "owner", "reason", "at_ms"]
+    if note is not None:
+        fields.append(literal(codec.note(note), String(NOTE_LEN)))
+        columns.append("note")
+    source = select(*fields).where(inst.c.id == instance_id)
     await conn.execute(insert(hist).from_select(columns, source))
 
 
@@ -180,10 +187,12 @@ async def move(
     error: str | None = None,
     next_attempt_at_ms: int | None = None,
     lease_until: int | None = None,
+    note: str | None = None,
 ) -> bool:
     """CAS `src` -> `dst` (at `attempt`, with the lease ending at `lease_until`, when given)
-    with the columns of `status_values`, and its history row; False, writing nothing, when
-    the row was not so. FAILED -> PENDING (a manual requeue) also moves to attempt + 1."""
+    with the columns of `status_values`, and its history row (with `note`); False, writing
+    nothing, when the row was not so. FAILED -> PENDING (a manual requeue) also moves to
+    attempt + 1."""
     values = status_values(dst, fail_class, error, next_attempt_at_ms)
     if src is Status.FAILED and dst is Status.PENDING:
         # A new life: every entry and run of the failed one is of an older attempt now, so
@@ -191,7 +200,7 @@ async def move(
         values["attempt"] = inst.c.attempt + 1
     if not await cas_update(conn, instance_id, src, attempt, values, lease_until):
         return False
-    await append_history(conn, instance_id, src=src, dst=dst, owner=owner, reason=reason)
+    await append_history(conn, instance_id, src=src, dst=dst, owner=owner, reason=reason, note=note)
     return True
 
 

@@ -62,6 +62,7 @@ KEY_LEN = 255
 STATUS_LEN = 16
 OWNER_LEN = 255
 REASON_LEN = 500
+NOTE_LEN = 500
 
 
 SETTLED_SQL = "CASE WHEN status IN ({}) THEN status END".format(
@@ -149,6 +150,8 @@ instance_history = Table(
     Column("owner", String(OWNER_LEN), nullable=True),
     Column("reason", String(REASON_LEN), nullable=False),
     _ms("at_ms"),
+    # What a person gave as the why of a move they made (`retry --reason`); NULL otherwise.
+    Column("note", String(NOTE_LEN), nullable=True),
     Index("ix_instance_history_instance_id", "instance_id"),
     **MYSQL_OPTIONS,
 )
