@@ -11,7 +11,8 @@ from taskstream.agents.errors import (
     UpstreamUnavailable,
 )
 from taskstream.agents.registry import Registry, default_registry
-from taskstream.agents.upstream import CallTicket, UpstreamAccess, UpstreamClient
+from taskstream.agents.upstream import UpstreamClient
+from taskstream.agents.upstream_access import CallTicket, UpstreamAccess
 from taskstream.agents.upstream_response import UpstreamResponse
 
 __all__ = [

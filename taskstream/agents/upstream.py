@@ -4,7 +4,8 @@ Each call through `UpstreamClient.request` with an `upstream` name:
 
 1. asks the run's `UpstreamAccess` for admission (the shared limiter and circuit breaker of
    that name); a refusal raises `UpstreamDeferred` before anything is sent, and the executor
-   defers the run without spending an attempt;
+   defers the run without spending an attempt (the access and its `CallTicket`:
+   `upstream_access`);
 2. sends the request under a total timeout (seconds) and reads at most `max_body_bytes`;
 3. records the outcome in the breaker and raises the typed error the retry policy reads (see
    `upstream_rules` for the table). A failure that leaves the breaker open (it tripped it, a
@@ -25,9 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 import httpx
 import structlog
@@ -38,6 +38,12 @@ from taskstream.agents.errors import (
     UpstreamOutage,
     UpstreamRejected,
     UpstreamUnavailable,
+)
+from taskstream.agents.upstream_access import (
+    CallTicket,
+    StaleAdmission,
+    UpstreamAccess,
+    on_headers_out,
 )
 from taskstream.agents.upstream_response import UpstreamResponse, read_capped
 from taskstream.agents.upstream_rules import (
@@ -60,8 +66,6 @@ GUARD_DOWN_WAIT_MS: Final = 5_000
 """Deferral (ms) of a call whose limiter or breaker could not be reached."""
 STALE_WAIT_MS: Final = 1_000
 """Deferral (ms) of a call whose admission went stale before its request was sent."""
-_HEADERS_OUT: Final = ("http11.send_request_headers.started", "http2.send_request_headers.started")
-"""httpcore trace events: the request's first bytes are about to go out."""
 
 _UPSTREAM_FAULTS = (
     httpx.NetworkError,
@@ -70,58 +74,6 @@ _UPSTREAM_FAULTS = (
     httpx.DecodingError,
 )
 """Errors after which the upstream is to blame: no (usable) answer came back."""
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class CallTicket:
-    """One call `UpstreamAccess.acquire` admitted, handed back with its `sending` and its
-    `record`: so the report made for a call is that call's own, even when a run has several
-    calls to one upstream in flight (a half-open probe among them). Compared by identity.
-
-    `probe_round`: the round of the half-open probe the call was admitted as, if it was;
-    `hit`: its member in the upstream's sliding window, if the upstream has a limit."""
-
-    upstream: str
-    probe_round: int | None = None
-    hit: str | None = None
-
-
-class UpstreamAccess(Protocol):
-    """Admission to named upstreams for one run: the executor binds its gate as this."""
-
-    async def acquire(self, name: str) -> CallTicket | int:
-        """Take one call to upstream `name`: its ticket when it may go now, else the wait
-        (ms)."""
-        ...
-
-    async def record(self, ticket: CallTicket, outcome: Outcome) -> int | None:
-        """Report the outcome of the call `ticket` admitted. For a failure that leaves the
-        breaker open: the cool-down left (ms, >= 1), by which the run is deferred; else None."""
-        ...
-
-    async def sending(self, ticket: CallTicket) -> bool:
-        """The call `ticket` admitted is sending its request now (its hit in the limiter's
-        window moves to now). False when its admission went stale: it must not be sent."""
-        ...
-
-
-class _StaleAdmission(Exception):
-    """Raised from the trace hook to stop a request whose admission went stale before it was
-    sent; `request` turns it into `UpstreamDeferred`."""
-
-
-def _on_headers_out(
-    access: UpstreamAccess, ticket: CallTicket
-) -> Callable[[str, dict[str, Any]], Awaitable[None]]:
-    """An httpcore trace hook: when the request's headers are about to go out (after any
-    connection setup), tell `access` the call is sending, and stop it if its admission went
-    stale."""
-
-    async def trace(event: str, info: dict[str, Any]) -> None:
-        if event in _HEADERS_OUT and not await access.sending(ticket):
-            raise _StaleAdmission(ticket.upstream)
-
-    return trace
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,7 +155,7 @@ class UpstreamClient:
                 json=json,
                 content=content,
             )
-        except _StaleAdmission:
+        except StaleAdmission:
             # Not sent: nothing to record; the run is deferred and admitted anew.
             self._log.info("upstream.admission_stale", **call.fields())
             raise UpstreamDeferred(upstream or "", STALE_WAIT_MS) from None
@@ -283,12 +235,12 @@ class UpstreamClient:
         **kwargs: Any,
     ) -> UpstreamResponse:
         """Send the request; with a `ticket`, tell the run's access when its headers go out
-        (`_on_headers_out`). `limits`: (total timeout in s, body bytes read)."""
+        (`on_headers_out`). `limits`: (total timeout in s, body bytes read)."""
         timeout_s, max_body_bytes = limits
         client = self._client()
         request = client.build_request(method, url, timeout=httpx.Timeout(timeout_s), **kwargs)
         if ticket is not None and self._access is not None:
-            request.extensions["trace"] = _on_headers_out(self._access, ticket)
+            request.extensions["trace"] = on_headers_out(self._access, ticket)
         async with asyncio.timeout(timeout_s):
             response = await client.send(request, stream=True)
             try:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from taskstream.agents.upstream import CallTicket
+from taskstream.agents.upstream_access import CallTicket
 from taskstream.core.definitions import UpstreamCache
 from taskstream.core.errors import StoreUnavailable
 from taskstream.core.logging import get_logger

@@ -18,9 +18,9 @@ from taskstream.agents.errors import UpstreamDeferred, UpstreamRejected, Upstrea
 from taskstream.agents.upstream import (
     GUARD_DOWN_WAIT_MS,
     STALE_WAIT_MS,
-    CallTicket,
     UpstreamClient,
 )
+from taskstream.agents.upstream_access import CallTicket
 from taskstream.core import streams
 from taskstream.core.protocol import Keys
 from taskstream.core.store.sql import SqlStore
