@@ -42,7 +42,8 @@ from taskstream.executor.intake import DEFAULT_LEASE_S, Run
 
 OVERRUN_S = 10.0
 """How long past its time limit a run may go on (its agent not ending when cancelled) before
-its lease is let go: the slot stays taken, but the sweeper retries the instance elsewhere."""
+its attempt is ended as the timeout it is (`on_overrun`) and its lease let go: the slot stays
+taken until the agent ends, but the instance retries (or fails) under its task's `retry_on`."""
 ENDED_KEPT = 10_000
 """How many ended claims a process remembers (see `Heartbeat.ran`); about 1 MB."""
 
@@ -59,8 +60,12 @@ class Heartbeat:
         clock: Clock,
         *,
         liveness_ttl_s: float,
+        on_overrun: Callable[[Run], None] | None = None,
     ) -> None:
+        """`on_overrun(run)` is called once for a run found `OVERRUN_S` past its time limit
+        (the executor queues its end as a timeout)."""
         self._store, self._redis, self._keys = store, redis, keys
+        self._on_overrun = on_overrun
         self._consumer, self._clock = consumer, clock
         self._ttl_ms = round(liveness_ttl_s * 1000)
         self._runs: dict[tuple[str, int], tuple[Run, asyncio.Task[None]]] = {}
@@ -197,8 +202,8 @@ class Heartbeat:
     async def extend(self) -> None:
         """Extend every tracked run's lease by its own lease length (store), cancel the runs
         that no longer hold one, then reset their entries' idle time (Redis). A run still going
-        `OVERRUN_S` past its time limit (its agent ignored the cancellation) is let go: neither
-        extended nor touched, so the sweeper times it out when its lease ends."""
+        `OVERRUN_S` past its time limit (its agent ignored the cancellation) is let go: handed
+        to `on_overrun` once and cancelled again, then neither extended nor touched."""
         runs = dict(self._runs)
         overran = self._overran(runs, self._clock.now_ms())
         by_length: dict[float, list[tuple[str, int]]] = {}
@@ -208,28 +213,33 @@ class Heartbeat:
         held: set[tuple[str, int]] = set()
         for lease_s, claims in sorted(by_length.items()):
             held |= await self._store.extend_leases(claims, lease_s=lease_s)
-        self._fence(runs, held)
-        kept = [run.delivery for claim, (run, _) in runs.items() if claim not in overran]
-        await streams.touch(self._redis, self._consumer, kept)
+        kept = {claim: runs[claim] for claim in runs if claim not in overran}
+        self._fence(kept, held)
+        await streams.touch(self._redis, self._consumer, [run.delivery for run, _ in kept.values()])
 
     def _overran(
         self, runs: dict[tuple[str, int], tuple[Run, asyncio.Task[None]]], now_ms: int
     ) -> set[tuple[str, int]]:
         """Claims of runs whose agent is still going `OVERRUN_S` after its time limit at
-        `now_ms` (epoch ms); logs each the first time."""
+        `now_ms` (epoch ms). Each is logged, cancelled again and handed to `on_overrun` the
+        first time."""
         late = now_ms - round(OVERRUN_S * 1000)
         overran = set()
         for claim, (run, task) in runs.items():
             if run.ends_by_ms is not None and run.ends_by_ms < late and not task.done():
                 overran.add(claim)
-                if not run.fenced:
-                    self._log.error(
-                        "instance.overran",
-                        instance_id=run.row.id,
-                        attempt=run.token,
-                        ends_by_ms=run.ends_by_ms,
-                    )
+                if not run.overran and not run.fenced:
+                    self._let_go(run, task)
         return overran
+
+    def _let_go(self, run: Run, task: asyncio.Task[None]) -> None:
+        run.overran = True
+        self._log.error(
+            "instance.overran", instance_id=run.row.id, attempt=run.token, ends_by_ms=run.ends_by_ms
+        )
+        task.cancel()
+        if self._on_overrun is not None:
+            self._on_overrun(run)
 
     def _fence(
         self,

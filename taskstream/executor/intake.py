@@ -50,6 +50,9 @@ class Run:
     """Earlier attempts that do not count: released unrun, or before a manual requeue."""
     ends_by_ms: int | None = None
     """When the attempt's time limit ends (epoch ms, the executor's clock); set as it starts."""
+    overran: bool = False
+    """Its agent went on `heartbeat.OVERRUN_S` past the time limit, ignoring the cancellation:
+    the attempt's end was queued as a timeout, and whatever the agent does later is dropped."""
 
     @property
     def token(self) -> int:

@@ -37,9 +37,9 @@ from taskstream.core.states import Status
 from taskstream.core.store.port import FinishRequest, Store
 from taskstream.executor.admission import UpstreamGate
 from taskstream.executor.committer import Committer
-from taskstream.executor.heartbeat import Heartbeat
+from taskstream.executor.heartbeat import OVERRUN_S, Heartbeat
 from taskstream.executor.intake import Intake, Run
-from taskstream.executor.outcome import Plan, failed
+from taskstream.executor.outcome import Plan, failed, timed_out
 from taskstream.executor.runner import RunEnv, execute
 
 ERROR_PAUSE_S = 1.0
@@ -103,6 +103,7 @@ class Executor:
             config.consumer,
             deps.clock,
             liveness_ttl_s=config.liveness_ttl_s,
+            on_overrun=self._overrun,
         )
         self._intake = Intake(
             deps.store,
@@ -252,6 +253,8 @@ class Executor:
                     error_type=type(exc).__name__,
                 )
                 end = failed(exc)
+            if run.overran:  # its end is queued already: what the agent did is dropped
+                return
             # The slot frees as soon as the end is queued, so the next read and claim overlap
             # this run's commit. The run stays tracked, its lease kept, until the commit is
             # done: a commit the store makes wait must not lose the run to a lease timeout.
@@ -259,12 +262,20 @@ class Executor:
             done.add_done_callback(lambda _: self._heartbeat.untrack(run))
             queued = True
         except asyncio.CancelledError:
-            if run.fenced or not self._stopping:
+            if run.fenced or run.overran or not self._stopping:
                 raise
             await self._committer.submit_plan(run, self._release(run))
         finally:
             if not queued:
                 self._heartbeat.untrack(run)
+
+    def _overrun(self, run: Run) -> None:
+        """A run whose agent ignored its cancellation `OVERRUN_S` past its time limit: its
+        attempt ends now as the timeout it is (retried or failed under the task's `retry_on`,
+        its entry acked), while the agent keeps its slot until it ends."""
+        why = f"the attempt ran {OVERRUN_S:g} s past its time limit, ignoring its cancellation"
+        done = self._committer.enqueue(run, timed_out(why))
+        done.add_done_callback(lambda _: self._heartbeat.untrack(run))
 
     async def _marker_set(self) -> None:
         await notify.hint(self._deps.redis, self._deps.keys, "marker")

@@ -68,6 +68,12 @@ tasks:
     deadline: 0.3s
     retry: {max_attempts: 1}
     payload: {seconds: 5}
+  - id: stubborn
+    agent: stubborn
+    timeout: 0.2s
+    lease: 3s
+    retry: {max_attempts: 3, retry_on: [retriable]}
+    payload: {seconds: 1.5}
   - id: big
     agent: slow
     payload: {seconds: 0, blob: "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}

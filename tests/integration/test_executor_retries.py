@@ -17,6 +17,7 @@ from taskstream.core.store.port import InstanceRow
 from taskstream.core.store.sql import SqlStore
 from taskstream.core.store.tables import review_queue
 from taskstream.executor import service
+from taskstream.executor.heartbeat import OVERRUN_S
 from tests.integration.executor_cases import TASKS, harness, reach, run_until, status_of
 from tests.integration.harness import Harness, Running, until
 
@@ -103,6 +104,35 @@ async def test_timeout_goes_through_timeout_to_retry(h: Harness) -> None:
     done = await h.store.get_instance(row.id)
     assert done is not None
     assert done.last_error == "TimeoutError: the attempt ran past its timeout (0.2 s)"
+
+
+async def test_a_run_that_ignores_its_timeout_ends_as_a_timeout_under_retry_on(
+    h: Harness,
+) -> None:
+    """The agent swallows its cancellation and goes on. `OVERRUN_S` past the time limit the
+    executor ends the attempt as the timeout it is: `retry_on: [retriable]` leaves timeouts
+    out, so the instance fails `fatal` at once (not retried as a run whose lease lapsed),
+    its entry is acked, and what the agent returns later is dropped."""
+    row = await h.trigger(TASKS, "stubborn")
+    ex = Running(h.executor())
+
+    async def failed_after_overrun() -> bool:
+        h.clock.advance(round(OVERRUN_S * 1000))  # whenever the run started, it is past
+        return await status_of(h, row.id) is Status.FAILED
+
+    try:
+        await until(failed_after_overrun)
+    finally:
+        await ex.close()  # waits for the agent, which returns meanwhile
+    done = await h.store.get_instance(row.id)
+    assert done is not None
+    assert (done.status, done.fail_class, done.attempt) == (Status.FAILED, FailClass.FATAL, 1)
+    assert done.last_error is not None and "ignoring its cancellation" in done.last_error
+    reasons = [x.reason for x in await h.store.history(row.id)]
+    assert "timeout" in reasons and "lease_expired" not in reasons
+    assert Status.SUCCESS not in [x.to_status for x in await h.store.history(row.id)]
+    pending = await h.redis.xpending(h.keys.stream(Priority.DEFAULT), GROUP)
+    assert pending["pending"] == 0
 
 
 async def test_a_cancellation_inside_the_agent_is_a_retriable_failure(h: Harness) -> None:

@@ -5,6 +5,7 @@ outlive an unexpected error, and the liveness key does not wait for the store.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -315,14 +316,26 @@ async def test_a_run_long_past_its_time_limit_is_let_go(
     outage: Harness, tasks: list[asyncio.Task[None]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An agent that ignores its cancellation keeps its run going past the time limit. Once
-    `OVERRUN_S` past it, the heartbeat stops extending its lease and touching its entry, and
-    cancels it again, so the sweeper times the instance out when the lease ends; the run
-    still within the margin keeps both."""
+    `OVERRUN_S` past it, the heartbeat hands the run to `on_overrun` (once), cancels it
+    again, and stops extending its lease and touching its entry; the run still within the
+    margin keeps both."""
     h = outage
     await h.apply(LEASES)
     late, within = await _claim(h, "long"), await _claim(h, "short")
-    heartbeat = Heartbeat(h.store, h.redis, h.keys, "c1", h.clock, liveness_ttl_s=6)
-    stuck = _running(tasks)
+    handed: list[Run] = []
+    heartbeat = Heartbeat(
+        h.store, h.redis, h.keys, "c1", h.clock, liveness_ttl_s=6, on_overrun=handed.append
+    )
+    release = asyncio.Event()
+
+    async def ignores_cancellation() -> None:
+        while not release.is_set():
+            with contextlib.suppress(asyncio.CancelledError):
+                await release.wait()
+
+    stuck = asyncio.create_task(ignores_cancellation())
+    tasks.append(stuck)
+    await asyncio.sleep(0)  # it is under way, as an agent past its limit is
     heartbeat.track(late, stuck)
     heartbeat.track(within, _running(tasks))
     margin_ms = round(heartbeat_module.OVERRUN_S * 1000)
@@ -343,11 +356,14 @@ async def test_a_run_long_past_its_time_limit_is_let_go(
     monkeypatch.setattr(h.store, "extend_leases", extend_seen)
     monkeypatch.setattr(streams, "touch", touch_seen)
     await heartbeat.extend()
+    await heartbeat.extend()
 
-    assert extended == [(within.row.id, within.token)]
-    assert touched == [within.delivery]
-    assert (late.fenced, within.fenced) == (True, False)
+    assert extended == [(within.row.id, within.token)] * 2
+    assert touched == [within.delivery] * 2
+    assert handed == [late]
+    assert (late.overran, within.overran, late.fenced) == (True, False, False)
     assert stuck.cancelling() == 1
+    release.set()
 
 
 async def test_a_run_knows_when_its_time_limit_ends(outage: Harness) -> None:
