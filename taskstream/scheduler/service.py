@@ -94,6 +94,11 @@ class Scheduler:
         self._refused_by: int | None = None
         """Set when the last pass offered every retry due by this time (ms) and some were
         refused: those due by then and still RETRYING are refused ones. None otherwise."""
+        self._retries_after: tuple[int, str] | None = None
+        """(next_attempt_at_ms, id) of the last row of the previous pass's full page of due
+        retries, when refused ones were met since the first page: the next pass reads on."""
+        self._refused_in_cycle = False
+        """Some due retry was refused since the pages last started from the first."""
         self._renew_s = leader.lease_ms / 3000 if leader else config.max_sleep_s
         self._log = get_logger(role="scheduler", owner=leader.owner if leader else None)
 
@@ -242,13 +247,23 @@ class Scheduler:
         )
 
     async def _emit_due_retries(self, now_ms: int) -> None:
-        """Publish RETRYING rows whose next attempt is due (RETRYING -> DISPATCHED)."""
-        due = await self._store.due_retries(now_ms=now_ms, limit=MAX_RETRIES_PER_PASS)
-        self._refused_by = None
+        """Publish RETRYING rows whose next attempt is due (RETRYING -> DISPATCHED), a page of
+        `MAX_RETRIES_PER_PASS` per pass. Rows no entry can be made of stay RETRYING and due:
+        once a page holds some, the next passes read on past it (`_retries_after`) until a
+        page is not full, so a full page of them cannot hide the retries due after it."""
+        due = await self._store.due_retries(
+            now_ms=now_ms, limit=MAX_RETRIES_PER_PASS, after=self._retries_after
+        )
+        refused = await self._outbox.publish_many(due, now_ms=now_ms) if due else {}
+        self._refused_in_cycle = self._refused_in_cycle or bool(refused)
+        if len(due) == MAX_RETRIES_PER_PASS and self._refused_in_cycle:
+            last = due[-1]
+            self._retries_after, self._refused_by = (last.next_attempt_at_ms or 0, last.id), None
+        else:  # every retry due by now has been offered since the cycle began
+            self._retries_after = None
+            self._refused_by = now_ms if self._refused_in_cycle else None
+            self._refused_in_cycle = False
         if not due:
             return
-        refused = await self._outbox.publish_many(due, now_ms=now_ms)
-        if refused and len(due) < MAX_RETRIES_PER_PASS:
-            self._refused_by = now_ms
         runs = [f"{r.id}@{r.attempt}" for r in due if r.id not in refused]
         self._log.info("retries.emitted", count=len(runs), runs=runs)

@@ -68,6 +68,10 @@ async def test_due_retries_are_retrying_rows_due_by_now_earliest_first(
     assert [r.id for r in await store.due_retries(now_ms=3_000, limit=2)] == ["inst-b", "inst-c"]
     assert await store.due_retries(now_ms=999, limit=10) == []
     assert await store.due_retries(now_ms=3_000, limit=0) == []
+    # Paging: past (due time, id), ties on the due time broken by id.
+    after_c = await store.due_retries(now_ms=3_000, limit=10, after=(2_000, "inst-c"))
+    assert [r.id for r in after_c] == ["inst-d", "inst-a"]
+    assert await store.due_retries(now_ms=3_000, limit=10, after=(3_000, "inst-a")) == []
 
 
 async def test_stale_rows_are_filtered_by_status_and_age_oldest_first(

@@ -20,6 +20,7 @@ from taskstream.core.specfile import parse_task_file_text
 from taskstream.core.states import FailClass, Status
 from taskstream.core.store.sql import SqlStore
 from taskstream.core.store.tables import task_instances
+from taskstream.scheduler import service
 from taskstream.scheduler.instances import new_instance
 from taskstream.scheduler.service import REFUSED_RECHECK_S, Scheduler, SchedulerConfig
 from tests.integration.harness import T0, Harness
@@ -161,3 +162,39 @@ async def test_a_due_retry_no_entry_can_be_made_of_does_not_keep_the_scheduler_a
     assert await scheduler._step() == pytest.approx(REFUSED_RECHECK_S)
     statuses = {r.id: r.status for r in await store.list_instances()}
     assert statuses == {later: Status.DISPATCHED, bad: Status.RETRYING}
+
+
+async def retrying(store: SqlStore, due_ms: int, *, count: int, offset: int = 0) -> list[str]:
+    """`count` instances RETRYING, due at `due_ms`; their ids."""
+    ids = []
+    for n in range(count):
+        row = new_instance(SPEC, T0 + (offset + n) * 3_600_000)
+        await store.create_instance(row)
+        for src, dst in ((Status.PENDING, Status.DISPATCHED), (Status.DISPATCHED, Status.RUNNING)):
+            await store.transition(row.id, src, dst, reason="setup")
+        await store.transition(
+            row.id, Status.RUNNING, Status.RETRYING, reason="setup", next_attempt_at_ms=due_ms
+        )
+        ids.append(row.id)
+    return ids
+
+
+async def test_a_full_page_of_refused_retries_does_not_hide_the_ones_due_after_it(
+    store: SqlStore, redis: streams.Redis, keys: Keys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pages of 2 due retries per pass; the 3 due first cannot be published. The next passes
+    read on past them, so the one due after them is published on the second pass; the pass
+    that finds no more starts over, and the scheduler then waits `REFUSED_RECHECK_S`."""
+    monkeypatch.setattr(service, "MAX_RETRIES_PER_PASS", 2)
+    bad = await retrying(store, T0, count=3)
+    [good] = await retrying(store, T0 + 1, count=1, offset=3)
+    for instance_id in bad:
+        await foreign(store, instance_id, agent="")
+    h = Harness(store, redis, keys, FixedClock(T0 + 10))
+    scheduler = Scheduler(store, h.outbox, h.clock, SchedulerConfig())
+    assert await scheduler._step() == 0  # a full page, all refused: read on at once
+    assert await scheduler._step() == 0
+    assert await queued(redis, keys) == [good]
+    assert await scheduler._step() == pytest.approx(REFUSED_RECHECK_S)
+    statuses = {r.id: r.status for r in await store.list_instances()}
+    assert statuses == {**dict.fromkeys(bad, Status.RETRYING), good: Status.DISPATCHED}

@@ -193,8 +193,11 @@ class Store(Protocol):
 
     # work finding
 
-    async def due_retries(self, *, now_ms: int, limit: int) -> list[InstanceRow]:
-        """RETRYING rows with `next_attempt_at_ms <= now_ms`, oldest due first."""
+    async def due_retries(
+        self, *, now_ms: int, limit: int, after: tuple[int, str] | None = None
+    ) -> list[InstanceRow]:
+        """RETRYING rows with `next_attempt_at_ms <= now_ms`, oldest due first (then id);
+        only those past `after` ((next_attempt_at_ms, id)) when given."""
         ...
 
     async def stale(

@@ -298,10 +298,13 @@ class SqlStore(DefinitionMethods, OutboxMethods, SchedulingMethods):
 
     # work finding
 
-    async def due_retries(self, *, now_ms: int, limit: int) -> list[InstanceRow]:
-        """RETRYING rows with `next_attempt_at_ms <= now_ms`, earliest due first."""
+    async def due_retries(
+        self, *, now_ms: int, limit: int, after: tuple[int, str] | None = None
+    ) -> list[InstanceRow]:
+        """RETRYING rows with `next_attempt_at_ms <= now_ms`, earliest due first (then id),
+        past `after` ((next_attempt_at_ms, id)) when given."""
         async with self._read() as conn:
-            return await queries.due_retries(conn, now_ms, limit)
+            return await queries.due_retries(conn, now_ms, limit, after)
 
     async def stale(
         self,

@@ -185,9 +185,12 @@ async def instances(conn: AsyncConnection, ids: Sequence[str]) -> list[InstanceR
     return [codec.instance_row(m) for m in (await conn.execute(stmt)).mappings().all()]
 
 
-async def due_retries(conn: AsyncConnection, now_ms: int, limit: int) -> list[InstanceRow]:
+async def due_retries(
+    conn: AsyncConnection, now_ms: int, limit: int, after: tuple[int, str] | None = None
+) -> list[InstanceRow]:
     """RETRYING rows with `next_attempt_at_ms <= now_ms`, earliest due first (then id), at most
-    `limit`. Served by the (settled, next_attempt_at_ms) index."""
+    `limit`; only those past `after` ((next_attempt_at_ms, id)) when given, so a caller can
+    page past rows it cannot move. Served by the (settled, next_attempt_at_ms) index."""
     stmt = (
         select(inst)
         .where(
@@ -198,6 +201,14 @@ async def due_retries(conn: AsyncConnection, now_ms: int, limit: int) -> list[In
         .order_by(inst.c.next_attempt_at_ms, inst.c.id)
         .limit(max(limit, 0))
     )
+    if after is not None:
+        due_ms, instance_id = after
+        stmt = stmt.where(
+            or_(
+                inst.c.next_attempt_at_ms > due_ms,
+                and_(inst.c.next_attempt_at_ms == due_ms, inst.c.id > instance_id),
+            )
+        )
     return [codec.instance_row(m) for m in (await conn.execute(stmt)).mappings().all()]
 
 
