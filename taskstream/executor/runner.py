@@ -17,6 +17,7 @@ from taskstream.agents.upstream import UpstreamClient
 from taskstream.core import streams
 from taskstream.core.clock import Clock
 from taskstream.core.errors import QueueUnavailable, StoreUnavailable
+from taskstream.core.futures import mark_retrieved
 from taskstream.core.logging import get_logger
 from taskstream.core.states import FailClass
 from taskstream.core.store.port import Store
@@ -29,10 +30,14 @@ from taskstream.ratelimit.breaker import Outcome
 
 DEFAULT_TIMEOUT_S = 60.0
 ADMISSION_RETRY_MS = 1000
-GIVE_BACK_S = 2.0
-"""Longest wait for a cancelled run's admission to be given back (Redis); s."""
 """Wait before a run whose admission could not be decided (Redis or the store down) is
 tried again (ms)."""
+GIVE_BACK_S = 2.0
+"""Longest wait for a cancelled run's admission to be given back (Redis); s."""
+SETTLE_S = 5.0
+"""Longest wait for the breakers to take an ended run's outcome (Redis); s."""
+_SETTLING: set[asyncio.Future[int | None]] = set()
+"""Settles still going after their run was cancelled (kept referenced until done)."""
 UNAVAILABLE = (QueueUnavailable, StoreUnavailable, *streams.DRIVER_ERRORS)
 
 
@@ -150,7 +155,7 @@ async def _admitted_call(
     if access is None:
         return end
     try:
-        wait_ms = await access.settle(_breaker_outcome(end))
+        wait_ms = await _settle(access, _breaker_outcome(end))
     except Exception as exc:
         # The agent has run: its end stands; only the breakers miss this outcome.
         log.warning("upstream.settle_failed", error_type=type(exc).__name__, error=str(exc)[:300])
@@ -160,6 +165,24 @@ async def _admitted_call(
     # This run's failure opened (or kept open) an upstream's breaker: the outage is known,
     # so the run waits it out without spending an attempt, as a failed call through ctx.http.
     return replace(deferred(wait_ms), error=end.error)
+
+
+async def _settle(access: RunUpstreams, outcome: Outcome) -> int | None:
+    """`access.settle(outcome)` for a run whose agent has ended, within `SETTLE_S`, shielded:
+    a stop's grace or a fence cancelling the run meanwhile must not drop its end (a released
+    run would run again). Then the settle goes on alone and its wait (ms) is not used."""
+    settling = asyncio.ensure_future(asyncio.wait_for(access.settle(outcome), SETTLE_S))
+    try:
+        return await asyncio.shield(settling)
+    except asyncio.CancelledError:
+        if not settling.done():
+            _SETTLING.add(settling)
+            settling.add_done_callback(_SETTLING.discard)
+            settling.add_done_callback(mark_retrieved)
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()  # taken: the cancellation ends nothing more of this run
+        return None
 
 
 async def _admission(
