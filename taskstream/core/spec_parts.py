@@ -38,6 +38,9 @@ MAX_ATTEMPTS: Final = 10_000
 
 _CRON_PROBE_START: Final = datetime(2000, 1, 1, tzinfo=UTC)
 _CRON_REASON_PREFIX: Final = re.compile(r"^\[[^\]]*\]\s*(?:is\s+)?")
+_CRON_DRAWN: Final = re.compile(r"^([hr])(\(\d+-\d+\))?(/\d+)?$", re.IGNORECASE)
+"""croniter's `R` and `H` (`R`, `R(0-29)`, `H/15`): a value drawn at random at every reading,
+or from a hash of an id the task file does not give."""
 _TIME_OF_DAY: Final = re.compile(r"([01]?\d|2[0-3]):([0-5]\d)(?::00)?")
 
 T = TypeVar("T", bound=Hashable)
@@ -82,6 +85,15 @@ def check_cron(expr: str) -> str:
             f"(got {len(fields)})"
         )
     normal = " ".join(fields)
+    for part in (part for field in fields for part in field.split(",")):
+        if (drawn := _CRON_DRAWN.match(part)) is None:
+            continue
+        what = "a random value" if drawn[1].lower() == "r" else "a hashed value"
+        raise ValueError(
+            f"invalid cron expression {expr!r}: {part!r} ({what}) is not supported, since"
+            " every scheduler and every pass must compute the same fire times; write the"
+            " value itself"
+        )
     try:
         croniter(normal, _CRON_PROBE_START, second_at_beginning=True).get_next(datetime)
     except CroniterBadDateError:
