@@ -95,10 +95,13 @@ def created_earlier(fire_ms: int) -> Decision:
 
 async def _unrecorded(store: Store, task_id: str, fire_ms: int, instance_id: str) -> bool:
     """Reads the facts for `unrecorded_own`: the instance, its creation and the tick's
-    decisions."""
+    decisions. An instance of another task (tasks whose `dedupe_key` leaves out
+    `{task_id}` share keys) is never this task's own."""
     row = await store.get_instance(instance_id)
+    if row is None or row.task_id != task_id:
+        return False
     history = await store.history(instance_id)
-    if row is None or not history:
+    if not history:
         return False
     recorded = await store.decisions(task_id, since_ms=fire_ms, limit=RECENT_DECISIONS)
     named = [d.instance_id for d in recorded]

@@ -76,6 +76,31 @@ async def test_catch_up_of_a_business_date_records_only_the_ticks_own_instance(
     assert [r.id for r in await store.list_instances(task_id="d")] == [made.instance_id]
 
 
+async def test_a_tick_of_a_task_sharing_its_key_with_another_is_a_duplicate(
+    store: SqlStore, redis: streams.Redis, keys: Keys
+) -> None:
+    """Tasks `a` and `b` use the same `dedupe_key` (no `{task_id}`), so one instance runs per
+    fire time. The task whose tick finds the other's instance records `skip_duplicated`, not
+    a run of its own that names the other task's instance."""
+    h = Harness(store, redis, keys, FixedClock(M0 - 1))
+    await h.apply(
+        "tasks:\n"
+        "  - {id: a, agent: echo, schedule: {every: 1m}, dedupe_key: 'report:{scheduled_for}'}\n"
+        "  - {id: b, agent: echo, schedule: {every: 1m}, dedupe_key: 'report:{scheduled_for}'}\n"
+    )
+    s = make(h)
+    await s.run_pass()
+    h.clock.set(M0 + 100)
+    await s.run_pass()
+    [row] = await store.list_instances(limit=10)
+    other = "b" if row.task_id == "a" else "a"
+    [mine] = [d for d in await store.decisions(row.task_id, limit=10) if d.fire_time_ms == M0]
+    [theirs] = [d for d in await store.decisions(other, limit=10) if d.fire_time_ms == M0]
+    assert (mine.decision, mine.instance_id) == ("should_run", row.id)
+    assert theirs.decision == "skip_duplicated"
+    assert "recorded_after_creation" not in theirs.details
+
+
 @pytest.mark.parametrize("restart", [False, True])
 async def test_an_operators_run_at_a_fire_time_does_not_decide_the_tick(
     store: SqlStore, redis: streams.Redis, keys: Keys, restart: bool
