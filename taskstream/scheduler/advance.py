@@ -195,15 +195,20 @@ class Advancer:
     ) -> int:
         """Fire times older than the catch-up horizon are `missed`. Up to `MISSED_ROWS` of
         them are decided one by one (each leaves a SKIPPED instance); more than that (a long
-        outage) are summarised in one record, named after the first that was not waiting,
-        and skipped over. Waiting ticks among them are decided first (`_end_waits`): else
-        they would hold the cursor back, with no final decision."""
+        outage) are summarised in one record, named after the first after those decided, and
+        skipped over. Decided first: waiting ticks among them (`_end_waits`: else they would
+        hold the cursor back, with no final decision), and ticks whose own instance a pass
+        made before it stopped (`created_earlier`: they ran, and are not to be called missed)."""
         horizon = catchup_horizon_ms(spec, now_ms)
         old = fire_times(trigger, cursor, horizon - 1, limit=MISSED_ROWS + 1)
         if len(old) <= MISSED_ROWS:
             return cursor
         await self._end_waits(spec, sorted(f for f in state.waiting if f < horizon), now_ms, state)
-        first = next((f for f in old if f not in state.decided), old[0])
+        ran = await own_unrecorded(self._store, spec, [f for f in old if f not in state.decided])
+        for fire, instance_id in ran.items():
+            await self._done(spec, fire, created_earlier(fire), instance_id, now_ms, state)
+        after = max(ran, default=cursor)
+        first = next((f for f in old if f not in state.decided and f > after), old[0])
         await self._record(spec, first, bound_missed(first, horizon - 1, None), None, now_ms)
         state.waiting = {f: d for f, d in state.waiting.items() if f >= horizon}
         return horizon - 1

@@ -101,6 +101,31 @@ async def test_a_tick_of_a_task_sharing_its_key_with_another_is_a_duplicate(
     assert "recorded_after_creation" not in theirs.details
 
 
+async def test_a_tick_that_ran_unrecorded_before_a_long_outage_is_not_called_missed(
+    store: SqlStore, redis: streams.Redis, keys: Keys
+) -> None:
+    """A pass made the M0 tick's instance and stopped before recording it; then no scheduler
+    ran for three hours (about 170 fire times before the catch-up horizon, so the outage is
+    summarised in one `missed` record). M0 ran: it is recorded `should_run` with its
+    instance, and the summary starts after it."""
+    text = (
+        "tasks:\n  - {id: job, agent: echo, schedule: {every: 1m}, window: 30s,"
+        " catchup: {max_delay: 10m}}\n"
+    )
+    h = Harness(store, redis, keys, FixedClock(M0 - 1_000))
+    await h.apply(text)
+    await make(h).run_pass()
+    h.clock.set(M0 + 100)
+    row = await h.trigger(text, "job", M0)
+    h.clock.set(M0 + 3 * HOUR + 100)
+    await make(h).run_pass()
+    decided = await store.decisions("job", since_ms=M0, limit=5)
+    [at_m0] = [d for d in decided if d.fire_time_ms == M0]
+    assert (at_m0.decision, at_m0.instance_id) == ("should_run", row.id)
+    [summary] = [d for d in decided if d.decision == "missed"]
+    assert summary.fire_time_ms == M0 + MIN
+
+
 @pytest.mark.parametrize("restart", [False, True])
 async def test_an_operators_run_at_a_fire_time_does_not_decide_the_tick(
     store: SqlStore, redis: streams.Redis, keys: Keys, restart: bool
