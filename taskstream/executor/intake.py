@@ -12,7 +12,7 @@ token it holds; anything else is left alone.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from taskstream.agents.base import Agent
@@ -150,8 +150,11 @@ class Intake:
                 won[c.entry.instance_id],
             )
             for c in candidates
-            if c.entry.instance_id in won
+            if _claimed_by(c, won)
         }
+        # An entry of another attempt of an instance claimed in this batch (a stale one read
+        # with the current one) is acked with the run, as a repeat is.
+        dupes += [c for c in candidates if c.entry.instance_id in won and not _claimed_by(c, won)]
         for dupe in dupes:
             if (owner := runs.get(dupe.entry.instance_id)) is not None:
                 owner.duplicates.append(dupe.delivery)
@@ -269,6 +272,12 @@ class Intake:
         """Move an entry to the dead-letter stream with its reason, unless another mover (the
         sweeper) took it from the pending list first (`letters.dead_letter`)."""
         await letters.dead_letter(self._redis, self._keys, self._log, delivery, reason, detail)
+
+
+def _claimed_by(c: _Candidate, won: Mapping[str, Claimed]) -> bool:
+    """The claim won for the instance of `c` is that of its entry's attempt."""
+    claimed = won.get(c.entry.instance_id)
+    return claimed is not None and claimed.token == c.entry.attempt + 1
 
 
 def _split_duplicates(found: list[_Candidate]) -> tuple[list[_Candidate], list[_Candidate]]:

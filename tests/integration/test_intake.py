@@ -3,12 +3,14 @@ after the executor's last look at the definitions."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from taskstream.agents.registry import default_registry
 from taskstream.core import streams
 from taskstream.core.definitions import DefinitionCache
-from taskstream.core.protocol import GROUP
+from taskstream.core.protocol import GROUP, Priority
 from taskstream.core.states import FailClass, Status
 from taskstream.core.store.port import ClaimRequest, InstanceRow
 from taskstream.executor.intake import Intake
@@ -145,3 +147,37 @@ async def test_an_unknown_agent_entry_of_a_run_another_consumer_holds_is_acked(
     assert await h.redis.xlen(h.keys.dead) == 0
     [d] = deliveries
     assert (await h.redis.xpending(d.stream, GROUP))["pending"] == 0
+
+
+async def test_a_stale_entry_read_after_the_current_one_is_not_the_run(outage: Harness) -> None:
+    """One batch holds an instance's current entry (attempt 1) and, after it, a copy of its
+    first entry (attempt 0) put back on the stream. The run is the current entry's, and the
+    stale one is acked with it rather than left pending."""
+    h = outage
+    await h.apply(RETRIED)
+    defs = DefinitionCache(h.store)
+    await defs.refresh()
+    row = await h.trigger(RETRIED, "fresh", fire_ms=h.clock.now_ms())
+    stream = h.keys.stream(Priority.DEFAULT)
+    entries: Any = await h.redis.xrange(stream)
+    [(first_id, first_fields)] = entries
+    await h.redis.xdel(stream, first_id)
+    assert row.id in await h.store.claim_many([ClaimRequest(row.id, 0, 30)], owner="gone")
+    failed = await h.store.transition(
+        row.id,
+        Status.RUNNING,
+        Status.RETRYING,
+        reason="setup",
+        attempt=1,
+        next_attempt_at_ms=h.clock.now_ms(),
+    )
+    assert failed.ok
+    retrying = await h.store.get_instance(row.id)
+    assert retrying is not None
+    assert await h.outbox.publish_many([retrying], now_ms=h.clock.now_ms()) == {}
+    stale_id = await h.redis.xadd(stream, first_fields)
+    deliveries = await streams.read(h.redis, h.keys, "c1", count=10, block_ms=10)
+    assert [d.entry_id for d in deliveries][-1] == streams.as_text(stale_id)
+    [run] = await intake_of(h, defs).admit(deliveries)
+    assert (run.entry.attempt, run.token) == (1, 2)
+    assert [d.entry_id for d in run.duplicates] == [streams.as_text(stale_id)]
