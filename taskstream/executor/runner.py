@@ -16,7 +16,7 @@ from taskstream.agents.errors import UpstreamDeferred
 from taskstream.agents.upstream import UpstreamClient
 from taskstream.core import streams
 from taskstream.core.clock import Clock
-from taskstream.core.errors import QueueUnavailable, StoreUnavailable
+from taskstream.core.errors import ClaimLost, QueueUnavailable, StoreUnavailable
 from taskstream.core.futures import mark_retrieved
 from taskstream.core.logging import get_logger
 from taskstream.core.states import FailClass
@@ -118,7 +118,7 @@ def _context(
         scheduled_for_ms=row.scheduled_for_ms,
         log=log,
         side_effects=run.side_effects,
-        effect_done=store.side_effect_done,
+        effect_done=_effect_checker(run, store),
         business_date=row.business_date,
         set_marker=_marker_setter(store, env.on_marker, (row.id, run.token)),
         upstreams=run.upstreams,
@@ -247,6 +247,22 @@ def _breaker_outcome(end: RunEnd) -> Outcome:
     if end.failure in (Failure.RETRIABLE, Failure.TIMEOUT):
         return Outcome.FAILURE
     return Outcome.IGNORE
+
+
+def _effect_checker(run: Run, store: Store) -> Callable[[str], Awaitable[bool]]:
+    """`once`'s check of a side effect key, refused (`ClaimLost`, ending the agent) once the
+    run's attempt has ended without it: fenced, or past its time limit with its end already
+    committed. An effect it started then would be committed by no one, and done again."""
+
+    async def done(key: str) -> bool:
+        if run.fenced or run.overran:
+            raise ClaimLost(
+                f"instance {run.row.id} attempt {run.token} has ended"
+                f" ({'fenced' if run.fenced else 'past its time limit'}): no side effect may start"
+            )
+        return await store.side_effect_done(key)
+
+    return done
 
 
 def _marker_setter(

@@ -372,3 +372,30 @@ async def test_a_run_knows_when_its_time_limit_ends(outage: Harness) -> None:
     run = await _claim(h, "short")
     await execute(run, RunEnv(h.store, h.clock, max_payload_bytes=1 << 20))
     assert run.ends_by_ms == h.clock.now_ms() + 2_000
+
+
+EFFECTS = """
+tasks:
+  - id: effect
+    agent: effect
+    lease: 10s
+    payload: {seconds: 0}
+"""
+
+
+@pytest.mark.parametrize("ended", ["fenced", "overran"])
+async def test_a_run_whose_attempt_has_ended_may_start_no_side_effect(
+    outage: Harness, ended: str
+) -> None:
+    """The run was fenced, or its end was committed as a timeout while its agent went on:
+    `ctx.once` refuses (`ClaimLost`), so no effect starts that no commit would record."""
+    h = outage
+    await h.apply(EFFECTS)
+    await h.trigger(EFFECTS, "effect", fire_ms=h.clock.now_ms())
+    [delivery] = await streams.read(h.redis, h.keys, "c1", count=1, block_ms=10)
+    [run] = await (await intake(h, "c1")).admit([delivery])
+    setattr(run, ended, True)
+    end = await execute(run, RunEnv(h.store, h.clock, max_payload_bytes=1 << 20))
+    assert end.error is not None and end.error.startswith("ClaimLost: ")
+    assert ended in end.error or "time limit" in end.error
+    assert run.side_effects == []
