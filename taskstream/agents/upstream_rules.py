@@ -68,7 +68,7 @@ def retry_after_ms(value: str | None, now_ms: int) -> int | None:
     else:
         try:
             when = parsedate_to_datetime(text)
-        except (TypeError, ValueError, IndexError):
+        except (TypeError, ValueError, IndexError, OverflowError):  # a year past datetime's
             return None
         if when.tzinfo is None:
             when = when.replace(tzinfo=UTC)

@@ -96,6 +96,8 @@ def test_retry_after_is_carried_by_retriable_errors_only() -> None:
         ("999999999", MAX_RETRY_AFTER_MS),
         ("9" * 5000, MAX_RETRY_AFTER_MS),  # beyond int()'s digit limit: capped, not an error
         ("0" * 20 + "7", 7_000),
+        ("0 JAN 2147483648 0:0", None),  # a date past datetime's years: unreadable, not an error
+        ("Sun, 06 Nov 99999 08:49:37 GMT", None),
     ],
 )
 def test_retry_after_delay_seconds(value: str | None, expected: int | None) -> None:
