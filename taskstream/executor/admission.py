@@ -23,6 +23,7 @@ from taskstream.core.definitions import UpstreamCache
 from taskstream.core.errors import StoreUnavailable
 from taskstream.core.logging import get_logger
 from taskstream.core.store.port import Store
+from taskstream.executor.run_upstreams import RunUpstreams
 from taskstream.ratelimit.backend import Breakers, BreakerUpdate, GuardUnavailable, Limiter
 from taskstream.ratelimit.breaker import (
     BreakerConfig,
@@ -214,84 +215,42 @@ class UpstreamGate:
         if transition is not None:
             self._log.warning("upstream.breaker", upstream=name, transition=transition)
 
+    async def refresh(self, ticket: CallTicket) -> CallTicket | int:
+        """A run's own admission, about to go out as its first call to the upstream (the
+        agent may have worked a long time since): its ticket when it still holds, else the
+        call admitted anew (what the old admission took given back), or the wait (ms).
+
+        It no longer holds when its breaker has opened since (unless it is the probe of a
+        half-open breaker): its call must not go into the outage. Its window hit that went
+        stale (older than the window allows to move) is replaced by a new one: a run whose
+        agent works longer than the window before calling must not be deferred for ever."""
+        name = ticket.upstream
+        if ticket.probe_round is None and not await self._closed(name):
+            await self._hand_back({}, {} if ticket.hit is None else {name: ticket.hit})
+            wait_ms, probe_round, hit = await self._admit(name)
+            return wait_ms if wait_ms is not None else CallTicket(name, probe_round, hit)
+        limits = self._limits.get(name)
+        if ticket.hit is None or limits is None or await self.restamp(name, ticket.hit):
+            return ticket
+        admission = await self._limiter.acquire(name, *limits)
+        if admission.allowed:
+            return CallTicket(name, ticket.probe_round, admission.member)
+        probe = {} if ticket.probe_round is None else {name: ticket.probe_round}
+        await self._hand_back(probe, {})
+        return max(1, admission.retry_after_ms)
+
+    async def _closed(self, name: str) -> bool:
+        """`name`'s breaker is closed now (or cannot be read: the call goes as admitted)."""
+        try:
+            read = await self._breakers.states([name])
+        except GuardUnavailable as exc:
+            self._log.warning("upstream.breaker_unread", upstream=name, error=str(exc)[:300])
+            return True
+        return read.states[name].status is BreakerStatus.CLOSED
+
     def bind(self, admitted: Sequence[str]) -> RunUpstreams:
         """The gate as one run's `UpstreamAccess`; `admitted` are the upstreams `admit_run` has
         already let this run call once, with no hit to move when those calls are sent (a run
         with no upstreams, or callers that admit calls one by one); `admit_run` binds a run's
         own admission."""
         return RunUpstreams(self, admitted, {})
-
-
-class RunUpstreams:
-    """One run's `UpstreamAccess` (what its `UpstreamClient` asks), over the process's gate.
-
-    The run was admitted once per declared upstream before its agent started; the client's
-    first call to each of those uses that admission, later calls are admitted anew. Each
-    admitted call holds a `CallTicket` with what its admission took (its half-open probe, its
-    window hit), and its report is made with that ticket: a run's calls to one upstream may
-    overlap, and one call's outcome must not be taken for another's probe. After the run,
-    `settle` records the run's outcome for exactly the admissions no call reported on:
-    declared upstreams the client never called, and calls cut short by cancellation. So each
-    admitted call is recorded in its breaker once.
-    """
-
-    def __init__(
-        self,
-        gate: UpstreamGate,
-        admitted: Sequence[str],
-        hits: Mapping[str, str],
-        probes: Mapping[str, int] | None = None,
-    ) -> None:
-        """`hits`: the window hits of the admissions in `admitted`, by upstream; `probes`:
-        the rounds of those of them admitted as half-open probes, by upstream."""
-        self._gate = gate
-        rounds = probes or {}
-        self._spare = {
-            name: CallTicket(name, rounds.get(name), hits.get(name)) for name in admitted
-        }
-        """The run's own admissions no call has used yet, by upstream."""
-        self._open: list[CallTicket] = []
-        """Tickets of admitted calls not reported yet, in admission order."""
-
-    async def acquire(self, name: str) -> CallTicket | int:
-        """Admit one call to `name` (the run's spare admission first): its ticket, or a wait
-        (ms)."""
-        ticket = self._spare.pop(name, None)
-        if ticket is None:
-            wait_ms, hit, probe_round = await self._gate.admit_call(name)
-            if wait_ms is not None:
-                return wait_ms
-            ticket = CallTicket(name, probe_round, hit)
-        self._open.append(ticket)
-        return ticket
-
-    async def sending(self, ticket: CallTicket) -> bool:
-        """The call of `ticket` is being sent now: move its window hit to now. False when
-        that hit is stale: the call must not go out."""
-        if ticket.hit is None:
-            return True
-        return await self._gate.restamp(ticket.upstream, ticket.hit)
-
-    async def record(self, ticket: CallTicket, outcome: Outcome) -> int | None:
-        """Record the outcome of the call of `ticket` in its upstream's breaker, with the
-        probe it was admitted as (if any); for a failure that leaves the breaker open, the
-        cool-down left (ms) to defer the run by (see `UpstreamGate.record_call`). A ticket
-        already reported (or settled) is not recorded again."""
-        if not any(ticket is held for held in self._open):
-            return None
-        self._open = [held for held in self._open if held is not ticket]
-        return await self._report(ticket, outcome)
-
-    async def _report(self, ticket: CallTicket, outcome: Outcome) -> int | None:
-        return await self._gate.record_call(
-            ticket.upstream, outcome, probe_round=ticket.probe_round
-        )
-
-    async def settle(self, outcome: Outcome) -> int | None:
-        """After the run: record `outcome` for the admissions that no call has reported on.
-        When such a failure leaves a breaker open, the longest cool-down left (ms): the run
-        is then deferred like a failed call through the client (see `record_call`)."""
-        unreported = [*self._spare.values(), *self._open]
-        self._spare, self._open = {}, []
-        waits = [await self._report(ticket, outcome) for ticket in unreported]
-        return max((w for w in waits if w is not None), default=None)

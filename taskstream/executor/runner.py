@@ -22,10 +22,11 @@ from taskstream.core.logging import get_logger
 from taskstream.core.states import FailClass
 from taskstream.core.store.port import Store
 from taskstream.core.store.records import stored_payload_bytes
-from taskstream.executor.admission import RunUpstreams, UpstreamGate
+from taskstream.executor.admission import UpstreamGate
 from taskstream.executor.intake import Run
 from taskstream.executor.outcome import RunEnd, deferred, failed, final, succeeded, timed_out
 from taskstream.executor.retry import Failure
+from taskstream.executor.run_upstreams import RunUpstreams
 from taskstream.ratelimit.breaker import Outcome
 
 DEFAULT_TIMEOUT_S = 60.0

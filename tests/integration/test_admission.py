@@ -15,8 +15,9 @@ from taskstream.core.clock import FixedClock
 from taskstream.core.protocol import GROUP, Keys, Priority
 from taskstream.core.states import Status
 from taskstream.core.store.sql import SqlStore
-from taskstream.executor.admission import RunUpstreams, UpstreamGate
+from taskstream.executor.admission import UpstreamGate
 from taskstream.executor.outcome import defer_jitter_max_ms
+from taskstream.executor.run_upstreams import RunUpstreams
 from taskstream.executor.service import Executor, ExecutorConfig, ExecutorDeps
 from taskstream.ratelimit.backend import GuardUnavailable
 from taskstream.ratelimit.breaker import BreakerConfig, BreakerStatus, Outcome

@@ -374,19 +374,72 @@ async def test_a_runs_admission_counts_from_when_its_first_call_is_sent(
     assert (await _only_hit(redis, keys))[1] >= before
 
 
-async def test_a_call_whose_admission_went_stale_is_not_sent(
+async def test_a_runs_admission_that_went_stale_before_its_first_call_is_taken_anew(
     limits: SqlStore, redis: streams.Redis, keys: Keys
 ) -> None:
-    """Sent more than a window (61.2 s, guard included) after its admission, the call could
-    meet a full window at the upstream: its slot may have been given again. It is deferred."""
+    """The agent worked more than a window (61.2 s, guard included) before its first call:
+    the run's admission can no longer move to the send time (its slot may have been given
+    again). The call takes a slot anew and goes out, instead of the run being deferred to
+    do the same work again, and again."""
     access = await make_gate(limits, redis, keys).admit_run(["api"])
     assert not isinstance(access, int)
     member, admitted_at = await _only_hit(redis, keys)
-    stale_at = admitted_at - 62_000
-    await redis.zadd(keys.limiter("api"), {member: stale_at})
+    await redis.zadd(keys.limiter("api"), {member: admitted_at - 62_000})
+    before = await _redis_now_ms(redis)
+    client = UpstreamClient(access)
+    async with Loopback(Reply(200)) as server:
+        await client.get(server.url(), upstream="api")
+    await client.aclose()
 
-    assert await _deferred_unsent(UpstreamClient(access)) == STALE_WAIT_MS
-    assert await _only_hit(redis, keys) == (member, stale_at)
+    assert len(server.seen) == 1
+    found: list[Any] = await redis.zrange(keys.limiter("api"), 0, -1, withscores=True)
+    fresh = [int(score) for m, score in found if streams.as_text(m) != member]
+    assert len(fresh) == 1 and fresh[0] >= before
+
+
+async def test_a_runs_admission_that_went_stale_is_deferred_when_the_window_is_full(
+    limits: SqlStore, redis: streams.Redis, keys: Keys
+) -> None:
+    access = await make_gate(limits, redis, keys).admit_run(["api"])
+    assert not isinstance(access, int)
+    member, admitted_at = await _only_hit(redis, keys)
+    await redis.zadd(keys.limiter("api"), {member: admitted_at - 62_000})
+    assert (await make_gate(limits, redis, keys).admit_call("api"))[0] is None
+    assert (await make_gate(limits, redis, keys).admit_call("api"))[0] is None  # now full
+    assert 50_000 <= await _deferred_unsent(UpstreamClient(access)) <= 61_200
+
+
+class StaleAtSend:
+    """An `UpstreamAccess` whose admission goes stale before the request is sent (a
+    connection that took longer than the window to set up)."""
+
+    async def acquire(self, name: str) -> CallTicket | int:
+        return CallTicket(name, hit="1-1")
+
+    async def record(self, ticket: CallTicket, outcome: Outcome) -> None:
+        raise AssertionError("a call never sent is not recorded")
+
+    async def sending(self, ticket: CallTicket) -> bool:
+        return False
+
+
+async def test_a_call_whose_admission_went_stale_before_sending_is_not_sent() -> None:
+    assert await _deferred_unsent(UpstreamClient(StaleAtSend())) == STALE_WAIT_MS
+
+
+async def test_a_runs_admission_is_not_sent_into_a_breaker_opened_since(
+    limits: SqlStore, redis: streams.Redis, keys: Keys
+) -> None:
+    """The run was admitted while `api`'s breaker was closed; other runs' failures opened it
+    (60 s cool-down) before the agent's first call. That call is deferred until the
+    cool-down ends, not sent into the outage, and the run's window slot is given back."""
+    gate = make_gate(limits, redis, keys, failure_threshold=1, cooldown_ms=60_000)
+    access = await gate.admit_run(["api"])
+    assert not isinstance(access, int)
+    assert await gate.record_call("api", Outcome.FAILURE, probe_round=None) is not None
+    assert (await breaker(redis, keys)).status is BreakerStatus.OPEN
+    assert 59_000 <= await _deferred_unsent(UpstreamClient(access)) <= 60_000
+    assert await slots_used(redis, keys) == 0
 
 
 def gzip_bomb(expanded: int, layers: int) -> bytes:
