@@ -38,6 +38,8 @@ MAX_ATTEMPTS: Final = 10_000
 
 _CRON_PROBE_START: Final = datetime(2000, 1, 1, tzinfo=UTC)
 _CRON_REASON_PREFIX: Final = re.compile(r"^\[[^\]]*\]\s*(?:is\s+)?")
+_CRON_ONE_VALUE_RANGE: Final = re.compile(r"^(\w+)-(\w+)(/\d+)?$")
+"""A range part (`9-9`, `MON-MON`, `9-9/2`) that may name one value only."""
 _CRON_DRAWN: Final = re.compile(r"^([hr])(\(\d+-\d+\))?(/\d+)?$", re.IGNORECASE)
 """croniter's `R` and `H` (`R`, `R(0-29)`, `H/15`): a value drawn at random at every reading,
 or from a hash of an id the task file does not give."""
@@ -84,7 +86,7 @@ def check_cron(expr: str) -> str:
             f"invalid cron expression {expr!r}: expected 5 fields, or 6 with seconds first "
             f"(got {len(fields)})"
         )
-    normal = " ".join(fields)
+    normal = " ".join(",".join(_one_value(part) for part in field.split(",")) for field in fields)
     for part in (part for field in fields for part in field.split(",")):
         if (drawn := _CRON_DRAWN.match(part)) is None:
             continue
@@ -102,6 +104,19 @@ def check_cron(expr: str) -> str:
         reason = _CRON_REASON_PREFIX.sub("", str(exc)) or type(exc).__name__
         raise ValueError(f"invalid cron expression {expr!r}: {reason}") from None
     return normal
+
+
+def _one_value(part: str) -> str:
+    """`part` of a cron field, with a range of one value (`9-9`, `MON-MON`, `9-9/2`) written
+    as that value: croniter reads such a range as `*`, every value of the field."""
+    found = _CRON_ONE_VALUE_RANGE.match(part)
+    if found is None:
+        return part
+    low, high = found[1], found[2]
+    same = (
+        int(low) == int(high) if low.isdigit() and high.isdigit() else low.lower() == high.lower()
+    )
+    return low if same else part
 
 
 def not_a_bool(value: object) -> object:

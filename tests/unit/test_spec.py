@@ -21,6 +21,8 @@ from taskstream.core.spec import (
     spec_hash,
 )
 from taskstream.core.spec_parts import Schedule
+from taskstream.scheduler.instances import trigger_of
+from taskstream.scheduler.ticks import fire_times
 
 NOV_30_0900_UTC_MS = 1_796_029_200_000
 BERLIN = {"timezone": "Europe/Berlin"}
@@ -344,3 +346,30 @@ def test_task_file_rejections(document: dict[str, Any], fragment: str) -> None:
 def test_upstream_names_are_free_when_none_are_declared() -> None:
     document = {"tasks": [{"id": "a", "agent": "echo", "upstreams": ["gpt"]}]}
     assert TaskFile.model_validate(document).tasks[0].upstreams == ("gpt",)
+
+
+@pytest.mark.parametrize(
+    ("cron", "per_week"),
+    [
+        ("0 9 * * MON-MON", 1),
+        ("0 9 * * 1-1", 1),
+        ("0 9 * * mon-Mon", 1),
+        ("0 9-9 * * *", 7),
+        ("0 09-9 * * *", 7),
+        ("0 9-9/2 * * *", 7),
+        ("30-30 9 * * *", 7),
+        ("0 9 * * 1,3-3,5-5", 3),
+        ("0 8-10 * * *", 21),
+    ],
+)
+def test_a_range_of_one_value_is_that_value(cron: str, per_week: int) -> None:
+    """croniter reads a range of one value (`9-9`, `MON-MON`) as every value of the field:
+    it is written as the value itself, so the task fires when the cron says."""
+    spec = TaskSpec.model_validate(
+        {"id": "t", "agent": "echo", "schedule": {"cron": cron, "timezone": "UTC"}}
+    )
+    trigger = trigger_of(spec)
+    assert trigger is not None
+    monday = int(datetime(2026, 1, 5, tzinfo=UTC).timestamp() * 1000)
+    fires = fire_times(trigger, monday - 1, monday + 7 * 86_400_000 - 1, limit=10_000)
+    assert len(fires) == per_week
