@@ -5,10 +5,12 @@ Settings are frozen and passed down; no module reads the environment on its own.
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Literal
 from urllib.parse import parse_qs, urlsplit
 
+import asyncmy
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from redis.asyncio import ConnectionPool
@@ -16,7 +18,7 @@ from redis.exceptions import RedisError
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-from taskstream.core.store.urls import url_scheme
+from taskstream.core.store.urls import normalize_url, url_scheme
 
 MAX_PAYLOAD_LIMIT = 7 * 1024 * 1024
 """The largest `max_payload_bytes`: MariaDB refuses statements over `max_allowed_packet`
@@ -112,6 +114,11 @@ def _check_redis_url(url: str) -> None:
         port = 0
     if port == 0:
         raise ValueError(f"{_BAD_PORT} (percent-encode a '/', '?' or '#' in the password)")
+    if scheme != "unix" and parts.path.strip("/") and not parts.path.strip("/").isdigit():
+        raise ValueError(
+            "the path after the host is not a database number (redis://host:port/0;"
+            " percent-encode a '/' in the password as %2F)"
+        )
     _check_redis_options(url, parts.query)
 
 
@@ -131,13 +138,37 @@ def _check_database_url(url: str) -> None:
     """`ValueError` naming what is wrong with `url` as SQLAlchemy reads it (`make_url`): no
     `scheme://`, a form it cannot read, or a port that is not 1 to 65535. That reading takes
     the password up to the `@` before the host, so it may hold a `/` as it is."""
-    if url_scheme(url) is None:
+    scheme = url_scheme(url)
+    if scheme is None:
         raise ValueError("not a URL (scheme://...)")
     try:
-        port = make_url(url).port
+        parsed = make_url(url)
+        port = parsed.port
     except ArgumentError:
         raise ValueError("not a database URL (scheme://user:password@host:port/name)") from None
     except ValueError:
         port = 0
     if port is not None and not 1 <= port <= 65535:
         raise ValueError(_BAD_PORT)
+    if "@" in (parsed.host or ""):
+        raise ValueError("the host holds an '@': percent-encode an '@' in the password as %40")
+    server = not scheme.lower().startswith("sqlite")
+    if server and not parsed.database:
+        raise ValueError("no database name after the host (scheme://user:password@host/name)")
+    if server and scheme.split("+")[0].lower() in ("mysql", "mariadb") and parsed.query:
+        _check_mysql_options(url)
+
+
+def _check_mysql_options(url: str) -> None:
+    """`ValueError` naming the query options (names only) that the MySQL driver (asyncmy)
+    does not take: it would refuse them at the first connection, as an error of its own."""
+    try:
+        parsed = make_url(normalize_url(url))
+        _, given = parsed.get_dialect()().create_connect_args(parsed)
+        known = set(inspect.signature(asyncmy.connect).parameters)
+    except Exception:  # an option value the dialect cannot read
+        names = ", ".join(sorted(make_url(url).query)) or "none"
+        raise ValueError(f"the database driver refuses this URL's options ({names})") from None
+    unknown = sorted(set(given) - known)
+    if unknown:
+        raise ValueError(f"the database driver does not know the option(s) {', '.join(unknown)}")

@@ -24,6 +24,7 @@ def _problems(**values: str) -> list[str]:
         "mysql://root:s3cr3t?Xk9@db.internal:3306/taskstream",
         "postgresql://app:s3cr3t@[::1]:5432/taskstream",
         "sqlite:///var/lib/taskstream/store.db",
+        "mysql://root:s3cr3t%40Xk9@db.internal/taskstream?charset=utf8mb4&connect_timeout=5",
     ],
 )
 def test_a_database_url_sqlalchemy_reads_is_accepted(url: str) -> None:
@@ -39,6 +40,11 @@ def test_a_database_url_sqlalchemy_reads_is_accepted(url: str) -> None:
         ("mysql://root:s3cr3t@db.internal:70000/taskstream", "bad port"),
         ("my-sql://root:s3cr3t@db.internal/taskstream", "not a database URL"),
         ("root:s3cr3t@db.internal/taskstream", "not a URL"),
+        ("mysql://root:s3cr3t@Xk9@db.internal:3306/taskstream", "percent-encode an '@'"),
+        ("mysql://root:s3cr3t@db.internal:3306/", "no database name"),
+        ("postgresql://root:s3cr3t@db.internal", "no database name"),
+        ("mysql://root:s3cr3t@db.internal/t?bogusopt=1&charset=utf8mb4", "option(s) bogusopt"),
+        ("mysql://root:s3cr3t@db.internal/t?connect_timeout=soon", "options (connect_timeout)"),
     ],
 )
 def test_a_bad_database_url_is_refused_without_its_user_info(url: str, says: str) -> None:
@@ -49,7 +55,11 @@ def test_a_bad_database_url_is_refused_without_its_user_info(url: str, says: str
 
 @pytest.mark.parametrize(
     "url",
-    ["redis://:s3cr3t%2FXk9@cache.internal:6379/0", "rediss://svc:s3cr3t@cache.internal/1"],
+    [
+        "redis://:s3cr3t%2FXk9@cache.internal:6379/0",
+        "rediss://svc:s3cr3t@cache.internal/1",
+        "redis://:s3cr3t@Xk9@cache.internal:6379",  # read up to the last '@', as the client does
+    ],
 )
 def test_a_redis_url_the_client_reads_is_accepted(url: str) -> None:
     assert Settings.model_validate({"redis_url": url}).redis_url == url
@@ -66,6 +76,8 @@ def test_a_redis_url_the_client_reads_is_accepted(url: str) -> None:
         ("redis://svc:s3cr3t@cache.internal/0?socket_timeout=abc", "options (socket_timeout)"),
         ("redis://svc:s3cr3t@cache.internal/0?bogus=1&db=0", "options (bogus, db)"),
         ("rediss://svc:s3cr3t@cache.internal/0?ssl_cert_reqs=maybe", "options (ssl_cert_reqs)"),
+        ("redis://:s3cr3t@Xk9/svc@cache.internal:1/0", "percent-encode a '/'"),
+        ("redis://svc:s3cr3t@cache.internal:6379/abc", "not a database number"),
     ],
 )
 def test_a_bad_redis_url_is_refused_without_its_user_info(url: str, says: str) -> None:
