@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Iterator
 
 from taskstream.agents.base import Agent
 from taskstream.core.errors import ConfigError, TaskstreamError
+from taskstream.core.plugins import import_named
 
 
 class UnknownAgent(TaskstreamError):
@@ -45,18 +45,21 @@ def default_registry(modules: tuple[str, ...] = ()) -> Registry:
     registry = Registry()
     for builtin in BUILTINS:
         registry.register(builtin)
-    for name in modules:
+    for name in dict.fromkeys(modules):  # a module named twice is loaded once
         for agent in _module_agents(name):
+            if agent.name in registry.names():
+                raise ConfigError(
+                    [f"agent module {name!r}: an agent named {agent.name!r} is already registered"]
+                )
             registry.register(agent)
     return registry
 
 
 def _module_agents(name: str) -> list[Agent]:
-    try:
-        module = importlib.import_module(name)
-    except ImportError as exc:
-        raise ConfigError([f"agent module {name!r} cannot be imported: {exc}"]) from exc
-    agents = getattr(module, "AGENTS", None)
+    agents = getattr(import_named("agent", name), "AGENTS", None)
     if not isinstance(agents, list | tuple):
         raise ConfigError([f"agent module {name!r} has no AGENTS list"])
+    bad = [repr(a)[:80] for a in agents if not isinstance(getattr(a, "name", None), str)]
+    if bad:
+        raise ConfigError([f"agent module {name!r}: AGENTS holds what is not an agent: {bad[0]}"])
     return list(agents)

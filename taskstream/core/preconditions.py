@@ -8,11 +8,11 @@ that raises, times out or returns anything else counts as "unavailable" (the tic
 from __future__ import annotations
 
 import asyncio
-import importlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Literal, cast
 
 from taskstream.core.errors import ConfigError
+from taskstream.core.plugins import import_named
 
 CheckResult = Literal["pass", "fail", "unavailable"]
 Check = Callable[[str, str], Awaitable[str]]
@@ -23,10 +23,7 @@ def load(modules: Sequence[str]) -> dict[str, Check]:
     """Checks of every module, by name; a module that cannot be used is a `ConfigError`."""
     checks: dict[str, Check] = {}
     for name in modules:
-        try:
-            module = importlib.import_module(name)
-        except ImportError as exc:
-            raise ConfigError([f"precondition module {name!r} cannot be imported: {exc}"]) from exc
+        module = import_named("precondition", name)
         found = getattr(module, "PRECONDITIONS", None)
         if not isinstance(found, Mapping):
             raise ConfigError([f"precondition module {name!r} has no PRECONDITIONS mapping"])
