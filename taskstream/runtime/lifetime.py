@@ -25,7 +25,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from taskstream.core.errors import TaskstreamError
+from taskstream.core.errors import ConfigError, TaskstreamError
 
 _PR_SET_PDEATHSIG = 1
 
@@ -60,8 +60,13 @@ class HomeLock:
         """Take the lock; `AlreadyRunning` (naming the holder's pid when known) if taken."""
         # Owner-only when created here: the folder holds the store, the endpoint file and the
         # embedded server's data.
-        self._path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            self._path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise ConfigError(
+                [f"TASKSTREAM_HOME {self._path.parent} is not a usable folder: {exc.strerror}"]
+            ) from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -253,3 +253,15 @@ def test_up_restarts_its_embedded_valkey_when_it_dies(tmp_path: Path, reaper: li
     )
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 0
+
+
+@pytest.mark.parametrize("where", ["home", "home/inside"])
+def test_up_with_a_home_that_is_a_file_says_so(tmp_path: Path, where: str) -> None:
+    """`TASKSTREAM_HOME` names a file (or a folder under one): a settings error naming it,
+    exit 2, before anything starts."""
+    (tmp_path / "home").write_text("not a folder")
+    home = tmp_path / where
+    out = run_cli("up", "--executors", "0", env=base_env(TASKSTREAM_HOME=str(home)), cwd=tmp_path)
+    assert out.returncode == 2, out.stderr
+    assert f"TASKSTREAM_HOME {home} is not a usable folder" in out.stderr
+    assert "Traceback" not in out.stderr
