@@ -14,7 +14,7 @@ from redis.exceptions import RedisError
 
 from taskstream.cli import explain_cmd, ops_cmds, query_cmds, redis_cli, roles, sched_cmds, up
 from taskstream.cli.tasks_cmds import tasks_app
-from taskstream.core.errors import ConfigError, TaskstreamError
+from taskstream.core.errors import ConfigError, TaskstreamError, UsageError
 from taskstream.core.logging import configure
 
 app = typer.Typer(
@@ -63,6 +63,9 @@ def run() -> None:
     except ConfigError as exc:
         for line in exc.problems:
             sys.stderr.write(f"{line}\n")
+        sys.exit(2)
+    except UsageError as exc:
+        sys.stderr.write(f"error: {exc}\n")
         sys.exit(2)
     except TaskstreamError as exc:
         sys.stderr.write(f"error: {exc}\n")

@@ -19,6 +19,12 @@ class ConfigError(TaskstreamError):
         super().__init__("\n".join(self.problems))
 
 
+class UsageError(TaskstreamError):
+    """A command's arguments cannot be used for what they name (a backfill range that holds
+    no past fire time, a payload the task's dedupe key cannot be made from): exit 2, like
+    arguments the command line itself refuses."""
+
+
 class InvalidTransition(TaskstreamError):
     """A status change that the state table does not allow."""
 

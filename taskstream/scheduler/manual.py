@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final
 
-from taskstream.core.errors import TaskstreamError
+from taskstream.core.errors import TaskstreamError, UsageError
 from taskstream.core.outbox import Emitted, Outbox
 from taskstream.core.spec import TaskSpec
 from taskstream.core.store.port import DecisionRow, NewInstance
@@ -70,7 +70,7 @@ def _instance(
     try:
         return new_instance(spec, fire_ms, reason=reason, payload=payload)
     except ValueError as exc:
-        raise TaskstreamError(f"task {spec.id!r}: {exc}") from exc
+        raise UsageError(f"task {spec.id!r}: {exc}") from exc
 
 
 async def trigger(
@@ -87,7 +87,7 @@ async def trigger(
     Returns the outbox outcome: "published" and "unpublished" (created while Redis failed:
     the reconciler publishes it) record `should_run`, "duplicate" (an instance with the same
     dedupe key exists, whatever its status) records `skip_duplicated`.
-    TaskstreamError when the dedupe key cannot be rendered (a `{payload.x}` field missing).
+    UsageError when the dedupe key cannot be rendered (a `{payload.x}` field missing).
     """
     fire_ms = now_ms if at_ms is None else at_ms
     new = _instance(spec, fire_ms, "manual", payload)
@@ -133,18 +133,19 @@ def backfill_times(
 ) -> list[int]:
     """The fire times of `spec` in [from_ms, to_ms] (ms), oldest first.
 
-    TaskstreamError for an on-demand task, an empty or future range (`to_ms > now_ms`), or
+    TaskstreamError for an on-demand task; UsageError for an empty or future range
+    (`to_ms > now_ms`), or
     more than `limit` fire times (the message names how many).
     """
     trigger = _scheduled(spec)
     if from_ms > to_ms:
-        raise TaskstreamError(f"backfill range is empty: from {from_ms} is after to {to_ms}")
+        raise UsageError(f"backfill range is empty: from {from_ms} is after to {to_ms}")
     if to_ms > now_ms:
-        raise TaskstreamError("backfill covers past fire times only: the range ends after now")
+        raise UsageError("backfill covers past fire times only: the range ends after now")
     found = fire_times(trigger, from_ms - 1, to_ms, limit=limit + 1)
     if len(found) > limit:
         count = _count_text(trigger, from_ms, to_ms, limit)
-        raise TaskstreamError(
+        raise UsageError(
             f"backfill of {spec.id!r} covers {count} fire times, over the limit of {limit}; "
             "narrow the range or raise the limit"
         )

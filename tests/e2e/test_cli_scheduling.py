@@ -213,8 +213,10 @@ def test_backfill_reports_published_duplicate_and_calendar_skipped(cli: Cli) -> 
         "3 published, 0 duplicate, 1 skipped by the calendar\n"
     )
     assert ": 0 published, 3 duplicate, 1 skipped" in cli(*args).stdout
-    over = cli(*args, "--limit", "3", code=1).stderr
+    over = cli(*args, "--limit", "3", code=2).stderr
     assert "covers 4 fire times, over the limit of 3" in over
+    future = cli("backfill", "report", "--from", "2999-01-01", "--to", "2999-01-02", code=2)
+    assert "error: backfill covers past fire times only" in future.stderr
 
 
 def test_backfill_to_a_bare_date_covers_that_day_up_to_now(cli: Cli) -> None:

@@ -8,7 +8,7 @@ import pytest
 
 from taskstream.core import streams
 from taskstream.core.definitions import to_records
-from taskstream.core.errors import TaskstreamError
+from taskstream.core.errors import TaskstreamError, UsageError
 from taskstream.core.outbox import Outbox
 from taskstream.core.protocol import Keys, Priority
 from taskstream.core.spec import TaskSpec
@@ -106,7 +106,7 @@ async def test_payload_override_renders_into_the_dedupe_key(
     row = await outbox.store.get_instance(us.instance_id)
     assert row is not None
     assert (row.dedupe_key, row.payload) == ("regional:2026-12-01:us", {"region": "us"})
-    with pytest.raises(TaskstreamError, match=r"payload\.region"):
+    with pytest.raises(UsageError, match=r"payload\.region"):
         await manual.trigger(outbox, spec, now_ms=LATER, at_ms=at_ms, payload={"zone": "x"})
     assert len(await outbox.store.list_instances(task_id="regional")) == 2
 
