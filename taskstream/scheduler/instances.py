@@ -33,9 +33,14 @@ def new_instance(
     *,
     reason: str = SCHEDULED,
     payload: dict[str, Any] | None = None,
+    made_at_ms: int | None = None,
 ) -> NewInstance:
     """The PENDING row for one fire time of `spec` (with `payload` instead of the spec's when
-    given). Its id derives from the dedupe key, so the same fire time is the same instance."""
+    given). Its id derives from the dedupe key, so the same fire time is the same instance.
+
+    Its `deadline` counts from the fire time, or from `made_at_ms` (epoch ms) when that is
+    later: an operator's run of a past fire time (backfill, trigger `--at`) gets the whole
+    deadline from when it is made, not one that passed before it existed."""
     tz = spec.schedule.timezone if spec.schedule else None
     body = dict(spec.payload) if payload is None else dict(payload)
     key = render_dedupe_key(spec, fire_ms, body)
@@ -49,7 +54,9 @@ def new_instance(
         business_date=business_date(datetime.fromtimestamp(fire_ms / 1000, tz=UTC), tz),
         payload=body,
         max_attempts=spec.retry.max_attempts,
-        deadline_ms=None if spec.deadline is None else fire_ms + round(spec.deadline * 1000),
+        deadline_ms=None
+        if spec.deadline is None
+        else max(fire_ms, made_at_ms or fire_ms) + round(spec.deadline * 1000),
         trace_id=uuid.uuid4().hex,
         reason=reason,
     )

@@ -65,10 +65,12 @@ class PreviewLine:
 
 
 def _instance(
-    spec: TaskSpec, fire_ms: int, reason: str, payload: dict[str, Any] | None
+    spec: TaskSpec, fire_ms: int, reason: str, payload: dict[str, Any] | None, now_ms: int
 ) -> NewInstance:
+    """The instance an operator's run makes; its deadline counts from `now_ms` for a fire
+    time already past."""
     try:
-        return new_instance(spec, fire_ms, reason=reason, payload=payload)
+        return new_instance(spec, fire_ms, reason=reason, payload=payload, made_at_ms=now_ms)
     except ValueError as exc:
         raise UsageError(f"task {spec.id!r}: {exc}") from exc
 
@@ -90,7 +92,7 @@ async def trigger(
     UsageError when the dedupe key cannot be rendered (a `{payload.x}` field missing).
     """
     fire_ms = now_ms if at_ms is None else at_ms
-    new = _instance(spec, fire_ms, "manual", payload)
+    new = _instance(spec, fire_ms, "manual", payload, now_ms)
     emitted = await outbox.emit(new, now_ms=now_ms)
     details: dict[str, Any] = {
         "fire_time_ms": fire_ms,
@@ -171,7 +173,9 @@ async def backfill(
     """
     times = backfill_times(spec, from_ms=from_ms, to_ms=to_ms, now_ms=now_ms, limit=limit)
     blocks = {at_ms: skipping_block(spec, at_ms) for at_ms in times}
-    news = {at: _instance(spec, at, "backfill", None) for at, b in blocks.items() if b is None}
+    news = {
+        at: _instance(spec, at, "backfill", None, now_ms) for at, b in blocks.items() if b is None
+    }
     counts = {verdict.SHOULD_RUN: 0, verdict.SKIP_DUPLICATED: 0, verdict.SKIP_CALENDAR: 0}
     ids: list[str] = []
     unpublished = 0

@@ -40,6 +40,10 @@ tasks:
     schedule: {cron: "30 1 * * *", timezone: UTC}
     calendar: {maintenance: [{start: "01:00", end: "02:00"}]}
     catchup: {enabled: false}
+  - id: due-in-2h
+    agent: echo
+    schedule: {cron: "0 9 * * *", timezone: UTC}
+    deadline: 2h
 """
 
 
@@ -157,6 +161,24 @@ async def test_backfill_runs_fire_times_inside_maintenance_as_the_scheduler_woul
     assert (strict.published, strict.skipped_calendar) == (0, 7)
     monday = await decision_trail(outbox.store, "nightly-strict", ms("2026-11-30T01:30:00Z"))
     assert monday[0].details["calendar"]["rule"] == "maintenance"
+
+
+async def test_an_operators_run_of_a_past_fire_time_gets_its_whole_deadline(
+    outbox: Outbox, specs: dict[str, TaskSpec], store: SqlStore
+) -> None:
+    """`deadline: 2h` counts from the fire time for the scheduler's runs; a backfilled or
+    triggered run of a fire time days ago would be past it before it started, and never
+    run. Its deadline counts from when it is made; a future `--at` keeps its own."""
+    spec, hour = specs["due-in-2h"], 3_600_000
+    fire_ms = ms("2026-12-01T09:00:00Z")
+    await manual.backfill(outbox, spec, from_ms=fire_ms, to_ms=fire_ms, now_ms=LATER)
+    past = await manual.trigger(outbox, spec, now_ms=LATER, at_ms=fire_ms + 24 * hour)
+    ahead = await manual.trigger(outbox, spec, now_ms=LATER, at_ms=LATER + 24 * hour)
+    rows = {r.scheduled_for_ms: r for r in await store.list_instances(task_id="due-in-2h")}
+    assert rows[fire_ms].deadline_ms == LATER + 2 * hour
+    assert {r.id: r.deadline_ms for r in rows.values()}[past.instance_id] == LATER + 2 * hour
+    assert rows[LATER + 24 * hour].id == ahead.instance_id
+    assert rows[LATER + 24 * hour].deadline_ms == LATER + 26 * hour
 
 
 async def test_backfill_range_is_inclusive_at_both_ends(
