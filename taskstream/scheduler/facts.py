@@ -19,6 +19,9 @@ from taskstream.scheduler.verdict import (
 
 ACTIVE_READ = 10
 """Active instances read per tick, oldest fire time first."""
+REPLACE_READ = 1000
+"""Active instances read per tick under `concurrency: replace`, which cancels every earlier
+one (a backfill may have left many); more than that are cancelled by the next ticks."""
 
 
 async def tick_facts(
@@ -36,7 +39,8 @@ async def tick_facts(
     active: ActiveInstance | None = None
     earlier: tuple[str, ...] = ()
     if spec.concurrency != "allow":
-        rows = await _active(store, spec.id)
+        limit = REPLACE_READ if spec.concurrency == "replace" else ACTIVE_READ
+        rows = await _active(store, spec.id, limit)
         active = _other_active(rows, fire_ms)
         if spec.concurrency == "replace":
             earlier = tuple(r.id for r in rows if r.scheduled_for_ms < fire_ms)
@@ -61,12 +65,12 @@ async def tick_facts(
     )
 
 
-async def _active(store: Store, task_id: str) -> list[InstanceRow]:
-    """The oldest `ACTIVE_READ` active instances, oldest fire time first; when there may be
-    more, the newest one last, so that `_other_active` still sees a later run (the newest
-    active instance fires later than the tick whenever any does)."""
-    rows = await store.active_instances(task_id, limit=ACTIVE_READ)
-    if len(rows) < ACTIVE_READ:
+async def _active(store: Store, task_id: str, limit: int) -> list[InstanceRow]:
+    """The oldest `limit` active instances, oldest fire time first; when there may be more,
+    the newest one last, so that `_other_active` still sees a later run (the newest active
+    instance fires later than the tick whenever any does)."""
+    rows = await store.active_instances(task_id, limit=limit)
+    if len(rows) < limit:
         return rows
     newest = await store.active_instances(task_id, limit=1, newest_first=True)
     return rows + [r for r in newest if r.id not in {row.id for row in rows}]

@@ -290,3 +290,23 @@ async def test_replace_cancels_every_earlier_run_still_active(
     assert new.status is Status.DISPATCHED
     [last] = (await store.decisions("job"))[-1:]
     assert (last.decision, last.details["replace"]) == ("should_run", cancelled)
+
+
+async def test_replace_cancels_every_earlier_run_however_many(
+    store: SqlStore, redis: streams.Redis, keys: Keys
+) -> None:
+    """15 earlier runs are still active (a backfill of 15 past minutes, say): more than the
+    10 active runs a tick reads otherwise. `replace` cancels all 15."""
+    h = Harness(store, redis, keys, FixedClock(M0 - 1))
+    await h.apply(OVERLAP.format(policy="replace"))
+    [spec] = await h.definitions()
+    for k in range(15, 0, -1):
+        await manual.trigger(h.outbox, spec, now_ms=M0 - 1, at_ms=M0 - k * MIN)
+    s = make(h)
+    await s.run_pass()
+    h.clock.set(M0 + 1_000)
+    await s.run_pass()
+    rows = await store.list_instances(task_id="job", limit=100)
+    earlier = [r for r in rows if r.scheduled_for_ms < M0]
+    assert len(earlier) == 15
+    assert {(r.status, r.fail_class) for r in earlier} == {(Status.FAILED, FailClass.REPLACED)}
