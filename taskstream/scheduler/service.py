@@ -88,9 +88,6 @@ class Scheduler:
         self._checks = checks or {}
         self._advancer = Advancer(store, outbox, self._checks, holds)
         self._token: int | None = None
-        self._floor: int | None = None
-        """The largest token the store's cursors were written with (read when first needed,
-        and again after being fenced): new leader tokens start above it."""
         self._refused_by: int | None = None
         """Set when the last pass offered every retry due by this time (ms) and some were
         refused: those due by then and still RETRYING are refused ones. None otherwise."""
@@ -129,7 +126,6 @@ class Scheduler:
         except Fenced as exc:
             self._log.warning("scheduler.fenced", error=str(exc))
             self._advancer.forget()
-            self._floor = None  # read again: Redis may have lost the token counter
             if self._leader is not None:
                 # Redis may be what failed: the lease then lapses by itself.
                 with contextlib.suppress(*streams.DRIVER_ERRORS):
@@ -169,11 +165,11 @@ class Scheduler:
         """Hold or renew the lease; a new token means others may have moved cursors."""
         if self._leader is None:
             return True
-        if self._floor is None or self._token is None:
-            # A standby reads it before every try: after Redis lost its token counter, a floor
-            # read long ago would hand it the token a newer leader holds now (neither fenced).
-            self._floor = await self._store.max_cursor_token() or 0
-        token = await self._leader.hold(floor=self._floor)
+        # Read before every hold, by a leader too: after Redis lost its token counter and a
+        # newer leader's lease, a floor read long ago (a leader back from a pause, a standby)
+        # would hand out the token that newer leader holds, and neither would be fenced.
+        floor = await self._store.max_cursor_token() or 0
+        token = await self._leader.hold(floor=floor)
         if token != self._token:
             if token is not None:
                 # Before deciding anything: from here on an older leader still in a pass

@@ -270,6 +270,33 @@ async def test_a_standby_after_redis_lost_the_token_counter_fences_the_leader(
         await leader.run_pass(leader._token)
 
 
+async def test_a_leader_back_from_a_pause_after_redis_lost_writes_fences_the_newer_one(
+    h: Harness,
+) -> None:
+    """The first leader (token 1) pauses past its lease; a newer one takes token 2 and claims
+    the cursors; then Redis fails over to a replica that never saw the newer one's lease and
+    token. The first leader, back, must take a token above 2 (it reads the store's tokens
+    again), or both hold 2 and neither is fenced."""
+    await h.apply(TASKS)
+    h.clock.set(M0 - 1)
+    first = _scheduler(h, "first")
+    await first._step()
+    assert first._token == 1
+    counter_after_first = await h.redis.get(h.keys.leader_epoch)
+    await h.redis.delete(h.keys.leader)  # the first leader's lease lapses while it is paused
+    newer = _scheduler(h, "newer")
+    await newer._step()
+    assert newer._token == 2
+    await h.redis.delete(h.keys.leader)  # the replica lost the newer lease...
+    await h.redis.set(h.keys.leader_epoch, counter_after_first)  # ...and its token
+    h.clock.set(M0 + 1000)
+    await first._step()
+    assert first._token is not None and first._token > 2
+    h.clock.set(M0 + 61_000)
+    with pytest.raises(Fenced):
+        await newer.run_pass(newer._token)
+
+
 async def test_a_standby_tries_again_when_the_leaders_lease_lapses(h: Harness) -> None:
     """A killed leader is replaced within one lease: the standby sleeps until the lease it
     saw lapses, not a whole polling interval (a third of a lease) past it."""
