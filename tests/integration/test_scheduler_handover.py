@@ -283,6 +283,7 @@ async def test_a_leader_back_from_a_pause_after_redis_lost_writes_fences_the_new
     await first._step()
     assert first._token == 1
     counter_after_first = await h.redis.get(h.keys.leader_epoch)
+    assert counter_after_first is not None
     await h.redis.delete(h.keys.leader)  # the first leader's lease lapses while it is paused
     newer = _scheduler(h, "newer")
     await newer._step()
