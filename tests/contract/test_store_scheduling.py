@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 
 import pytest
@@ -78,6 +79,23 @@ async def test_upstream_limits_are_stored_by_name(store: SqlStore) -> None:
         "web": "created",
     }
     assert await store.list_upstreams() == {"llm": {**llm, "limit": 60}, "web": llm}
+
+
+async def test_concurrent_applies_of_one_new_upstream_all_succeed(
+    store: SqlStore, db_url: str
+) -> None:
+    """Several `tasks apply` at once declare the same new upstream: one creates it and the
+    others find it, instead of failing on the duplicate name after their definitions were
+    written."""
+    others = [await SqlStore.connect(db_url) for _ in range(6)]
+    try:
+        for round_ in range(4):
+            config = {f"api{round_}": {"limit": 5, "window": 60.0, "burst": None}}
+            done = await asyncio.gather(*(s.upsert_upstreams(config) for s in [store, *others]))
+            assert sorted(d[f"api{round_}"] for d in done) == ["created"] + ["unchanged"] * 6
+    finally:
+        for other in others:
+            await other.close()
 
 
 async def test_existing_instances_are_found_among_many_ids(

@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from taskstream.core.errors import ClaimLost
+from taskstream.core.errors import ClaimLost, StoreError
 from taskstream.core.states import Status
 from taskstream.core.store import sql_codec as codec
 from taskstream.core.store.dbclock import db_now_ms
@@ -63,23 +63,16 @@ class SchedulingMethods:
 
     async def upsert_upstreams(self, configs: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
         """Insert or replace upstream limits by name; name -> "created" | "updated" |
-        "unchanged". Upstreams missing from `configs` are kept."""
-        out: dict[str, str] = {}
-        async with self._write() as conn:
-            for name, config in sorted(configs.items()):
-                text = codec.dumps(dict(config), what=f"upstream {name}")
-                stmt = select(ups.c.config).where(ups.c.name == name)
-                old = (await conn.execute(stmt)).scalar_one_or_none()
-                if old == text:
-                    out[name] = "unchanged"
-                    continue
-                values = {"config": text, "updated_at_ms": db_now_ms()}
-                if old is None:
-                    await conn.execute(ups.insert().values(name=name, **values))
-                else:
-                    await conn.execute(ups.update().where(ups.c.name == name).values(**values))
-                out[name] = "updated" if old is not None else "created"
-        return out
+        "unchanged". Upstreams missing from `configs` are kept. A concurrent apply that
+        inserts the same new upstream first makes this one read again and update it."""
+        last: ConstraintViolation | None = None
+        for _ in range(_UPSERT_TRIES):
+            try:
+                async with self._write() as conn:
+                    return await _upsert_upstreams(conn, configs)
+            except ConstraintViolation as exc:
+                last = exc
+        raise StoreError(f"upstreams kept conflicting: {last}") from last
 
     async def list_upstreams(self) -> dict[str, dict[str, Any]]:
         """Every stored upstream's limits, by name."""
@@ -132,3 +125,27 @@ async def _hold(conn: AsyncConnection, instance_id: str, token: int) -> None:
     if seen is None or seen.status is not Status.RUNNING or seen.attempt != token:
         found = "no row" if seen is None else f"{seen.status} at attempt {seen.attempt}"
         raise ClaimLost(f"instance {instance_id}: claim {token} no longer held ({found})")
+
+
+_UPSERT_TRIES = 3
+"""Tries of an upstreams upsert that lost a race to insert the same name."""
+
+
+async def _upsert_upstreams(
+    conn: AsyncConnection, configs: Mapping[str, Mapping[str, Any]]
+) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for name, config in sorted(configs.items()):
+        text = codec.dumps(dict(config), what=f"upstream {name}")
+        stmt = select(ups.c.config).where(ups.c.name == name)
+        old = (await conn.execute(stmt)).scalar_one_or_none()
+        if old == text:
+            out[name] = "unchanged"
+            continue
+        values = {"config": text, "updated_at_ms": db_now_ms()}
+        if old is None:
+            await conn.execute(ups.insert().values(name=name, **values))
+        else:
+            await conn.execute(ups.update().where(ups.c.name == name).values(**values))
+        out[name] = "updated" if old is not None else "created"
+    return out
