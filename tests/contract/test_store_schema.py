@@ -15,13 +15,25 @@ from typing import Any
 import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
+from alembic.operations import Operations
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Column, Integer, MetaData, Table, bindparam, select, text
+from sqlalchemy import (
+    Column,
+    Computed,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    bindparam,
+    select,
+    text,
+)
 from sqlalchemy.engine import Connection, make_url
 
 from taskstream.core.errors import SchemaMissing, StoreError, StoreUnavailable
 from taskstream.core.states import IN_FLIGHT, SETTLED, Status
+from taskstream.core.store import migrate as migrate_module
 from taskstream.core.store import sql_engine
 from taskstream.core.store.migrate import alembic_config, current_revision, upgrade
 from taskstream.core.store.port import ClaimRequest
@@ -338,3 +350,56 @@ async def test_a_database_never_migrated_says_to_run_migrate(kind: str) -> None:
         finally:
             await store.close()
     assert issubclass(SchemaMissing, StoreUnavailable)
+
+
+async def test_upgrade_to_0004_picks_up_after_a_run_that_stopped_halfway(
+    db_url: str, store: SqlStore
+) -> None:
+    """A run of 0004 added `settled` and stopped (on MySQL each DDL statement commits): the
+    next `migrate` skips the column and does the rest."""
+    await _downgrade(store, "0003")
+
+    def add_settled(connection: Connection) -> None:
+        persisted = connection.dialect.name != "sqlite"
+        column = Column("settled", String(16), Computed(SETTLED_SQL, persisted=persisted))
+        Operations(MigrationContext.configure(connection)).add_column("task_instances", column)
+
+    async with store.engine.begin() as conn:
+        await conn.run_sync(add_settled)
+    await upgrade(db_url)
+    assert await current_revision(db_url) == HEAD
+    async with store.engine.connect() as conn:
+        assert await conn.run_sync(_diff(metadata)) == []
+
+
+async def test_upgrade_to_0005_picks_up_after_a_run_that_stopped_halfway(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """MariaDB: a long transaction holds `upstreams`, the last table 0005 rebuilds, past the
+    migration's lock wait, after it had dropped the history's foreign key. Once the
+    transaction ends, `migrate` again brings the store to head, the key back."""
+    monkeypatch.setattr(migrate_module, "LOCK_TIMEOUT_S", 2)
+    async with empty_database("mariadb") as url:
+        store = await SqlStore.connect(url, check=False)
+        try:
+            await _upgrade_to(store, "0004")
+            async with store.engine.connect() as holder:
+                await holder.begin()
+                await holder.execute(text("SELECT * FROM upstreams"))
+                with pytest.raises(StoreError):
+                    await upgrade(url)
+            assert await current_revision(url) == "0004"
+            await upgrade(url)
+            assert await current_revision(url) == HEAD
+            async with store.engine.connect() as conn:
+                assert await conn.run_sync(_diff(metadata)) == [], "the foreign key is back"
+        finally:
+            await store.close()
+
+
+async def _upgrade_to(store: SqlStore, revision: str) -> None:
+    def run(connection: Connection) -> None:
+        command.upgrade(alembic_config(connection), revision)
+
+    async with store.engine.begin() as conn:
+        await conn.run_sync(run)

@@ -28,17 +28,25 @@ SETTLED_SQL = "CASE WHEN status IN ('FAILED', 'SKIPPED', 'SUCCESS') THEN status 
 
 
 def upgrade() -> None:
-    stored = op.get_bind().dialect.name != "sqlite"
-    op.add_column(
-        "task_instances",
-        sa.Column("settled", sa.String(16), sa.Computed(SETTLED_SQL, persisted=stored)),
-    )
-    op.create_index(
-        "ix_task_instances_settled_next_attempt",
-        "task_instances",
-        ["settled", "next_attempt_at_ms"],
-    )
-    op.drop_index("ix_task_instances_status_next_attempt", table_name="task_instances")
+    """Each step is skipped when done: on MySQL each DDL statement commits, so a run that
+    failed halfway (a lock wait timed out, a lost connection) is picked up where it stopped."""
+    bind = op.get_bind()
+    stored = bind.dialect.name != "sqlite"
+    seen = sa.inspect(bind)
+    if "settled" not in {c["name"] for c in seen.get_columns("task_instances")}:
+        op.add_column(
+            "task_instances",
+            sa.Column("settled", sa.String(16), sa.Computed(SETTLED_SQL, persisted=stored)),
+        )
+    indexes = {i["name"] for i in seen.get_indexes("task_instances")}
+    if "ix_task_instances_settled_next_attempt" not in indexes:
+        op.create_index(
+            "ix_task_instances_settled_next_attempt",
+            "task_instances",
+            ["settled", "next_attempt_at_ms"],
+        )
+    if "ix_task_instances_status_next_attempt" in indexes:
+        op.drop_index("ix_task_instances_status_next_attempt", table_name="task_instances")
 
 
 def downgrade() -> None:

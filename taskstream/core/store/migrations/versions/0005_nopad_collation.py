@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.engine import Dialect
 
@@ -46,8 +47,25 @@ def _nopad(dialect: Dialect) -> str:
     return MARIADB_COLLATION if getattr(dialect, "is_mariadb", False) else MYSQL_COLLATION
 
 
+def _has_foreign_key() -> bool:
+    """The foreign key is there: a run of this migration that failed halfway (MySQL commits
+    each DDL statement) may have dropped it already."""
+    found = op.get_bind().execute(
+        sa.text(
+            "SELECT 1 FROM information_schema.TABLE_CONSTRAINTS"
+            " WHERE CONSTRAINT_SCHEMA = DATABASE() AND TABLE_NAME = 'instance_history'"
+            " AND CONSTRAINT_TYPE = 'FOREIGN KEY' AND CONSTRAINT_NAME = :name"
+        ),
+        {"name": FK_NAME},
+    )
+    return found.first() is not None
+
+
 def _convert(collation: str) -> None:
-    op.drop_constraint(FK_NAME, "instance_history", type_="foreignkey")
+    """Each step can be run again: after a failure halfway (a lock wait timed out, a lost
+    connection), `taskstream migrate` picks up where it stopped."""
+    if _has_foreign_key():
+        op.drop_constraint(FK_NAME, "instance_history", type_="foreignkey")
     for table in TABLES:
         op.execute(f"ALTER TABLE {table} CONVERT TO CHARACTER SET utf8mb4 COLLATE {collation}")
     op.create_foreign_key(
