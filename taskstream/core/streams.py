@@ -73,6 +73,13 @@ def connect(url: str) -> Redis:
     return aioredis.Redis.from_url(url, decode_responses=False, health_check_interval=30)
 
 
+def group_missing(exc: ResponseError) -> bool:
+    """The reply says a work stream or its group is gone (Redis restarted empty, the keys
+    deleted): `NOGROUP` to a command, or `UNBLOCKED` to a blocked read whose stream was
+    deleted meanwhile (Redis 7; Valkey answers that read `NOGROUP`). `ensure_groups` mends it."""
+    return str(exc).startswith(("NOGROUP", "UNBLOCKED"))
+
+
 async def ensure_groups(redis: Redis, keys: Keys) -> None:
     """Create the consumer group on every work stream (idempotent, creates the streams)."""
     for stream in keys.streams():

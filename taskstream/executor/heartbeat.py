@@ -175,7 +175,7 @@ class Heartbeat:
         except (StoreUnavailable, *streams.DRIVER_ERRORS) as exc:
             self._log.warning("heartbeat.dependency_down", part=part, error=str(exc)[:300])
         except ResponseError as exc:
-            if "NOGROUP" not in str(exc):
+            if not streams.group_missing(exc):
                 raise
             await streams.ensure_groups(self._redis, self._keys)
 

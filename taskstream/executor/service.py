@@ -183,7 +183,7 @@ class Executor:
             await asyncio.sleep(ERROR_PAUSE_S)
             return
         except ResponseError as exc:
-            if "NOGROUP" not in str(exc):
+            if not streams.group_missing(exc):
                 raise
             self._log.warning("executor.group_missing")
             self._unadmitted = []  # a group made anew has no pending entries to ack

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
+
+import pytest
+from redis.exceptions import ResponseError
 
 from taskstream.core import streams
 from taskstream.core import streams_admin as admin
 from taskstream.core.protocol import GROUP, Keys, Priority, WorkEntry, decode, encode
+from tests.integration.harness import until
+from tests.support.keyspace import drop_keys
 
 
 def entry(n: int) -> WorkEntry:
@@ -227,3 +233,26 @@ async def test_prune_keeps_a_consumer_that_reads_after_it_was_checked(
     finally:
         del redis.xinfo_consumers  # back to the class's method
     assert (await redis.xpending(stream, GROUP))["pending"] == 1
+
+
+async def _a_read_is_blocked(redis: streams.Redis) -> bool:
+    """Some client waits in a blocking XREADGROUP (this test's reader, or another test's:
+    either way the deletion below happens before or during this test's read)."""
+    clients: Any = await redis.client_list()
+    return any(c.get("cmd") == "xreadgroup" and "b" in c.get("flags", "") for c in clients)
+
+
+async def test_streams_deleted_under_a_blocked_read_say_the_group_is_missing(
+    redis: streams.Redis, keys: Keys
+) -> None:
+    """The namespace's streams are deleted (Redis flushed) while an idle executor waits in
+    its blocking read: Redis 7 answers `UNBLOCKED`, a read after it `NOGROUP`. Both mean the
+    groups are to be made again, not a defect that stops the executor."""
+    await streams.ensure_groups(redis, keys)
+    reader = asyncio.create_task(streams.read(redis, keys, "c1", count=1, block_ms=10_000))
+    await until(lambda: _a_read_is_blocked(redis))
+    await drop_keys(redis, keys)
+    with pytest.raises(ResponseError) as caught:
+        await asyncio.wait_for(reader, timeout=10)
+    assert streams.group_missing(caught.value), str(caught.value)
+    assert not streams.group_missing(ResponseError("WRONGTYPE Operation against a key"))
