@@ -16,7 +16,8 @@ from taskstream.core import streams
 from taskstream.core.errors import TaskstreamError
 from taskstream.core.outbox import Outbox, placed_entry, why_refused
 from taskstream.core.reasons import REQUEUED
-from taskstream.core.states import Status
+from taskstream.core.states import FailClass, Status
+from taskstream.core.store.port import InstanceRow
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +79,16 @@ async def requeue(
         down = type(exc).__name__
         return f"not published yet (redis unavailable: {down}); the reconciler publishes it"
     return None if refused is None else f"not published: the row cannot be an entry ({refused})"
+
+
+def _failed_by(letter: DeadLetter, row: InstanceRow) -> bool:
+    """The FAILED `row` failed as the letter says: as poison, at the letter's attempt (its
+    entry's, or the run that entry started). A letter without a readable attempt is taken
+    at its word."""
+    attempt = letter.fields.get("orig.attempt", "")
+    if not attempt.isdigit():
+        return True
+    return row.fail_class is FailClass.POISON and row.attempt in (int(attempt), int(attempt) + 1)
 
 
 def _utc(epoch_ms: int) -> str:
@@ -152,7 +163,9 @@ def _letters(rows: Any) -> list[DeadLetter]:
 async def replay(outbox: Outbox, letter: DeadLetter, *, who: str, now_ms: int) -> str:
     """Send a dead letter's instance through again and drop the letter. Returns what was done.
 
-    A FAILED instance is requeued; one waiting for a claim (PENDING, DISPATCHED) is published
+    A FAILED instance is requeued, when its failure is the letter's (`poison`, at the
+    letter's attempt): one requeued since and failed again otherwise (`fatal`, a manual
+    review) is left as it is. One waiting for a claim (PENDING, DISPATCHED) is published
     again; one further on (RUNNING, TIMEOUT, RETRYING) is left to the executors, sweeper and
     scheduler: an entry for its current attempt would later let its retry start at once,
     skipping the backoff. A letter with no instance (it never decoded), or whose waiting
@@ -161,7 +174,9 @@ async def replay(outbox: Outbox, letter: DeadLetter, *, who: str, now_ms: int) -
     row = await outbox.store.get_instance(letter.instance_id) if letter.instance_id else None
     if row is None:
         raise TaskstreamError(f"dead letter {letter.dead_id} names no instance; kept")
-    if row.status is Status.FAILED:
+    if row.status is Status.FAILED and not _failed_by(letter, row):
+        done = f"failed since, not by this letter ({row.fail_class}), left as it is"
+    elif row.status is Status.FAILED:
         why = f"replay of {letter.dead_id}"
         late = await requeue(outbox, row.id, who=who, why=why, now_ms=now_ms)
         done = "requeued" if late is None else f"requeued, {late}"

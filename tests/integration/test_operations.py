@@ -16,7 +16,7 @@ from taskstream.core.errors import StoreUnavailable, TaskstreamError
 from taskstream.core.outbox import Outbox
 from taskstream.core.protocol import GROUP, Keys, Priority
 from taskstream.core.states import FailClass, Status
-from taskstream.core.store.port import InstanceRow
+from taskstream.core.store.port import ClaimRequest, InstanceRow
 from taskstream.core.store.sql import SqlStore
 from tests.integration.harness import Harness, Running, until
 
@@ -283,3 +283,37 @@ async def test_a_requeue_is_not_failed_again_by_the_entry_it_replaces(h: Harness
     assert counts.get("ack") == 1 and not counts.get("poison")
     pending: Any = await h.redis.xpending_range(old.stream, GROUP, "-", "+", 10)
     assert old.entry_id.encode() not in [p["message_id"] for p in pending]
+
+
+@pytest.mark.parametrize("fail_class", [FailClass.MANUAL_REVIEW, FailClass.FATAL])
+async def test_a_letter_does_not_requeue_a_later_failure_of_another_kind(
+    h: Harness, fail_class: FailClass
+) -> None:
+    """Attempt 0 was dead-lettered as poison; the operator fixed the cause and retried the
+    instance by hand (the letter stays), and its new run failed for a reason of its own. A
+    later `dead replay` of the old letter must not requeue it past that verdict."""
+    row = await h.trigger(TASKS, "once-fails")
+    [delivery] = await streams.read(h.redis, h.keys, "c1", count=1, block_ms=10)
+    poisoned = await h.store.transition(
+        row.id,
+        Status.DISPATCHED,
+        Status.FAILED,
+        reason="unknown_agent",
+        attempt=0,
+        fail_class=FailClass.POISON,
+    )
+    assert poisoned.ok
+    assert await streams.dead_letter(h.redis, h.keys, delivery, "unknown_agent", "flaky")
+    now_ms = h.clock.now_ms()
+    await operations.requeue(h.outbox, row.id, who="ops", why="agent deployed", now_ms=now_ms)
+    assert row.id in await h.store.claim_many([ClaimRequest(row.id, 1, 60)], owner="c2")
+    failed = await h.store.finish(
+        row.id, token=2, dst=Status.FAILED, reason="failed", fail_class=fail_class
+    )
+    assert failed.ok
+    [letter] = await operations.dead_letters(h.redis, h.keys.dead, limit=10)
+    done = await operations.replay(h.outbox, letter, who="ops", now_ms=now_ms)
+    assert done.startswith("failed since, not by this letter")
+    after = await h.store.get_instance(row.id)
+    assert after is not None and (after.status, after.fail_class) == (Status.FAILED, fail_class)
+    assert await h.redis.xlen(h.keys.dead) == 0
