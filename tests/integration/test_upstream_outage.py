@@ -107,19 +107,26 @@ async def test_a_failed_probe_defers_for_a_new_cool_down(
 async def test_a_call_in_flight_when_the_breaker_opened_defers_for_what_is_left(
     store: SqlStore, redis: streams.Redis, keys: Keys
 ) -> None:
+    """A run's call is sent while the breaker is closed; while its upstream holds it, another
+    call's failure opens the breaker; then the held call fails too. It is deferred for the
+    cool-down left, as the outage is known."""
     gate = make_gate(store, redis, keys, TRIP_AT_ONCE)
     admitted = await gate.admit_run(["api"])  # admitted while closed
     assert not isinstance(admitted, int)
     in_flight = UpstreamClient(admitted)
     tripping = UpstreamClient(gate.bind(()))
-    async with Loopback(Reply(503)) as server:
-        await call(tripping, server.url())
-        late = await call(in_flight, server.url())
+    held = asyncio.Event()
+    async with Loopback(Reply(503, hold=held)) as slow, Loopback(Reply(503)) as fast:
+        late = asyncio.create_task(call(in_flight, slow.url()))
+        await asyncio.wait_for(slow.arrived.wait(), timeout=10)
+        await call(tripping, fast.url())
+        held.set()
+        error = await asyncio.wait_for(late, timeout=10)
         await tripping.aclose()
         await in_flight.aclose()
-    assert isinstance(late, UpstreamOutage)
-    assert 50_000 <= late.retry_after_ms <= TRIP_AT_ONCE.cooldown_ms
-    assert len(server.seen) == 2
+    assert isinstance(error, UpstreamOutage)
+    assert 50_000 <= error.retry_after_ms <= TRIP_AT_ONCE.cooldown_ms
+    assert (len(slow.seen), len(fast.seen)) == (1, 1)
 
 
 async def test_a_timeout_that_opens_the_breaker_defers_too(
