@@ -68,9 +68,11 @@ class Reconciler:
                 if not await self._publish(row, now):
                     continue
             elif row.status is Status.TIMEOUT:
-                await self._recovery.leave_timeout(row, now_ms=now)
+                if not (await self._recovery.leave_timeout(row, now_ms=now)).ok:
+                    continue  # another sweeper (or the run's executor) moved it first
             elif row.lease_expires_at_ms is not None and row.lease_expires_at_ms <= now:
-                await self._recovery.time_out(row, reason=LEASE_EXPIRED, now_ms=now)
+                if not (await self._recovery.time_out(row, reason=LEASE_EXPIRED, now_ms=now)).ok:
+                    continue
             else:
                 continue
             fixed += 1

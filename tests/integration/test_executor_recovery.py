@@ -18,7 +18,7 @@ from taskstream.core.definitions import DefinitionCache
 from taskstream.core.protocol import GROUP, Keys, Priority, decode
 from taskstream.core.reasons import LEASE_EXPIRED, OWNER_LOST
 from taskstream.core.states import FailClass, Status
-from taskstream.core.store.port import ClaimRequest
+from taskstream.core.store.port import ClaimRequest, InstanceRow
 from taskstream.core.store.sql import SqlStore
 from taskstream.executor.recovery import Recovered, Recovery
 from taskstream.scheduler.instances import new_instance
@@ -104,6 +104,28 @@ async def test_a_row_no_entry_can_be_made_of_does_not_stop_the_reconciler(h: Har
     assert await reconciler.reconcile() == 1
     assert await status_of(h, bad.instance_id) is Status.PENDING
     assert good.id in await admin.instance_ids(h.redis, h.keys)
+
+
+async def test_a_reconciler_that_lost_the_race_counts_nothing(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two reconcilers read the same lost run (RUNNING, its lease and entry gone). The one
+    whose timeout lands first counts it; the other, whose move finds it moved, counts and
+    logs nothing."""
+    row = await h.trigger(TASKS, "slow")
+    await h.redis.delete(*h.keys.streams())
+    await h.store.claim_many([ClaimRequest(row.id, 0, 1)], owner="gone")
+    h.clock.advance(60_000)
+    first, second = h.reconciler(), h.reconciler()
+    seen = await h.store.stale([Status.RUNNING], updated_before_ms=h.clock.now_ms() + 1, limit=10)
+    assert [r.id for r in seen] == [row.id]
+    assert await first.reconcile() == 1
+
+    async def as_read_before(*_: Any, **__: Any) -> list[InstanceRow]:
+        return seen
+
+    monkeypatch.setattr(h.store, "stale", as_read_before)
+    assert await second.reconcile() == 0
 
 
 async def time_out_claimed(
