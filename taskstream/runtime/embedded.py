@@ -32,7 +32,7 @@ WATCH_S = 1.0
 CONFIG = """bind 127.0.0.1
 protected-mode yes
 port {port}
-dir {dir}
+dir .
 appendonly yes
 appendfsync everysec
 save ""
@@ -40,6 +40,11 @@ daemonize no
 logfile valkey.log
 requirepass {password}
 """
+
+
+def _tail(path: Path) -> str:
+    """The last 500 characters of a text file the server wrote, or "" when there is none."""
+    return path.read_text(errors="replace")[-500:].strip() if path.exists() else ""
 
 
 def _free_port() -> int:
@@ -63,20 +68,24 @@ class EmbeddedValkey:
         port = _free_port()
         password = secrets.token_hex(24)
         conf = self._dir / "valkey.conf"
-        _write_private(conf, CONFIG.format(port=port, dir=self._dir, password=password))
+        # `dir .`: the server runs in its folder, whose path may hold what the config file
+        # cannot (a space ends a value there).
+        _write_private(conf, CONFIG.format(port=port, password=password))
         self._url = f"redis://:{password}@127.0.0.1:{port}/0"
         self._spawn(timeout_s)
         return self._url
 
     def _spawn(self, timeout_s: float) -> None:
-        """Run the server on the written `valkey.conf` and wait until it answers PING."""
-        self._proc = subprocess.Popen(  # noqa: S603 - fixed argv, no shell
-            guarded([str(_server_binary()), str(self._dir / "valkey.conf")]),  # see `guarded`
-            cwd=self._dir,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        """Run the server on the written `valkey.conf` and wait until it answers PING. What it
+        prints before its log file is open (a refused config) goes to `valkey.err`."""
+        with (self._dir / "valkey.err").open("wb") as err:
+            self._proc = subprocess.Popen(  # noqa: S603 - fixed argv, no shell
+                guarded([str(_server_binary()), "valkey.conf"]),
+                cwd=self._dir,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                start_new_session=True,
+            )
         self._wait_ready(self._url, timeout_s)
 
     async def keep(self, stop: asyncio.Event) -> None:
@@ -113,10 +122,12 @@ class EmbeddedValkey:
                     time.sleep(0.05)
         finally:
             client.close()
+        code = None if self._proc is None else self._proc.poll()
         self.stop()
-        log = self._dir / "valkey.log"
-        tail = log.read_text()[-500:] if log.exists() else ""
-        raise QueueUnavailable(f"embedded valkey did not start within {timeout_s} s: {tail}")
+        said = " ".join(_tail(self._dir / name) for name in ("valkey.err", "valkey.log")).strip()
+        if code is not None:
+            raise QueueUnavailable(f"embedded valkey exited at start (code {code}): {said}")
+        raise QueueUnavailable(f"embedded valkey did not start within {timeout_s} s: {said}")
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """SIGTERM (the server flushes its AOF and exits), then SIGKILL after `timeout_s`."""
