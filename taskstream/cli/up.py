@@ -10,8 +10,10 @@ from pathlib import Path
 
 import typer
 
+from taskstream.agents.registry import default_registry
 from taskstream.cli.common import open_cluster, run_async, settings
 from taskstream.cli.tasks_cmds import load_checked
+from taskstream.core import preconditions
 from taskstream.core.definitions import to_records, upstream_configs
 from taskstream.core.logging import get_logger
 from taskstream.core.settings import Settings
@@ -45,7 +47,11 @@ def up_cmd(
     if path.exists():
         taskfile = load_checked(path, s)
     else:
-        # Without a task file the cluster runs the definitions stored before.
+        # Without a task file the cluster runs the definitions stored before. The modules the
+        # roles load are checked here all the same: else each child would exit on a bad one
+        # and be started again, for ever, while `up` looked healthy.
+        default_registry(s.agent_modules)
+        preconditions.load(s.precondition_modules)
         get_logger(role="supervisor").warning("tasks.file_missing", path=str(path))
     run_async(_up(s, taskfile, executors, concurrency))
 

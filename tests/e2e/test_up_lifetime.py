@@ -265,3 +265,22 @@ def test_up_with_a_home_that_is_a_file_says_so(tmp_path: Path, where: str) -> No
     assert out.returncode == 2, out.stderr
     assert f"TASKSTREAM_HOME {home} is not a usable folder" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("setting", "says"),
+    [
+        ("TASKSTREAM_AGENT_MODULES", "agent module 'no_such_agents' cannot be imported"),
+        ("TASKSTREAM_PRECONDITION_MODULES", "precondition module 'no_such_agents' cannot be"),
+    ],
+)
+def test_up_without_a_task_file_refuses_a_module_setting_it_cannot_use(
+    tmp_path: Path, setting: str, says: str
+) -> None:
+    """No task file to check the modules against: `up` still checks them before starting
+    anything, instead of starting children that exit on them and restart for ever."""
+    env = base_env(**{setting: "no_such_agents"})
+    out = run_cli("up", "--executors", "1", env=env, cwd=tmp_path)
+    assert out.returncode == 2, out.stderr
+    assert says in out.stderr
+    assert not (tmp_path / ".taskstream").exists()
