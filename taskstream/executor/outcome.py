@@ -77,13 +77,32 @@ def failed(exc: BaseException) -> RunEnd:
         return RunEnd("needs_review", failure=Failure.MANUAL_REVIEW, error=error)
     if isinstance(exc, FatalError):
         return RunEnd("fatal_error", failure=Failure.FATAL, error=error)
-    wait_ms = exc.retry_after_ms if isinstance(exc, RetriableError) else None
+    asked = exc.retry_after_ms if isinstance(exc, RetriableError) else None
+    wait_ms = None if asked is None else _bounded(asked, MAX_AGENT_RETRY_AFTER_MS)
     return RunEnd("retriable_error", failure=Failure.RETRIABLE, error=error, retry_after_ms=wait_ms)
 
 
 def deferred(wait_ms: int) -> RunEnd:
-    """A run its upstream's limiter or breaker refused: not an attempt, retried later."""
-    return RunEnd(DEFERRED, defer_ms=wait_ms)
+    """A run its upstream's limiter or breaker refused: not an attempt, retried later (in
+    1 ms to `MAX_DEFER_MS`)."""
+    return RunEnd(DEFERRED, defer_ms=max(1, _bounded(wait_ms, MAX_DEFER_MS) or 0))
+
+
+MAX_AGENT_RETRY_AFTER_MS = 3_600_000
+"""The longest wait before the next attempt that an agent's `RetriableError` may ask for (ms),
+as the HTTP client caps an upstream's `Retry-After`."""
+MAX_DEFER_MS = 7 * 86_400_000
+"""The longest deferral (ms): far past any breaker cool-down. A longer one (an agent's own
+`UpstreamDeferred`) would only hide the run, or not fit the store's column."""
+
+
+def _bounded(wait_ms: float, most: int) -> int | None:
+    """`wait_ms` as whole ms within 0..`most`; None when it is not a finite number."""
+    try:
+        value = int(wait_ms)
+    except (TypeError, ValueError, OverflowError):  # None, NaN, infinity
+        return None
+    return min(most, max(0, value))
 
 
 DEFER_JITTER = 0.2

@@ -165,7 +165,9 @@ async def _admitted_call(
         return end
     # This run's failure opened (or kept open) an upstream's breaker: the outage is known,
     # so the run waits it out without spending an attempt, as a failed call through ctx.http.
-    return replace(deferred(wait_ms), error=end.error)
+    # A longer wait the failure itself asked for (a `Retry-After`) is honoured, as the HTTP
+    # client does for a call whose failure left the breaker open.
+    return replace(deferred(max(wait_ms, end.retry_after_ms or 0)), error=end.error)
 
 
 async def _settle(access: RunUpstreams, outcome: Outcome) -> int | None:

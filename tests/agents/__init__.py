@@ -38,6 +38,8 @@ async def _flaky(ctx: AgentContext, p: Params) -> dict[str, Any]:
         inner = asyncio.get_running_loop().create_future()
         inner.cancel()  # work of its own, cancelled; nobody cancelled the run
         await inner
+    if ctx.attempt <= p.fail_until and p.kind == "busy":  # the upstream asked for 10 min
+        raise RetriableError(f"attempt {ctx.attempt}: busy", retry_after_ms=600_000)
     if ctx.attempt <= p.fail_until:
         errors = {
             "retriable": RetriableError,

@@ -97,7 +97,8 @@ async def test_a_finish_that_asks_for_review_queues_it_only_when_it_wins(
     store: SqlStore, make_new: MakeNew, advance: Advance
 ) -> None:
     """The review entry is written with the final CAS, in its transaction: a winner is FAILED
-    and queued together, a fenced run queues nothing."""
+    and queued together, a fenced run queues nothing. A reason UTF-8 cannot encode is stored
+    with the character replaced, not refused with the whole commit."""
     won, won_t = await _running(store, make_new, advance, "won")
     lost, lost_t = await _running(store, make_new, advance, "lost")
     review = FailClass.MANUAL_REVIEW
@@ -111,14 +112,14 @@ async def test_a_finish_that_asks_for_review_queues_it_only_when_it_wins(
             owner="exec-1",
             review=why,
         )
-        for r_id, token, why in ((won, won_t, "unsure"), (lost, lost_t + 1, "stale"))
+        for r_id, token, why in ((won, won_t, "unsure \udc80"), (lost, lost_t + 1, "stale"))
     ]
     results = await store.finish_many(requests)
     assert results == {won: CasResult(ok=True), lost: CasResult(ok=False, found=Status.RUNNING)}
     async with store.engine.connect() as conn:
         stmt = select(review_queue.c.instance_id, review_queue.c.reason)
         queued = [tuple(r) for r in (await conn.execute(stmt)).all()]
-    assert queued == [(won, "unsure")]
+    assert queued == [(won, "unsure ?")]  # a lone surrogate (model output) cannot be stored
     row = await store.get_instance(won)
     assert row is not None and (row.status, row.fail_class) == (Status.FAILED, review)
 

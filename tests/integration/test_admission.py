@@ -35,6 +35,8 @@ tasks:
   - {id: ask, agent: echo, upstreams: [llm], retry: {max_attempts: 1}}
   - {id: flaky, agent: flaky, upstreams: [llm], retry: {max_attempts: 1},
      payload: {fail_until: 99}}
+  - {id: busy, agent: flaky, upstreams: [llm], retry: {max_attempts: 1},
+     payload: {fail_until: 99, kind: busy}}
 """
 
 
@@ -152,6 +154,26 @@ async def test_an_open_breaker_defers_instead_of_calling(h: Harness) -> None:
     row = await h.store.get_instance(later.id)
     assert row is not None and row.result is None
     assert [x.reason for x in await h.store.history(later.id)][-1] == "deferred"
+
+
+async def test_a_failure_that_opens_the_breaker_keeps_the_longer_wait_it_asked_for(
+    h: Harness,
+) -> None:
+    """The agent's own call was answered "retry in 10 min" and its failure opened the breaker
+    (cool-down 5 s): the run is deferred for the 10 min, as a call through `ctx.http` would
+    be, not for the cool-down only."""
+    cfg = BreakerConfig(failure_threshold=1, cooldown_ms=5_000)
+    await h.store.upsert_upstreams({"llm": {"limit": 100, "window": 60.0, "burst": None}})
+    busy = await h.trigger(TASKS, "busy", 1_000)
+    ex = Running(gated(h, cfg))
+    try:
+        await until(lambda: _is(h, busy.id, Status.RETRYING))
+    finally:
+        await ex.close()
+    row = await h.store.get_instance(busy.id)
+    assert row is not None and row.next_attempt_at_ms is not None
+    assert [x.reason for x in await h.store.history(busy.id)][-1] == "deferred"
+    assert row.next_attempt_at_ms - await h.store.db_now_ms() >= 590_000
 
 
 class _BrokenLimiter(RedisLimiter):

@@ -40,13 +40,18 @@ def loads(text: str | None) -> Any:
 
 
 def reason(text: str) -> str:
-    """A history or decision reason, cut to the column's width."""
-    return text[:REASON_LEN]
+    """A history, decision or review reason, cut to the column's width, with what UTF-8
+    cannot encode replaced (an agent's error text may hold a lone surrogate)."""
+    return _encodable(text[:REASON_LEN])
 
 
 def note(text: str | None) -> str | None:
     """A history note, cut to the column's width (characters); None stays None."""
-    return None if text is None else text[:NOTE_LEN]
+    return None if text is None else _encodable(text[:NOTE_LEN])
+
+
+def _encodable(text: str) -> str:
+    return text.encode("utf-8", "replace").decode("utf-8")
 
 
 def error_text(text: str | None) -> str | None:
@@ -54,7 +59,7 @@ def error_text(text: str | None) -> str | None:
     surrogate in an exception's text) replaced: it must never make its write fail."""
     if text is None:
         return None
-    return text[:ERROR_MAX_CHARS].encode("utf-8", "replace").decode("utf-8")
+    return _encodable(text[:ERROR_MAX_CHARS])
 
 
 def _opt_int(value: Any) -> int | None:
