@@ -14,7 +14,7 @@ creates nothing after that.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Set
 
 from taskstream.core.errors import QueueUnavailable
 from taskstream.core.logging import get_logger
@@ -207,9 +207,9 @@ class Advancer:
         ran = await own_unrecorded(self._store, spec, [f for f in old if f not in state.decided])
         for fire, instance_id in ran.items():
             await self._done(spec, fire, created_earlier(fire), instance_id, now_ms, state)
-        after = max(ran, default=cursor)
-        first = next((f for f in old if f not in state.decided and f > after), old[0])
-        await self._record(spec, first, bound_missed(first, horizon - 1, None), None, now_ms)
+        first = _first_undecided(trigger, max(ran, default=cursor), horizon, state.decided)
+        if first is not None:  # else every fire time before the horizon has its decision
+            await self._record(spec, first, bound_missed(first, horizon - 1, None), None, now_ms)
         state.waiting = {f: d for f, d in state.waiting.items() if f >= horizon}
         return horizon - 1
 
@@ -341,3 +341,16 @@ class Advancer:
         )
         if not await record_decision(self._store, row, self._log, token=self._token):
             raise Fenced.refused("decision", spec.id)
+
+
+def _first_undecided(
+    trigger: Trigger, after_ms: int, horizon_ms: int, decided: Set[int]
+) -> int | None:
+    """The first fire time after `after_ms` and before `horizon_ms` with no decision yet, read
+    `MAX_TICKS_PER_PASS` at a time; None when there is none."""
+    while True:
+        page = fire_times(trigger, after_ms, horizon_ms - 1, limit=MAX_TICKS_PER_PASS)
+        found = next((f for f in page if f not in decided), None)
+        if found is not None or len(page) < MAX_TICKS_PER_PASS:
+            return found
+        after_ms = page[-1]

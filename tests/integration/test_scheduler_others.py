@@ -6,6 +6,8 @@ than one earlier run."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 from structlog.testing import capture_logs
 
@@ -17,8 +19,9 @@ from taskstream.core.store.sql import SqlStore
 from taskstream.scheduler import manual
 from taskstream.scheduler.instances import new_instance
 from taskstream.scheduler.service import Scheduler, SchedulerConfig
+from taskstream.scheduler.verdict import NOT_FINAL
 from tests.integration.harness import Harness
-from tests.integration.scheduler_cases import M0, OVERLAP, make
+from tests.integration.scheduler_cases import DAY0, M0, OVERLAP, make
 
 FRI = 1_780_012_800_000
 """2026-05-29T00:00:00Z, a Friday."""
@@ -310,3 +313,29 @@ async def test_replace_cancels_every_earlier_run_however_many(
     earlier = [r for r in rows if r.scheduled_for_ms < M0]
     assert len(earlier) == 15
     assert {(r.status, r.fail_class) for r in earlier} == {(Status.FAILED, FailClass.REPLACED)}
+
+
+async def test_a_tick_that_waited_through_a_long_outage_gets_one_final_decision(
+    store: SqlStore, redis: streams.Redis, keys: Keys
+) -> None:
+    """Tick W waits for a marker that never comes while the ticks after it run; then no
+    scheduler runs for hours. W's wait ends `skip_dep`; the outage's `missed` summary names
+    no tick that already has a final decision (here every tick before the horizon has one,
+    so there is none)."""
+    wait = DAY0 - MIN  # its business date's marker never comes
+    h = Harness(store, redis, keys, FixedClock(wait - 1_000))
+    await h.apply(
+        "tasks:\n  - {id: r, agent: echo, schedule: {every: 1m, timezone: UTC}, window: 3h,"
+        " depends_on: [raw.ready], catchup: {max_delay: 1h}}\n"
+    )
+    await store.mark_ready("raw.ready", "2026-05-29")
+    s = make(h)
+    await s.run_pass()
+    h.clock.set(wait + 2 * HOUR + 50 * MIN)  # W waits; the 170 ticks after it run
+    await s.run_pass()
+    h.clock.set(wait + 8 * HOUR)
+    await s.run_pass()
+    decided = await store.decisions("r", since_ms=0, limit=100_000)
+    finals = Counter(d.fire_time_ms for d in decided if d.decision not in NOT_FINAL)
+    assert [d.decision for d in decided if d.fire_time_ms == wait] == ["wait_dep", "skip_dep"]
+    assert {f: n for f, n in finals.items() if n > 1} == {}
