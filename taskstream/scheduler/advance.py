@@ -33,6 +33,7 @@ from taskstream.scheduler.catchup import (
 from taskstream.scheduler.decide import decide_tick
 from taskstream.scheduler.emit import (
     created_earlier,
+    decisions_after,
     emit_tick,
     own_unrecorded,
     ran_unrecorded,
@@ -49,7 +50,7 @@ from taskstream.scheduler.hold import (
     waits_for,
 )
 from taskstream.scheduler.leader import Fenced
-from taskstream.scheduler.recall import RECALL_LIMIT, TaskState, recall
+from taskstream.scheduler.recall import TaskState, recall
 from taskstream.scheduler.replace import cancel_previous, replaced_ids
 from taskstream.scheduler.ticks import Trigger, fire_times, is_fire_time, next_fire
 from taskstream.scheduler.verdict import (
@@ -173,9 +174,7 @@ class Advancer:
         if state.cursor is None:
             state.cursor = await self._store.get_cursor(spec.id)
             if state.cursor is not None:
-                rows = await self._store.decisions(
-                    spec.id, since_ms=state.cursor + 1, limit=RECALL_LIMIT
-                )
+                rows = await decisions_after(self._store, spec.id, state.cursor)
                 state.decided, state.waiting = recall(rows)
         if state.cursor is None:
             await self._move(spec, state, now_ms - 1, token)

@@ -173,3 +173,28 @@ async def record_decision(
         instance_id=row.instance_id,
     )
     return True
+
+
+RECALL_PAGE = 5000
+"""Decision rows read per query when a scheduler reads back what was decided past a cursor."""
+RECALL_MOST = 500_000
+"""Most decision rows read back per task (a hundred pages): ticks beyond are decided again."""
+
+
+async def decisions_after(store: Store, task_id: str, cursor_ms: int) -> list[DecisionRow]:
+    """Every decision recorded past `cursor_ms` (up to `RECALL_MOST`), by fire time then
+    insertion, read a page at a time. A page ends on whole fire times: the rows of the fire
+    time it cut are read again with the next page, so each comes once and in order."""
+    rows: list[DecisionRow] = []
+    since = cursor_ms + 1
+    while len(rows) < RECALL_MOST:
+        page = await store.decisions(task_id, since_ms=since, limit=RECALL_PAGE)
+        if len(page) < RECALL_PAGE:
+            return rows + page
+        last = page[-1].fire_time_ms
+        whole = [row for row in page if row.fire_time_ms < last]
+        if not whole:  # one fire time fills the page: take it as read, and go past it
+            whole, last = page, last + 1
+        rows += whole
+        since = last
+    return rows

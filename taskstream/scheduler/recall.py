@@ -17,9 +17,6 @@ from taskstream.core.store.port import DecisionRow
 from taskstream.scheduler.hold import HELD_BY
 from taskstream.scheduler.verdict import DEFERRED, NOT_FINAL, Decision, by_operator
 
-RECALL_LIMIT = 5000
-"""Most decision rows read back per task; ticks beyond them are decided again."""
-
 
 @dataclass(slots=True)
 class TaskState:
