@@ -82,7 +82,6 @@ async def execute(run: Run, env: RunEnv) -> RunEnd:
     limit = time_limit(timeout_s, row.deadline_ms, env.clock.now_ms())
     if limit.seconds <= 0:
         return timed_out("deadline passed before the run started")
-    run.ends_by_ms = env.clock.now_ms() + math.ceil(limit.seconds * 1000)
     return await _admitted_call(run, log, params, limit, env)
 
 
@@ -145,6 +144,8 @@ async def _admitted_call(
         access = admitted
     http = UpstreamClient(access, http=env.http, log=log, clock=env.clock)
     ctx = _context(run, env, log, http)
+    # From here the agent's own timer runs: time spent in admission is not time it overran.
+    run.ends_by_ms = env.clock.now_ms() + math.ceil(limit.seconds * 1000)
     try:
         end = await _call(run, ctx, params, limit)
     except asyncio.CancelledError:
@@ -257,13 +258,18 @@ def _effect_checker(run: Run, store: Store) -> Callable[[str], Awaitable[bool]]:
     run's attempt has ended without it: fenced, or past its time limit with its end already
     committed. An effect it started then would be committed by no one, and done again."""
 
-    async def done(key: str) -> bool:
+    def refuse_when_ended() -> None:
         if run.fenced or run.overran:
             raise ClaimLost(
                 f"instance {run.row.id} attempt {run.token} has ended"
                 f" ({'fenced' if run.fenced else 'past its time limit'}): no side effect may start"
             )
-        return await store.side_effect_done(key)
+
+    async def done(key: str) -> bool:
+        refuse_when_ended()
+        found = await store.side_effect_done(key)
+        refuse_when_ended()  # it may have ended while the store answered
+        return found
 
     return done
 

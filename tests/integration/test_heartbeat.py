@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,9 +17,12 @@ from taskstream.core import streams
 from taskstream.core.reasons import LEASE_EXPIRED
 from taskstream.core.states import Status
 from taskstream.executor import heartbeat as heartbeat_module
+from taskstream.executor.admission import UpstreamGate
 from taskstream.executor.heartbeat import Heartbeat
 from taskstream.executor.intake import Run
+from taskstream.executor.run_upstreams import RunUpstreams
 from taskstream.executor.runner import RunEnv, execute
+from taskstream.ratelimit.memory import MemoryBreakers, MemoryLimiter
 from tests.integration.harness import Harness, until
 from tests.integration.outages import forever, intake, lease_end
 
@@ -399,3 +402,57 @@ async def test_a_run_whose_attempt_has_ended_may_start_no_side_effect(
     assert end.error is not None and end.error.startswith("ClaimLost: ")
     assert ended in end.error or "time limit" in end.error
     assert run.side_effects == []
+
+
+GATED = """
+upstreams:
+  llm: {limit: 100, window: 60s}
+tasks:
+  - id: paced
+    agent: slow
+    upstreams: [llm]
+    lease: 60s
+    timeout: 5s
+    payload: {seconds: 30}
+"""
+
+
+async def test_time_spent_in_upstream_admission_is_not_overrun(outage: Harness) -> None:
+    """The run's admission took 20 s (the store or Redis slow); its agent then started within
+    its 5 s limit. Its time limit counts from when the agent starts, so the heartbeat does not
+    take it for one that ignored its cancellation."""
+    h = outage
+    await h.apply(GATED)
+    await h.store.upsert_upstreams({"llm": {"limit": 100, "window": 60.0, "burst": None}})
+    await h.trigger(GATED, "paced", fire_ms=h.clock.now_ms())
+    [delivery] = await streams.read(h.redis, h.keys, "c1", count=1, block_ms=10)
+    [run] = await (await intake(h, "c1")).admit([delivery])
+
+    class SlowGate(UpstreamGate):
+        async def admit_run(self, upstreams: Sequence[str]) -> int | RunUpstreams:
+            h.clock.advance(20_000)
+            return await super().admit_run(upstreams)
+
+    gate = SlowGate(h.store, MemoryLimiter(h.clock), MemoryBreakers(h.clock))
+    handed: list[Run] = []
+    heartbeat = Heartbeat(
+        h.store, h.redis, h.keys, "c1", h.clock, liveness_ttl_s=6, on_overrun=handed.append
+    )
+    env = RunEnv(h.store, h.clock, max_payload_bytes=1 << 20, gate=gate)
+
+    async def running() -> None:
+        await execute(run, env)
+
+    task = asyncio.create_task(running())
+    try:
+        heartbeat.track(run, task)
+        await until(lambda: _started(run))
+        await heartbeat.extend()
+        assert (handed, run.overran, task.done()) == ([], False, False)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def _started(run: Run) -> bool:
+    return run.ends_by_ms is not None
