@@ -18,7 +18,7 @@ from redis.exceptions import RedisError
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-from taskstream.core.store.urls import normalize_url, url_scheme
+from taskstream.core.store.urls import async_driver, normalize_url, url_scheme
 
 MAX_PAYLOAD_LIMIT = 7 * 1024 * 1024
 """The largest `max_payload_bytes`: MariaDB refuses statements over `max_allowed_packet`
@@ -155,13 +155,13 @@ def _check_database_url(url: str) -> None:
     server = not scheme.lower().startswith("sqlite")
     if server and not parsed.database:
         raise ValueError("no database name after the host (scheme://user:password@host/name)")
-    if server and scheme.split("+")[0].lower() in ("mysql", "mariadb") and parsed.query:
+    if parsed.query and async_driver(scheme) == "mysql+asyncmy":
         _check_mysql_options(url)
 
 
 def _check_mysql_options(url: str) -> None:
-    """`ValueError` naming the query options (names only) that the MySQL driver (asyncmy)
-    does not take: it would refuse them at the first connection, as an error of its own."""
+    """`ValueError` naming the query options (names only) that the MySQL driver (asyncmy, the
+    one `mysql://` URLs use) does not take: it would refuse them at the first connection."""
     try:
         parsed = make_url(normalize_url(url))
         _, given = parsed.get_dialect()().create_connect_args(parsed)

@@ -25,6 +25,8 @@ def _problems(**values: str) -> list[str]:
         "postgresql://app:s3cr3t@[::1]:5432/taskstream",
         "sqlite:///var/lib/taskstream/store.db",
         "mysql://root:s3cr3t%40Xk9@db.internal/taskstream?charset=utf8mb4&connect_timeout=5",
+        "mysql://root:s3cr3t@db.internal/taskstream?ssl_ca=/etc/ca.pem&unix_socket=/run/my.sock",
+        "mysql+aiomysql://root:s3cr3t@db.internal/taskstream?auth_plugin=mysql_native_password",
     ],
 )
 def test_a_database_url_sqlalchemy_reads_is_accepted(url: str) -> None:

@@ -51,6 +51,11 @@ def _scheme(url: str) -> str:
     return scheme
 
 
+def async_driver(scheme: str) -> str | None:
+    """The `dialect+driver` a URL with `scheme` is opened with, None when unsupported."""
+    return _ASYNC_SCHEMES.get(scheme.lower())
+
+
 def normalize_url(url: str) -> str:
     """Return the async-driver form of `url`; everything after the scheme is unchanged.
 
