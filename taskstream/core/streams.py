@@ -76,8 +76,10 @@ def connect(url: str) -> Redis:
 def group_missing(exc: ResponseError) -> bool:
     """The reply says a work stream or its group is gone (Redis restarted empty, the keys
     deleted): `NOGROUP` to a command, or `UNBLOCKED` to a blocked read whose stream was
-    deleted meanwhile (Redis 7; Valkey answers that read `NOGROUP`). `ensure_groups` mends it."""
-    return str(exc).startswith(("NOGROUP", "UNBLOCKED"))
+    deleted meanwhile (Redis 7; Valkey answers that read `NOGROUP`). `ensure_groups` mends it.
+    Looked for anywhere in the message: redis-py puts a pipeline's command before it."""
+    text = str(exc)
+    return "NOGROUP" in text or "UNBLOCKED" in text
 
 
 async def ensure_groups(redis: Redis, keys: Keys) -> None:

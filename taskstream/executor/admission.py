@@ -232,10 +232,14 @@ class UpstreamGate:
         limits = self._limits.get(name)
         if ticket.hit is None or limits is None or await self.restamp(name, ticket.hit):
             return ticket
-        admission = await self._limiter.acquire(name, *limits)
+        probe = {} if ticket.probe_round is None else {name: ticket.probe_round}
+        try:
+            admission = await self._limiter.acquire(name, *limits)
+        except Exception:
+            await self._hand_back(probe, {})  # no call goes out: its probe goes back
+            raise
         if admission.allowed:
             return CallTicket(name, ticket.probe_round, admission.member)
-        probe = {} if ticket.probe_round is None else {name: ticket.probe_round}
         await self._hand_back(probe, {})
         return max(1, admission.retry_after_ms)
 

@@ -384,6 +384,34 @@ async def test_an_admission_that_fails_midway_gives_back_its_half_open_probe(h: 
     assert isinstance(await gate.admit_run(["llm"]), RunUpstreams)
 
 
+async def test_a_stale_probe_admission_gives_its_probe_back_when_no_new_slot_can_be_had(
+    h: Harness,
+) -> None:
+    """The run took the one half-open probe and a window hit; its agent worked past the 1 s
+    window, so its first call needs a new slot, and the limiter cannot be reached. The call
+    is deferred with no call sent, and the probe goes back, so the next run may try at once
+    instead of after `probe_timeout`."""
+    await h.store.upsert_upstreams({"llm": {"limit": 10, "window": 1.0, "burst": None}})
+    clock = FixedClock(h.clock.now_ms())
+    limiter, breakers = _BlipOnce(clock), MemoryBreakers(clock)
+    config = BreakerConfig(failure_threshold=1, cooldown_ms=30_000, probe_timeout_ms=600_000)
+    gate = UpstreamGate(h.store, limiter, breakers, config)
+    opened = await gate.admit_run(["llm"])
+    assert isinstance(opened, RunUpstreams)
+    await opened.settle(Outcome.FAILURE)
+    clock.advance(30_000)
+    run = await gate.admit_run(["llm"])
+    assert isinstance(run, RunUpstreams)
+    assert (await breakers.state("llm")).probes_admitted == 1
+    clock.advance(10_000)
+    limiter.blip = True
+    with pytest.raises(GuardUnavailable):
+        await run.acquire("llm")
+    await run.settle(Outcome.IGNORE)
+    state = await breakers.state("llm")
+    assert (state.status, state.probes_admitted) == (BreakerStatus.HALF_OPEN, 0)
+
+
 async def test_a_store_that_drops_a_settings_read_keeps_the_last_settings(
     h: Harness, db_url: str
 ) -> None:

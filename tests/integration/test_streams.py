@@ -256,3 +256,18 @@ async def test_streams_deleted_under_a_blocked_read_say_the_group_is_missing(
         await asyncio.wait_for(reader, timeout=10)
     assert streams.group_missing(caught.value), str(caught.value)
     assert not streams.group_missing(ResponseError("WRONGTYPE Operation against a key"))
+
+
+async def test_a_missing_group_is_recognised_through_a_pipeline(
+    redis: streams.Redis, keys: Keys
+) -> None:
+    """`touch` runs in a pipeline, whose errors redis-py prefixes with the command: a stream
+    lost meanwhile (Redis restarted empty) still reads as a missing group."""
+    await streams.ensure_groups(redis, keys)
+    await redis.xadd(keys.streams()[0], {"x": "1"})
+    read = await streams.read(redis, keys, "c1", count=1, block_ms=10)
+    await redis.delete(*keys.streams())
+    with pytest.raises(ResponseError) as caught:
+        await streams.touch(redis, "c1", read)
+    assert not str(caught.value).startswith("NOGROUP")
+    assert streams.group_missing(caught.value), str(caught.value)
