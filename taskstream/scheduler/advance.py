@@ -203,12 +203,16 @@ class Advancer:
         if len(old) <= MISSED_ROWS:
             return cursor
         await self._end_waits(spec, sorted(f for f in state.waiting if f < horizon), now_ms, state)
-        ran = await own_unrecorded(self._store, spec, [f for f in old if f not in state.decided])
-        for fire, instance_id in ran.items():
-            await self._done(spec, fire, created_earlier(fire), instance_id, now_ms, state)
-        first = _first_undecided(trigger, max(ran, default=cursor), horizon, state.decided)
+        first = _first_undecided(trigger, cursor, horizon, state.decided)
+        while first is not None:
+            ran = await own_unrecorded(self._store, spec, [first])
+            if first not in ran:
+                break
+            await self._done(spec, first, created_earlier(first), ran[first], now_ms, state)
+            first = _first_undecided(trigger, first, horizon, state.decided)
         if first is not None:  # else every fire time before the horizon has its decision
             await self._record(spec, first, bound_missed(first, horizon - 1, None), None, now_ms)
+            state.decided.add(first)  # a pass that fails before moving on records it once
         state.waiting = {f: d for f, d in state.waiting.items() if f >= horizon}
         return horizon - 1
 

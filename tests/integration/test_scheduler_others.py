@@ -339,3 +339,35 @@ async def test_a_tick_that_waited_through_a_long_outage_gets_one_final_decision(
     finals = Counter(d.fire_time_ms for d in decided if d.decision not in NOT_FINAL)
     assert [d.decision for d in decided if d.fire_time_ms == wait] == ["wait_dep", "skip_dep"]
     assert {f: n for f, n in finals.items() if n > 1} == {}
+
+
+async def test_a_tick_that_ran_past_the_first_page_is_not_called_missed(
+    store: SqlStore, redis: streams.Redis, keys: Keys
+) -> None:
+    """A waiting tick held the cursor while the 170 ticks after it were decided; a pass then
+    made the next tick's instance and stopped before recording it; then a long outage. That
+    tick ran, more than 101 fire times past the cursor: it is recorded `should_run`, and the
+    outage's summary starts after it."""
+    wait = DAY0 - MIN
+    text = (
+        "tasks:\n  - {id: r, agent: echo, schedule: {every: 1m, timezone: UTC}, window: 3h,"
+        " depends_on: [raw.ready], catchup: {max_delay: 1h}}\n"
+    )
+    h = Harness(store, redis, keys, FixedClock(wait - 1_000))
+    await h.apply(text)
+    await store.mark_ready("raw.ready", "2026-05-29")
+    s = make(h)
+    await s.run_pass()
+    h.clock.set(wait + 2 * HOUR + 50 * MIN)
+    await s.run_pass()
+    ran = wait + 171 * MIN
+    h.clock.set(ran + 100)
+    row = await h.trigger(text, "r", ran)
+    h.clock.set(wait + 8 * HOUR)
+    await make(h).run_pass()
+    decided = await store.decisions("r", since_ms=ran, limit=5)
+    assert [(d.decision, d.instance_id) for d in decided if d.fire_time_ms == ran] == [
+        ("should_run", row.id)
+    ]
+    [summary] = [d for d in decided if d.decision == "missed"]
+    assert summary.fire_time_ms == ran + MIN
