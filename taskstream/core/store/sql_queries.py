@@ -202,14 +202,15 @@ async def due_retries(
         .limit(max(limit, 0))
     )
     if after is not None:
-        due_ms, instance_id = after
-        stmt = stmt.where(
-            or_(
-                inst.c.next_attempt_at_ms > due_ms,
-                and_(inst.c.next_attempt_at_ms == due_ms, inst.c.id > instance_id),
-            )
-        )
+        stmt = stmt.where(_past(inst.c.next_attempt_at_ms, after))
     return [codec.instance_row(m) for m in (await conn.execute(stmt)).mappings().all()]
+
+
+def _past(ms: ColumnElement[Any], after: tuple[int, str]) -> ColumnElement[bool]:
+    """Rows past `after` ((`ms`, id)) in the order (`ms`, id): where a page read by that
+    order left off."""
+    at_ms, instance_id = after
+    return or_(ms > at_ms, and_(ms == at_ms, inst.c.id > instance_id))
 
 
 async def stale(
@@ -235,13 +236,7 @@ async def stale(
         .limit(max(limit, 0))
     )
     if after is not None:
-        at_ms, instance_id = after
-        stmt = stmt.where(
-            or_(
-                inst.c.updated_at_ms > at_ms,
-                and_(inst.c.updated_at_ms == at_ms, inst.c.id > instance_id),
-            )
-        )
+        stmt = stmt.where(_past(inst.c.updated_at_ms, after))
     return [codec.instance_row(m) for m in (await conn.execute(stmt)).mappings().all()]
 
 
