@@ -22,14 +22,14 @@ import asyncio
 import importlib
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
-from typing import Any
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any, TypeVar
 
 from sqlalchemy import event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.engine.interfaces import DBAPIConnection
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import ConnectionPoolEntry
 
 from taskstream.core.errors import ConfigError, SchemaMissing, StoreError, StoreUnavailable
@@ -54,9 +54,34 @@ _SQLITE_PRAGMAS = (
 )
 
 
+T = TypeVar("T")
+
+
 class ConstraintViolation(StoreError):
     """An integrity constraint (UNIQUE, primary key, NOT NULL, foreign key) rejected a write
     and the transaction was rolled back. Callers expecting a duplicate confirm it by reading."""
+
+
+CONFLICT_TRIES = 3
+"""Tries of an upsert whose inserts a concurrent writer of the same keys beat."""
+
+
+async def upsert_retrying(
+    write: Callable[[], AbstractAsyncContextManager[AsyncConnection]],
+    body: Callable[[AsyncConnection], Awaitable[T]],
+    what: str,
+) -> T:
+    """`body` (read, then insert or update) in a write transaction, run again in a fresh one
+    when a concurrent writer inserted one of its keys first: the next try reads that row and
+    updates it. `StoreError` naming `what` after `CONFLICT_TRIES` conflicts."""
+    last: ConstraintViolation | None = None
+    for _ in range(CONFLICT_TRIES):
+        try:
+            async with write() as conn:
+                return await body(conn)
+        except ConstraintViolation as exc:
+            last = exc
+    raise StoreError(f"{what} kept conflicting: {last}") from last
 
 
 POOL_SIZE = 10

@@ -10,12 +10,12 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from taskstream.core.errors import ClaimLost, StoreError
+from taskstream.core.errors import ClaimLost
 from taskstream.core.states import Status
 from taskstream.core.store import sql_codec as codec
 from taskstream.core.store.dbclock import db_now_ms
 from taskstream.core.store.port import InstanceRow
-from taskstream.core.store.sql_engine import ConstraintViolation
+from taskstream.core.store.sql_engine import ConstraintViolation, upsert_retrying
 from taskstream.core.store.sql_queries import chunks, lock_states
 from taskstream.core.store.tables import readiness_markers as markers
 from taskstream.core.store.tables import task_instances as inst
@@ -65,14 +65,9 @@ class SchedulingMethods:
         """Insert or replace upstream limits by name; name -> "created" | "updated" |
         "unchanged". Upstreams missing from `configs` are kept. A concurrent apply that
         inserts the same new upstream first makes this one read again and update it."""
-        last: ConstraintViolation | None = None
-        for _ in range(_UPSERT_TRIES):
-            try:
-                async with self._write() as conn:
-                    return await _upsert_upstreams(conn, configs)
-            except ConstraintViolation as exc:
-                last = exc
-        raise StoreError(f"upstreams kept conflicting: {last}") from last
+        return await upsert_retrying(
+            self._write, lambda conn: _upsert_upstreams(conn, configs), "upstreams"
+        )
 
     async def list_upstreams(self) -> dict[str, dict[str, Any]]:
         """Every stored upstream's limits, by name."""
@@ -125,10 +120,6 @@ async def _hold(conn: AsyncConnection, instance_id: str, token: int) -> None:
     if seen is None or seen.status is not Status.RUNNING or seen.attempt != token:
         found = "no row" if seen is None else f"{seen.status} at attempt {seen.attempt}"
         raise ClaimLost(f"instance {instance_id}: claim {token} no longer held ({found})")
-
-
-_UPSERT_TRIES = 3
-"""Tries of an upstreams upsert that lost a race to insert the same name."""
 
 
 async def _upsert_upstreams(

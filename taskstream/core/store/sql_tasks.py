@@ -7,13 +7,9 @@ from contextlib import AbstractAsyncContextManager
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from taskstream.core.errors import StoreError
 from taskstream.core.store import sql_definitions as defs
 from taskstream.core.store.port import DecisionRow, DefinitionRecord
-from taskstream.core.store.sql_engine import ConstraintViolation
-
-_CREATE_TRIES = 3
-"""Tries of an apply whose inserts a concurrent apply of the same tasks beat."""
+from taskstream.core.store.sql_engine import upsert_retrying
 
 
 class DefinitionMethods:
@@ -29,14 +25,9 @@ class DefinitionMethods:
     async def upsert_definitions(self, records: list[DefinitionRecord]) -> dict[str, str]:
         """Insert or update; task_id -> "created" | "updated" | "unchanged". `paused` is only
         taken from a record when the definition is created."""
-        last: ConstraintViolation | None = None
-        for _ in range(_CREATE_TRIES):
-            try:
-                async with self._write() as conn:
-                    return await defs.upsert(conn, records)
-            except ConstraintViolation as exc:  # a concurrent apply inserted the same task first
-                last = exc
-        raise StoreError(f"definitions kept conflicting: {last}") from last
+        return await upsert_retrying(
+            self._write, lambda conn: defs.upsert(conn, records), "definitions"
+        )
 
     async def list_definitions(self) -> list[DefinitionRecord]:
         """Every definition, by task id."""
