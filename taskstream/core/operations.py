@@ -16,7 +16,7 @@ from taskstream.core import streams
 from taskstream.core.errors import TaskstreamError
 from taskstream.core.outbox import Outbox, placed_entry, why_refused
 from taskstream.core.reasons import REQUEUED
-from taskstream.core.states import FailClass, Status
+from taskstream.core.states import Status, poisoned_by
 from taskstream.core.store.port import InstanceRow
 
 
@@ -88,7 +88,7 @@ def _failed_by(letter: DeadLetter, row: InstanceRow) -> bool:
     attempt = letter.fields.get("orig.attempt", "")
     if not attempt.isdigit():
         return True
-    return row.fail_class is FailClass.POISON and row.attempt in (int(attempt), int(attempt) + 1)
+    return poisoned_by(int(attempt), row.status, row.fail_class, row.attempt)
 
 
 def _utc(epoch_ms: int) -> str:

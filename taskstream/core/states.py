@@ -62,6 +62,15 @@ IN_FLIGHT: tuple[Status, ...] = tuple(sorted(set(Status) - SETTLED, key=lambda s
 """States with automatic work left (the rest of `SETTLED`), in name order."""
 
 
+def poisoned_by(
+    entry_attempt: int, status: Status, fail_class: FailClass | None, attempt: int
+) -> bool:
+    """An instance at `status`, `fail_class` and `attempt` FAILED as poison by the entry of
+    `entry_attempt`: unclaimed (the same attempt) or in the run that entry started (+1)."""
+    poisoned = status is Status.FAILED and fail_class is FailClass.POISON
+    return poisoned and attempt in (entry_attempt, entry_attempt + 1)
+
+
 def can_transition(src: Status, dst: Status) -> bool:
     """True when the state table allows `src -> dst`."""
     return dst in TRANSITIONS[src]

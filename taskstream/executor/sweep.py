@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from taskstream.core.reasons import AFTER, LEASE_EXPIRED, OWNER_LOST
-from taskstream.core.states import AWAITING_CLAIM, SETTLED, FailClass, Status
+from taskstream.core.states import AWAITING_CLAIM, SETTLED, FailClass, Status, poisoned_by
 
 
 class Action(StrEnum):
@@ -118,7 +118,7 @@ def _gate(entry: EntryFacts, row: RowFacts | None) -> Verdict | None:
     if row is None:
         return Verdict(Action.DEAD_LETTER, "unknown_instance")
     if row.status in SETTLED:
-        if _poisoned_by(entry.attempt, row):
+        if poisoned_by(entry.attempt, row.status, row.fail_class, row.attempt):
             # Failed as poison, but the move to the dead-letter stream did not happen (Redis
             # failed after the store's commit): the entry still belongs there.
             return Verdict(Action.DEAD_LETTER, "poison")
@@ -132,12 +132,6 @@ def _crashes(entry: EntryFacts, max_deliveries: int) -> Verdict | None:
     if crashes > max_deliveries:
         return Verdict(Action.POISON, f"{crashes} deliveries > {max_deliveries}")
     return None
-
-
-def _poisoned_by(attempt: int, row: RowFacts) -> bool:
-    """The instance FAILED as poison at this entry's attempt (unclaimed, or its run)."""
-    poisoned = row.status is Status.FAILED and row.fail_class is FailClass.POISON
-    return poisoned and row.attempt in (attempt, attempt + 1)
 
 
 def _unclaimed(entry: EntryFacts, unclaimed_ms: int) -> Verdict:
