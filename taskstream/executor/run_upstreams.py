@@ -79,6 +79,11 @@ class RunUpstreams:
             ticket.upstream, outcome, probe_round=ticket.probe_round
         )
 
+    @property
+    def unsettled(self) -> bool:
+        """Some admission has not been reported on yet: `settle` has work to do."""
+        return bool(self._spare or self._open)
+
     async def settle(self, outcome: Outcome) -> int | None:
         """After the run: record `outcome` for the admissions that no call has reported on.
         When such a failure leaves a breaker open, the longest cool-down left (ms): the run

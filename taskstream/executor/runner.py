@@ -38,7 +38,7 @@ GIVE_BACK_S = 2.0
 SETTLE_S = 5.0
 """Longest wait for the breakers to take an ended run's outcome (Redis); s."""
 _SETTLING: set[asyncio.Future[int | None]] = set()
-"""Settles still going after their run was cancelled (kept referenced until done)."""
+"""Settles still going (kept referenced until done: one may outlive its run's task)."""
 UNAVAILABLE = (QueueUnavailable, StoreUnavailable, *streams.DRIVER_ERRORS)
 
 
@@ -149,12 +149,12 @@ async def _admitted_call(
     try:
         end = await _call(run, ctx, params, limit)
     except asyncio.CancelledError:
-        if access is not None:  # a trial call it was admitted as must not stay taken
+        if access is not None and access.unsettled:  # a trial slot it took must not stay taken
             await _give_back(access, log)
         raise
     finally:
         await ctx.http.aclose()
-    if access is None:
+    if access is None or not access.unsettled:  # a run with no upstreams, say: no I/O to wait on
         return end
     try:
         wait_ms = await _settle(access, _breaker_outcome(end))
@@ -175,18 +175,26 @@ async def _settle(access: RunUpstreams, outcome: Outcome) -> int | None:
     """`access.settle(outcome)` for a run whose agent has ended, within `SETTLE_S`, shielded:
     a stop's grace or a fence cancelling the run meanwhile must not drop its end (a released
     run would run again). Then the settle goes on alone and its wait (ms) is not used."""
-    settling = asyncio.ensure_future(asyncio.wait_for(access.settle(outcome), SETTLE_S))
     try:
-        return await asyncio.shield(settling)
+        return await asyncio.shield(_settling(access, outcome, SETTLE_S))
     except asyncio.CancelledError:
-        if not settling.done():
-            _SETTLING.add(settling)
-            settling.add_done_callback(_SETTLING.discard)
-            settling.add_done_callback(mark_retrieved)
         task = asyncio.current_task()
         if task is not None:
             task.uncancel()  # taken: the cancellation ends nothing more of this run
         return None
+
+
+def _settling(
+    access: RunUpstreams, outcome: Outcome, within_s: float
+) -> asyncio.Future[int | None]:
+    """`access.settle(outcome)` within `within_s`, as a future that goes on by itself when
+    its awaiter is cancelled (kept referenced until done, its failure read: the awaiter, if
+    still there, reports it)."""
+    settling = asyncio.ensure_future(asyncio.wait_for(access.settle(outcome), within_s))
+    _SETTLING.add(settling)
+    settling.add_done_callback(_SETTLING.discard)
+    settling.add_done_callback(mark_retrieved)
+    return settling
 
 
 async def _admission(
@@ -236,7 +244,7 @@ async def _give_back(access: RunUpstreams, log: FilteringBoundLogger) -> None:
     """Settle a cancelled run's admission as saying nothing (its half-open trial slots
     freed), within `GIVE_BACK_S` and shielded from the cancellation; best effort."""
     try:
-        await asyncio.shield(asyncio.wait_for(access.settle(Outcome.IGNORE), GIVE_BACK_S))
+        await asyncio.shield(_settling(access, Outcome.IGNORE, GIVE_BACK_S))
     except Exception as exc:  # the slots then free when their trial times out
         log.warning("upstream.give_back_failed", error_type=type(exc).__name__)
 
