@@ -206,14 +206,13 @@ class Heartbeat:
         to `on_overrun` once and cancelled again, then neither extended nor touched."""
         runs = dict(self._runs)
         overran = self._overran(runs, self._clock.now_ms())
+        kept = {claim: tracked for claim, tracked in runs.items() if claim not in overran}
         by_length: dict[float, list[tuple[str, int]]] = {}
-        for claim, (run, _) in runs.items():
-            if claim not in overran:
-                by_length.setdefault(_lease_s(run), []).append(claim)
+        for claim, (run, _) in kept.items():
+            by_length.setdefault(_lease_s(run), []).append(claim)
         held: set[tuple[str, int]] = set()
         for lease_s, claims in sorted(by_length.items()):
             held |= await self._store.extend_leases(claims, lease_s=lease_s)
-        kept = {claim: runs[claim] for claim in runs if claim not in overran}
         self._fence(kept, held)
         await streams.touch(self._redis, self._consumer, [run.delivery for run, _ in kept.values()])
 
