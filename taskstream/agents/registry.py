@@ -21,7 +21,7 @@ class Registry:
 
     def register(self, agent: Agent) -> None:
         if agent.name in self._agents:
-            raise ValueError(f"agent {agent.name!r} is already registered")
+            raise ValueError(f"an agent named {agent.name!r} is already registered")
         self._agents[agent.name] = agent
 
     def get(self, name: str) -> Agent:
@@ -47,11 +47,10 @@ def default_registry(modules: tuple[str, ...] = ()) -> Registry:
         registry.register(builtin)
     for name in dict.fromkeys(modules):  # a module named twice is loaded once
         for agent in _module_agents(name):
-            if agent.name in registry.names():
-                raise ConfigError(
-                    [f"agent module {name!r}: an agent named {agent.name!r} is already registered"]
-                )
-            registry.register(agent)
+            try:
+                registry.register(agent)
+            except ValueError as exc:  # its name is taken (a built-in's, another module's)
+                raise ConfigError([f"agent module {name!r}: {exc}"]) from None
     return registry
 
 
