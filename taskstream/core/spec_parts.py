@@ -86,8 +86,8 @@ def check_cron(expr: str) -> str:
             f"invalid cron expression {expr!r}: expected 5 fields, or 6 with seconds first "
             f"(got {len(fields)})"
         )
-    normal = " ".join(",".join(_one_value(part) for part in field.split(",")) for field in fields)
-    for part in (part for field in fields for part in field.split(",")):
+    parts = [field.split(",") for field in fields]
+    for part in (part for field in parts for part in field):
         if (drawn := _CRON_DRAWN.match(part)) is None:
             continue
         what = "a random value" if drawn[1].lower() == "r" else "a hashed value"
@@ -96,6 +96,7 @@ def check_cron(expr: str) -> str:
             " every scheduler and every pass must compute the same fire times; write the"
             " value itself"
         )
+    normal = " ".join(",".join(_one_value(part) for part in field) for field in parts)
     try:
         croniter(normal, _CRON_PROBE_START, second_at_beginning=True).get_next(datetime)
     except CroniterBadDateError:
