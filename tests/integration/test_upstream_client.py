@@ -25,6 +25,7 @@ from taskstream.core import streams
 from taskstream.core.protocol import Keys
 from taskstream.core.store.sql import SqlStore
 from taskstream.executor.admission import UpstreamGate
+from taskstream.executor.run_upstreams import RunUpstreams
 from taskstream.ratelimit.backend import GuardUnavailable
 from taskstream.ratelimit.breaker import BreakerConfig, BreakerState, BreakerStatus, Outcome
 from taskstream.ratelimit.redis_backend import RedisBreakers, RedisLimiter
@@ -354,22 +355,35 @@ async def _redis_now_ms(redis: streams.Redis) -> int:
     return int(seconds) * 1000 + int(micros) // 1000
 
 
+async def _admitted_ago(
+    limits: SqlStore, redis: streams.Redis, keys: Keys, ago_ms: int
+) -> tuple[RunUpstreams, str]:
+    """A run's own admission to `api`, its window hit moved `ago_ms` back (its agent worked
+    that long before its first call); with the hit's member."""
+    access = await make_gate(limits, redis, keys).admit_run(["api"])
+    assert not isinstance(access, int)
+    member, admitted_at = await _only_hit(redis, keys)
+    await redis.zadd(keys.limiter("api"), {member: admitted_at - ago_ms})
+    return access, member
+
+
+async def _one_call_sent(access: RunUpstreams) -> bool:
+    """One call to `api` through `access`: whether it reached the server."""
+    client = UpstreamClient(access)
+    async with Loopback(Reply(200)) as server:
+        await client.get(server.url(), upstream="api")
+    await client.aclose()
+    return len(server.seen) == 1
+
+
 async def test_a_runs_admission_counts_from_when_its_first_call_is_sent(
     limits: SqlStore, redis: streams.Redis, keys: Keys
 ) -> None:
     """The run is admitted before its agent starts; an agent that works 20 s before its
     first call would otherwise have that call counted 20 s before it reached the upstream."""
-    access = await make_gate(limits, redis, keys).admit_run(["api"])
-    assert not isinstance(access, int)
-    member, admitted_at = await _only_hit(redis, keys)
-    await redis.zadd(keys.limiter("api"), {member: admitted_at - 20_000})  # the agent's 20 s
+    access, member = await _admitted_ago(limits, redis, keys, 20_000)  # the agent's 20 s
     before = await _redis_now_ms(redis)
-    client = UpstreamClient(access)
-    async with Loopback(Reply(200)) as server:
-        await client.get(server.url(), upstream="api")
-    await client.aclose()
-
-    assert len(server.seen) == 1
+    assert await _one_call_sent(access)
     assert (await _only_hit(redis, keys))[0] == member
     assert (await _only_hit(redis, keys))[1] >= before
 
@@ -381,17 +395,9 @@ async def test_a_runs_admission_that_went_stale_before_its_first_call_is_taken_a
     the run's admission can no longer move to the send time (its slot may have been given
     again). The call takes a slot anew and goes out, instead of the run being deferred to
     do the same work again, and again."""
-    access = await make_gate(limits, redis, keys).admit_run(["api"])
-    assert not isinstance(access, int)
-    member, admitted_at = await _only_hit(redis, keys)
-    await redis.zadd(keys.limiter("api"), {member: admitted_at - 62_000})
+    access, member = await _admitted_ago(limits, redis, keys, 62_000)
     before = await _redis_now_ms(redis)
-    client = UpstreamClient(access)
-    async with Loopback(Reply(200)) as server:
-        await client.get(server.url(), upstream="api")
-    await client.aclose()
-
-    assert len(server.seen) == 1
+    assert await _one_call_sent(access)
     found: list[Any] = await redis.zrange(keys.limiter("api"), 0, -1, withscores=True)
     fresh = [int(score) for m, score in found if streams.as_text(m) != member]
     assert len(fresh) == 1 and fresh[0] >= before
@@ -400,10 +406,7 @@ async def test_a_runs_admission_that_went_stale_before_its_first_call_is_taken_a
 async def test_a_runs_admission_that_went_stale_is_deferred_when_the_window_is_full(
     limits: SqlStore, redis: streams.Redis, keys: Keys
 ) -> None:
-    access = await make_gate(limits, redis, keys).admit_run(["api"])
-    assert not isinstance(access, int)
-    member, admitted_at = await _only_hit(redis, keys)
-    await redis.zadd(keys.limiter("api"), {member: admitted_at - 62_000})
+    access, _ = await _admitted_ago(limits, redis, keys, 62_000)
     assert (await make_gate(limits, redis, keys).admit_call("api"))[0] is None
     assert (await make_gate(limits, redis, keys).admit_call("api"))[0] is None  # now full
     assert 50_000 <= await _deferred_unsent(UpstreamClient(access)) <= 61_200
