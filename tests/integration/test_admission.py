@@ -362,19 +362,31 @@ class _BlipOnce(MemoryLimiter):
         return await super().acquire(name, limit, window_ms, burst)
 
 
-async def test_an_admission_that_fails_midway_gives_back_its_half_open_probe(h: Harness) -> None:
-    """The breaker's cool-down is over and the run takes its one probe, then the limiter
-    cannot be reached: the run is deferred with no call sent, and the probe is given back,
-    so the next run may try at once instead of after `probe_timeout` (60 s)."""
-    await h.store.upsert_upstreams({"llm": {"limit": 10, "window": 60.0, "burst": None}})
+async def _cooled_down(
+    h: Harness, *, window_s: float, probe_timeout_ms: int
+) -> tuple[FixedClock, _BlipOnce, MemoryBreakers, UpstreamGate]:
+    """A gate over in-process backends on a clock of its own, `llm` limited to 10 calls per
+    `window_s`, whose breaker a run's failure opened and whose 30 s cool-down is now over:
+    the next admission takes the one half-open probe."""
+    await h.store.upsert_upstreams({"llm": {"limit": 10, "window": window_s, "burst": None}})
     clock = FixedClock(h.clock.now_ms())
     limiter, breakers = _BlipOnce(clock), MemoryBreakers(clock)
-    config = BreakerConfig(failure_threshold=1, cooldown_ms=30_000, probe_timeout_ms=60_000)
+    config = BreakerConfig(
+        failure_threshold=1, cooldown_ms=30_000, probe_timeout_ms=probe_timeout_ms
+    )
     gate = UpstreamGate(h.store, limiter, breakers, config)
     opened = await gate.admit_run(["llm"])
     assert isinstance(opened, RunUpstreams)
     await opened.settle(Outcome.FAILURE)
     clock.advance(30_000)
+    return clock, limiter, breakers, gate
+
+
+async def test_an_admission_that_fails_midway_gives_back_its_half_open_probe(h: Harness) -> None:
+    """The breaker's cool-down is over and the run takes its one probe, then the limiter
+    cannot be reached: the run is deferred with no call sent, and the probe is given back,
+    so the next run may try at once instead of after `probe_timeout` (60 s)."""
+    clock, limiter, breakers, gate = await _cooled_down(h, window_s=60.0, probe_timeout_ms=60_000)
     limiter.blip = True
     with pytest.raises(GuardUnavailable):
         await gate.admit_run(["llm"])
@@ -391,15 +403,7 @@ async def test_a_stale_probe_admission_gives_its_probe_back_when_no_new_slot_can
     window, so its first call needs a new slot, and the limiter cannot be reached. The call
     is deferred with no call sent, and the probe goes back, so the next run may try at once
     instead of after `probe_timeout`."""
-    await h.store.upsert_upstreams({"llm": {"limit": 10, "window": 1.0, "burst": None}})
-    clock = FixedClock(h.clock.now_ms())
-    limiter, breakers = _BlipOnce(clock), MemoryBreakers(clock)
-    config = BreakerConfig(failure_threshold=1, cooldown_ms=30_000, probe_timeout_ms=600_000)
-    gate = UpstreamGate(h.store, limiter, breakers, config)
-    opened = await gate.admit_run(["llm"])
-    assert isinstance(opened, RunUpstreams)
-    await opened.settle(Outcome.FAILURE)
-    clock.advance(30_000)
+    clock, limiter, breakers, gate = await _cooled_down(h, window_s=1.0, probe_timeout_ms=600_000)
     run = await gate.admit_run(["llm"])
     assert isinstance(run, RunUpstreams)
     assert (await breakers.state("llm")).probes_admitted == 1
