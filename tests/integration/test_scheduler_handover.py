@@ -262,12 +262,7 @@ async def test_a_standby_after_redis_lost_the_token_counter_fences_the_leader(
     await leader._step()
     assert leader._token == 2
     await h.redis.delete(h.keys.leader, h.keys.leader_epoch)  # Redis restarted empty
-    h.clock.set(M0 + 1000)
-    await standby._step()
-    assert standby._token is not None and standby._token > 2
-    h.clock.set(M0 + 61_000)
-    with pytest.raises(Fenced):
-        await leader.run_pass(leader._token)
+    await _takes_over_and_fences(h, standby, leader)
 
 
 async def test_a_leader_back_from_a_pause_after_redis_lost_writes_fences_the_newer_one(
@@ -290,12 +285,18 @@ async def test_a_leader_back_from_a_pause_after_redis_lost_writes_fences_the_new
     assert newer._token == 2
     await h.redis.delete(h.keys.leader)  # the replica lost the newer lease...
     await h.redis.set(h.keys.leader_epoch, counter_after_first)  # ...and its token
+    await _takes_over_and_fences(h, first, newer)
+
+
+async def _takes_over_and_fences(h: Harness, taker: Scheduler, running: Scheduler) -> None:
+    """`taker` takes the lease with a token above `running`'s 2, so that `running`'s next
+    pass is fenced."""
     h.clock.set(M0 + 1000)
-    await first._step()
-    assert first._token is not None and first._token > 2
+    await taker._step()
+    assert taker._token is not None and taker._token > 2
     h.clock.set(M0 + 61_000)
     with pytest.raises(Fenced):
-        await newer.run_pass(newer._token)
+        await running.run_pass(running._token)
 
 
 async def test_a_standby_tries_again_when_the_leaders_lease_lapses(h: Harness) -> None:
