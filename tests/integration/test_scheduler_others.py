@@ -315,6 +315,29 @@ async def test_replace_cancels_every_earlier_run_however_many(
     assert {(r.status, r.fail_class) for r in earlier} == {(Status.FAILED, FailClass.REPLACED)}
 
 
+WAITING = (
+    "tasks:\n  - {id: r, agent: echo, schedule: {every: 1m, timezone: UTC}, window: 3h,"
+    " depends_on: [raw.ready], catchup: {max_delay: 1h}}\n"
+)
+WAIT = DAY0 - MIN
+"""A fire time of `WAITING` whose business date's marker never comes."""
+
+
+async def _waiting_while_170_ran(
+    store: SqlStore, redis: streams.Redis, keys: Keys
+) -> tuple[Harness, Scheduler]:
+    """`WAITING` applied; tick `WAIT` waits (its window is 3 h) while the 170 ticks after it,
+    whose marker is set, run: the cursor stays before `WAIT`."""
+    h = Harness(store, redis, keys, FixedClock(WAIT - 1_000))
+    await h.apply(WAITING)
+    await store.mark_ready("raw.ready", "2026-05-29")
+    s = make(h)
+    await s.run_pass()
+    h.clock.set(WAIT + 2 * HOUR + 50 * MIN)
+    await s.run_pass()
+    return h, s
+
+
 async def test_a_tick_that_waited_through_a_long_outage_gets_one_final_decision(
     store: SqlStore, redis: streams.Redis, keys: Keys
 ) -> None:
@@ -322,22 +345,12 @@ async def test_a_tick_that_waited_through_a_long_outage_gets_one_final_decision(
     scheduler runs for hours. W's wait ends `skip_dep`; the outage's `missed` summary names
     no tick that already has a final decision (here every tick before the horizon has one,
     so there is none)."""
-    wait = DAY0 - MIN  # its business date's marker never comes
-    h = Harness(store, redis, keys, FixedClock(wait - 1_000))
-    await h.apply(
-        "tasks:\n  - {id: r, agent: echo, schedule: {every: 1m, timezone: UTC}, window: 3h,"
-        " depends_on: [raw.ready], catchup: {max_delay: 1h}}\n"
-    )
-    await store.mark_ready("raw.ready", "2026-05-29")
-    s = make(h)
-    await s.run_pass()
-    h.clock.set(wait + 2 * HOUR + 50 * MIN)  # W waits; the 170 ticks after it run
-    await s.run_pass()
-    h.clock.set(wait + 8 * HOUR)
+    h, s = await _waiting_while_170_ran(store, redis, keys)
+    h.clock.set(WAIT + 8 * HOUR)
     await s.run_pass()
     decided = await store.decisions("r", since_ms=0, limit=100_000)
     finals = Counter(d.fire_time_ms for d in decided if d.decision not in NOT_FINAL)
-    assert [d.decision for d in decided if d.fire_time_ms == wait] == ["wait_dep", "skip_dep"]
+    assert [d.decision for d in decided if d.fire_time_ms == WAIT] == ["wait_dep", "skip_dep"]
     assert {f: n for f, n in finals.items() if n > 1} == {}
 
 
@@ -348,22 +361,11 @@ async def test_a_tick_that_ran_past_the_first_page_is_not_called_missed(
     made the next tick's instance and stopped before recording it; then a long outage. That
     tick ran, more than 101 fire times past the cursor: it is recorded `should_run`, and the
     outage's summary starts after it."""
-    wait = DAY0 - MIN
-    text = (
-        "tasks:\n  - {id: r, agent: echo, schedule: {every: 1m, timezone: UTC}, window: 3h,"
-        " depends_on: [raw.ready], catchup: {max_delay: 1h}}\n"
-    )
-    h = Harness(store, redis, keys, FixedClock(wait - 1_000))
-    await h.apply(text)
-    await store.mark_ready("raw.ready", "2026-05-29")
-    s = make(h)
-    await s.run_pass()
-    h.clock.set(wait + 2 * HOUR + 50 * MIN)
-    await s.run_pass()
-    ran = wait + 171 * MIN
+    h, _ = await _waiting_while_170_ran(store, redis, keys)
+    ran = WAIT + 171 * MIN
     h.clock.set(ran + 100)
-    row = await h.trigger(text, "r", ran)
-    h.clock.set(wait + 8 * HOUR)
+    row = await h.trigger(WAITING, "r", ran)
+    h.clock.set(WAIT + 8 * HOUR)
     await make(h).run_pass()
     decided = await store.decisions("r", since_ms=ran, limit=5)
     assert [(d.decision, d.instance_id) for d in decided if d.fire_time_ms == ran] == [
