@@ -28,7 +28,7 @@ import contextlib
 import math
 from asyncio import FIRST_COMPLETED
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 from redis.exceptions import ResponseError
 
@@ -205,7 +205,11 @@ class Heartbeat:
         `OVERRUN_S` past its time limit (its agent ignored the cancellation) is let go: handed
         to `on_overrun` once and cancelled again, then neither extended nor touched."""
         runs = dict(self._runs)
-        overran = self._overran(runs, self._clock.now_ms())
+        overran = overran_claims(runs, self._clock.now_ms())
+        for claim in overran:
+            run, task = runs[claim]
+            if not run.overran and not run.fenced:
+                self._let_go(run, task)
         kept = {claim: tracked for claim, tracked in runs.items() if claim not in overran}
         by_length: dict[float, list[tuple[str, int]]] = {}
         for claim, (run, _) in kept.items():
@@ -215,21 +219,6 @@ class Heartbeat:
             held |= await self._store.extend_leases(claims, lease_s=lease_s)
         self._fence(kept, held)
         await streams.touch(self._redis, self._consumer, [run.delivery for run, _ in kept.values()])
-
-    def _overran(
-        self, runs: dict[tuple[str, int], tuple[Run, asyncio.Task[None]]], now_ms: int
-    ) -> set[tuple[str, int]]:
-        """Claims of runs whose agent is still going `OVERRUN_S` after its time limit at
-        `now_ms` (epoch ms). Each is logged, cancelled again and handed to `on_overrun` the
-        first time."""
-        late = now_ms - round(OVERRUN_S * 1000)
-        overran = set()
-        for claim, (run, task) in runs.items():
-            if run.ends_by_ms is not None and run.ends_by_ms < late and not task.done():
-                overran.add(claim)
-                if not run.overran and not run.fenced:
-                    self._let_go(run, task)
-        return overran
 
     def _let_go(self, run: Run, task: asyncio.Task[None]) -> None:
         run.overran = True
@@ -258,6 +247,19 @@ class Heartbeat:
 
     async def clear(self) -> None:
         await self._redis.delete(self._keys.alive(self._consumer))
+
+
+def overran_claims(
+    runs: Mapping[tuple[str, int], tuple[Run, asyncio.Task[None]]], now_ms: int
+) -> set[tuple[str, int]]:
+    """Claims of `runs` whose agent is still going `OVERRUN_S` after its time limit at
+    `now_ms` (epoch ms, the executor's clock)."""
+    late = now_ms - round(OVERRUN_S * 1000)
+    return {
+        claim
+        for claim, (run, task) in runs.items()
+        if run.ends_by_ms is not None and run.ends_by_ms < late and not task.done()
+    }
 
 
 def _lease_s(run: Run) -> float:
