@@ -21,7 +21,7 @@ from taskstream.core.logging import get_logger
 from taskstream.core.outbox import Outbox
 from taskstream.core.preconditions import Check
 from taskstream.core.spec import TaskSpec
-from taskstream.core.store.port import DecisionRow, Store
+from taskstream.core.store.port import Store
 from taskstream.scheduler.catchup import (
     Backlog,
     backlog_after,
@@ -34,11 +34,7 @@ from taskstream.scheduler.decide import decide_tick
 from taskstream.scheduler.emit import (
     created_earlier,
     decisions_after,
-    emit_tick,
     own_unrecorded,
-    ran_unrecorded,
-    record_decision,
-    record_missed,
 )
 from taskstream.scheduler.facts import tick_facts
 from taskstream.scheduler.hold import (
@@ -46,15 +42,12 @@ from taskstream.scheduler.hold import (
     hold_back,
     hold_until,
     late_when_closed,
-    released,
-    waits_for,
 )
 from taskstream.scheduler.leader import Fenced
 from taskstream.scheduler.recall import TaskState, recall
-from taskstream.scheduler.replace import cancel_previous, replaced_ids
+from taskstream.scheduler.tick_writer import TickWriter
 from taskstream.scheduler.ticks import Trigger, fire_times, is_fire_time, next_fire
 from taskstream.scheduler.verdict import (
-    MISSED,
     SKIP_WINDOW,
     Decision,
     decided_late,
@@ -78,11 +71,10 @@ class Advancer:
         checks: dict[str, Check],
         holds: UpstreamHolds | None = None,
     ) -> None:
-        self._store, self._outbox, self._checks, self._holds = store, outbox, checks, holds
+        self._store, self._checks, self._holds = store, checks, holds
         self._states: dict[str, TaskState] = {}
-        self._token: int | None = None
-        """The leader token of the pass in progress (every task of a pass has the same)."""
         self._log = get_logger(role="scheduler")
+        self._writer = TickWriter(store, outbox, self._log)
 
     def forget(self) -> None:
         """Drop cached cursors (another scheduler may have moved them)."""
@@ -92,7 +84,7 @@ class Advancer:
         self, spec: TaskSpec, trigger: Trigger, now_ms: int, token: int | None
     ) -> int:
         """Decide every due tick of `spec`; returns its next fire time (ms)."""
-        self._token = token
+        self._writer.token = token
         state = self._states.setdefault(spec.id, TaskState())
         cursor = await self._cursor(spec, state, now_ms, token)
         await self._close_orphans(spec, trigger, now_ms, state)
@@ -118,7 +110,7 @@ class Advancer:
             previous = state.waiting.get(fire)
             late = decided_late(previous)
             decision = await self._decide(spec, fire, now_ms, held, catchup=late, previous=previous)
-            await self._settle(spec, fire, decision, now_ms, state)
+            await self._writer.settle(spec, fire, decision, now_ms, state)
         last = due[-1] if due else cursor
         await self._move(spec, state, min([last, *(f - 1 for f in state.waiting)]), token)
         wake = [d.until_ms for d in state.waiting.values() if d.until_ms is not None]
@@ -134,7 +126,7 @@ class Advancer:
         would stay in the past."""
         for fire in sorted(f for f in state.waiting if not is_fire_time(trigger, f)):
             reason = "the schedule no longer fires at this time (edited while the tick waited)"
-            await self._apply(spec, fire, Decision(SKIP_WINDOW, reason), now_ms, state)
+            await self._writer.apply(spec, fire, Decision(SKIP_WINDOW, reason), now_ms, state)
 
     async def _catch_up(
         self,
@@ -160,13 +152,13 @@ class Advancer:
         for fire, planned in plan.entries:
             decision = planned
             if fire in own:
-                await self._done(spec, fire, created_earlier(fire), own[fire], now_ms, state)
+                await self._writer.done(spec, fire, created_earlier(fire), own[fire], now_ms, state)
                 continue
             if planned.runs:
                 decision = await self._decide(
                     spec, fire, now_ms, held, catchup=True, previous=waits.get(fire)
                 )
-            await self._apply(spec, fire, decision, now_ms, state)
+            await self._writer.apply(spec, fire, decision, now_ms, state)
 
     async def _cursor(
         self, spec: TaskSpec, state: TaskState, now_ms: int, token: int | None
@@ -208,10 +200,12 @@ class Advancer:
             ran = await own_unrecorded(self._store, spec, [first])
             if first not in ran:
                 break
-            await self._done(spec, first, created_earlier(first), ran[first], now_ms, state)
+            await self._writer.done(spec, first, created_earlier(first), ran[first], now_ms, state)
             first = _first_undecided(trigger, first, horizon, state.decided)
         if first is not None:  # else every fire time before the horizon has its decision
-            await self._record(spec, first, bound_missed(first, horizon - 1, None), None, now_ms)
+            await self._writer.record(
+                spec, first, bound_missed(first, horizon - 1, None), None, now_ms
+            )
             state.decided.add(first)  # a pass that fails before moving on records it once
         state.waiting = {f: d for f, d in state.waiting.items() if f >= horizon}
         return horizon - 1
@@ -232,7 +226,7 @@ class Advancer:
                 decision = await self._decide(
                     spec, fire, now_ms, held, catchup=late, previous=previous
                 )
-            await self._settle(spec, fire, decision, now_ms, state)
+            await self._writer.settle(spec, fire, decision, now_ms, state)
 
     async def _held_by(self, spec: TaskSpec, now_ms: int) -> dict[str, int]:
         """The upstreams of `spec` whose breaker is open now, each with the instant (ms) its
@@ -261,89 +255,6 @@ class Advancer:
             self._store, self._checks, spec, fire_ms, catchup=catchup, previous=previous
         )
         return hold_back(decide_tick(facts, spec, now_ms), held)
-
-    async def _settle(
-        self, spec: TaskSpec, fire_ms: int, decision: Decision, now_ms: int, state: TaskState
-    ) -> None:
-        """`_apply`, unless the decision runs nothing for a tick whose own instance a pass
-        made and stopped before recording (catch-up checks the same): that tick ran."""
-        emitted = fire_ms in state.emitted
-        ran = None if emitted else await ran_unrecorded(self._store, spec, fire_ms, decision)
-        if ran is None:
-            await self._apply(spec, fire_ms, decision, now_ms, state)
-        else:
-            await self._done(spec, fire_ms, created_earlier(fire_ms), ran, now_ms, state)
-
-    async def _apply(
-        self, spec: TaskSpec, fire_ms: int, decision: Decision, now_ms: int, state: TaskState
-    ) -> None:
-        emitted = state.emitted.get(fire_ms)
-        if emitted is not None:
-            # Emitted by a pass that failed before recording it: record what was done, as
-            # deciding again could now say otherwise (or find its own instance a duplicate).
-            await self._done(spec, fire_ms, *emitted, now_ms, state)
-            return
-        before = state.waiting.get(fire_ms)
-        if not decision.final:
-            # Recorded before it is remembered: a failed record is made again by the next pass.
-            if before is None or waits_for(before) != waits_for(decision):
-                await self._record(spec, fire_ms, decision, None, now_ms)
-            state.waiting[fire_ms] = decision
-            return
-        decision = released(before, decision)
-        instance_id = None
-        if decision.runs:
-            decision, instance_id = await self._run(spec, fire_ms, decision, now_ms, state)
-        elif decision.decision == MISSED:
-            instance_id = await record_missed(self._store, spec, fire_ms, token=self._token)
-        await self._done(spec, fire_ms, decision, instance_id, now_ms, state)
-
-    async def _done(
-        self,
-        spec: TaskSpec,
-        fire_ms: int,
-        decision: Decision,
-        instance_id: str | None,
-        now_ms: int,
-        state: TaskState,
-    ) -> None:
-        """Record a final decision; only then is the tick done. A pass that fails before (the
-        store or Redis down) leaves the tick to the next pass. A run that replaces earlier
-        ones cancels them here, after its own instance exists: a failed emit must not leave the
-        task with neither."""
-        if decision.runs:
-            for replaced in replaced_ids(decision):
-                await cancel_previous(self._store, replaced, by_fire_ms=fire_ms)
-        await self._record(spec, fire_ms, decision, instance_id, now_ms)
-        state.waiting.pop(fire_ms, None)
-        state.decided.add(fire_ms)
-        state.emitted.pop(fire_ms, None)
-
-    async def _run(
-        self, spec: TaskSpec, fire_ms: int, decision: Decision, now_ms: int, state: TaskState
-    ) -> tuple[Decision, str]:
-        """Emit the tick's instance; the decision as emitting it turned out is kept in `state`
-        until it is recorded."""
-        decision, instance_id = await emit_tick(
-            self._store, self._outbox, spec, fire_ms, decision, now_ms, token=self._token
-        )
-        state.emitted[fire_ms] = (decision, instance_id)
-        return decision, instance_id
-
-    async def _record(
-        self, spec: TaskSpec, fire_ms: int, decision: Decision, instance_id: str | None, now_ms: int
-    ) -> None:
-        row = DecisionRow(
-            spec.id,
-            fire_ms,
-            decision.decision,
-            decision.reason,
-            decision.details,
-            instance_id,
-            now_ms,
-        )
-        if not await record_decision(self._store, row, self._log, token=self._token):
-            raise Fenced.refused("decision", spec.id)
 
 
 def _first_undecided(
