@@ -7,12 +7,12 @@ never an exception. Transitions are checked against the state table before any S
 Leases and timestamps come from the database clock. Driver errors surface as
 `StoreUnavailable` / `StoreError` naming the redacted URL. The SQL lives in `sql_instances`,
 `sql_batch`, `sql_finishes`, `sql_queries` and `sql_definitions`; the methods here, and those
-of the mixins `sql_tasks`, `sql_outbox` and `sql_scheduling`, own the transactions.
+of the mixins `sql_reads`, `sql_tasks`, `sql_outbox` and `sql_scheduling`, own the transactions.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
 from functools import partial
 from typing import Any, Self
@@ -32,8 +32,6 @@ from taskstream.core.store.port import (
     Claimed,
     ClaimRequest,
     FinishRequest,
-    HistoryRow,
-    InstanceRow,
 )
 from taskstream.core.store.sql_driver import driver_enabled, driver_transaction
 from taskstream.core.store.sql_engine import (
@@ -44,12 +42,13 @@ from taskstream.core.store.sql_engine import (
 )
 from taskstream.core.store.sql_outbox import OutboxMethods
 from taskstream.core.store.sql_prepared import CoreRunner, Runner
+from taskstream.core.store.sql_reads import ReadMethods
 from taskstream.core.store.sql_scheduling import SchedulingMethods
 from taskstream.core.store.sql_tasks import DefinitionMethods
 from taskstream.core.store.urls import normalize_url, redact_url
 
 
-class SqlStore(DefinitionMethods, OutboxMethods, SchedulingMethods):
+class SqlStore(ReadMethods, DefinitionMethods, OutboxMethods, SchedulingMethods):
     """The SQL adapter of `taskstream.core.store.port.Store`. Build it with `connect`."""
 
     def __init__(self, engine: AsyncEngine, *, display_url: str) -> None:
@@ -118,36 +117,6 @@ class SqlStore(DefinitionMethods, OutboxMethods, SchedulingMethods):
         """The database clock, UTC epoch milliseconds."""
         async with self._read() as conn:
             return int((await conn.execute(select(db_now_ms()))).scalar_one())
-
-    # instances
-
-    async def get_instance(self, instance_id: str) -> InstanceRow | None:
-        """One instance, None when it does not exist."""
-        async with self._read() as conn:
-            return await rows.get(conn, instance_id)
-
-    async def list_instances(
-        self, *, task_id: str | None = None, status: Status | None = None, limit: int = 100
-    ) -> list[InstanceRow]:
-        """Matching instances, oldest `scheduled_for_ms` first, at most `limit`. Oldest first
-        so that loops working a backlog (reconciler, retries) never starve its oldest rows."""
-        async with self._read() as conn:
-            return await rows.list_rows(conn, task_id, status, limit)
-
-    async def count_by_status(self) -> dict[Status, int]:
-        """Every status with its instance count (0 when none)."""
-        async with self._read() as conn:
-            return await rows.count_by_status(conn)
-
-    async def history(self, instance_id: str) -> list[HistoryRow]:
-        """An instance's status changes, oldest first."""
-        async with self._read() as conn:
-            return await rows.history(conn, instance_id)
-
-    async def histories(self, instance_ids: Sequence[str]) -> dict[str, list[HistoryRow]]:
-        """`history` of many instances in one read; ids without history are left out."""
-        async with self._read() as conn:
-            return await rows.histories(conn, instance_ids)
 
     async def transition(
         self,
@@ -295,39 +264,6 @@ class SqlStore(DefinitionMethods, OutboxMethods, SchedulingMethods):
             return set()
         async with self._write() as conn:
             return await batch.extend_leases(conn, held, lease_length_ms)
-
-    # work finding
-
-    async def due_retries(
-        self, *, now_ms: int, limit: int, after: tuple[int, str] | None = None
-    ) -> list[InstanceRow]:
-        """RETRYING rows with `next_attempt_at_ms <= now_ms`, earliest due first (then id),
-        past `after` ((next_attempt_at_ms, id)) when given."""
-        async with self._read() as conn:
-            return await queries.due_retries(conn, now_ms, limit, after)
-
-    async def stale(
-        self,
-        statuses: list[Status],
-        *,
-        updated_before_ms: int,
-        limit: int,
-        after: tuple[int, str] | None = None,
-    ) -> list[InstanceRow]:
-        """Rows in `statuses` with `updated_at_ms < updated_before_ms`, oldest first (then by
-        id), past `after` ((updated_at_ms, id)) when given."""
-        async with self._read() as conn:
-            return await queries.stale(conn, statuses, updated_before_ms, limit, after)
-
-    async def side_effect_done(self, key: str) -> bool:
-        """True when a side effect with this idempotency key has been committed."""
-        async with self._read() as conn:
-            return await queries.side_effect_done(conn, key)
-
-    async def count_history(self, instance_id: str, *, reason: str) -> int:
-        """How many history rows of this instance carry `reason`."""
-        async with self._read() as conn:
-            return await queries.count_history(conn, instance_id, reason)
 
     async def add_review(self, instance_id: str, reason: str) -> None:
         """Queue an existing instance for human review, once: while it has an unresolved
