@@ -3,7 +3,8 @@ batch, run each in its own task, group-commit the ends, and keep leases held mea
 
 Entries read in a batch whose intake failed (the store or Redis did not answer) stay this
 process's to admit: after a pause the same batch is admitted again before anything new is
-read, so a store outage delays them by the outage, not by the sweeper's unclaimed timeout.
+read (`reader`), so a store outage delays them by the outage, not by the sweeper's unclaimed
+timeout.
 
 On stop: reading stops, in-flight runs get `grace_s` to finish, the rest are cancelled and
 released (RETRYING, due now, so another executor picks them up at once), pending commits are
@@ -26,12 +27,11 @@ from redis.exceptions import ResponseError
 
 from taskstream.agents.registry import Registry
 from taskstream.core import notify, streams
-from taskstream.core import streams_admin as admin
 from taskstream.core.clock import Clock, SystemClock
 from taskstream.core.definitions import DefinitionCache
 from taskstream.core.errors import StoreUnavailable
 from taskstream.core.logging import get_logger
-from taskstream.core.protocol import Keys, read_order
+from taskstream.core.protocol import Keys
 from taskstream.core.reasons import RELEASED
 from taskstream.core.states import Status
 from taskstream.core.store.port import FinishRequest, Store
@@ -40,6 +40,7 @@ from taskstream.executor.committer import Committer
 from taskstream.executor.heartbeat import OVERRUN_S, Heartbeat
 from taskstream.executor.intake import Intake, Run
 from taskstream.executor.outcome import Plan, failed, timed_out
+from taskstream.executor.reader import Reader
 from taskstream.executor.runner import RunEnv, execute
 
 ERROR_PAUSE_S = 1.0
@@ -88,14 +89,6 @@ class Executor:
     def __init__(self, deps: ExecutorDeps, config: ExecutorConfig) -> None:
         self._deps, self._config = deps, config
         self._defs = DefinitionCache(deps.store, min_interval_s=DEFINITIONS_CHECK_S)
-        self._unadmitted: list[streams.Delivery] = []
-        """Entries read but not yet admitted: the batch whose intake failed."""
-        self._recheck = False
-        """A Redis call failed: a read's reply may have been lost after Redis delivered its
-        entries to us, so our own pending list is read before anything new."""
-        self._offered: set[tuple[str, str]] = set()
-        """Own pending entries this recheck has offered to intake: intake may leave some (a
-        duplicate of a run another consumer holds), and they are not offered again."""
         self._heartbeat = Heartbeat(
             deps.store,
             deps.redis,
@@ -119,8 +112,15 @@ class Executor:
         )
         self._running: set[asyncio.Task[None]] = set()
         self._stopping = False
-        self._turn = 0
         self._log = get_logger(role="executor", consumer=config.consumer)
+        self._reader = Reader(
+            deps.redis,
+            deps.keys,
+            config.consumer,
+            config.block_ms,
+            self._heartbeat.entries,
+            self._log,
+        )
         self._env = RunEnv(
             deps.store,
             deps.clock,
@@ -171,22 +171,24 @@ class Executor:
             return
         try:
             await self._defs.refresh()
-            self._unadmitted = await self._batch(free)
-            runs = await self._intake.admit(self._unadmitted)
-            self._unadmitted = []
+            runs = await self._intake.admit(await self._reader.next(free))
+            self._reader.admitted()
         except (StoreUnavailable, *streams.DRIVER_ERRORS) as exc:
             # Before ResponseError: a refusal such as READONLY is one, and is an outage here.
             self._log.warning(
-                "executor.dependency_down", error=str(exc)[:300], unadmitted=len(self._unadmitted)
+                "executor.dependency_down",
+                error=str(exc)[:300],
+                unadmitted=len(self._reader.unadmitted),
             )
-            self._recheck = self._recheck or isinstance(exc, streams.DRIVER_ERRORS)
+            if isinstance(exc, streams.DRIVER_ERRORS):
+                self._reader.redis_failed()
             await asyncio.sleep(ERROR_PAUSE_S)
             return
         except ResponseError as exc:
             if not streams.group_missing(exc):
                 raise
             self._log.warning("executor.group_missing")
-            self._unadmitted = []  # a group made anew has no pending entries to ack
+            self._reader.admitted()  # a group made anew has no pending entries to ack
             await streams.ensure_groups(self._deps.redis, self._deps.keys)
             return
         for run in runs:
@@ -194,51 +196,6 @@ class Executor:
             self._running.add(task)
             self._heartbeat.track(run, task)
             task.add_done_callback(self._running.discard)
-
-    async def _batch(self, free: int) -> list[streams.Delivery]:
-        """The batch whose intake failed, as far as it is still pending for us (a dead-letter
-        or ack of the failed try may have gone through: nothing is moved twice); after a Redis
-        error, our own pending entries that no run holds; else up to `free` new entries."""
-        if self._unadmitted:
-            return await streams.touch(self._deps.redis, self._config.consumer, self._unadmitted)
-        if self._recheck:
-            return await self._unseen(free)
-        self._turn += 1
-        read = await streams.read(
-            self._deps.redis,
-            self._deps.keys,
-            self._config.consumer,
-            count=free,
-            block_ms=self._config.block_ms,
-            order=read_order(self._turn),
-        )
-        if len(read) > free:
-            # A blocking read woke on several streams: the surplus stays in our pending list
-            # and is offered from there as slots free, so no more than `free` runs start.
-            self._recheck = True
-        return read[:free]
-
-    async def _unseen(self, free: int) -> list[streams.Delivery]:
-        """Our pending entries that no run of ours holds: delivered by a read whose reply was
-        lost. At most `free` of them (the oldest not yet offered); the rest wait for the next
-        step. The recheck ends once none is left, even when intake left some in the list."""
-        held = self._heartbeat.entries()
-        own = await admin.read_own(
-            self._deps.redis,
-            self._deps.keys,
-            self._config.consumer,
-            count=len(held) + len(self._offered) + free + 1,
-        )
-        seen = held | self._offered
-        unseen = [d for d in own if (d.stream, d.entry_id) not in seen]
-        taken = unseen[:free]
-        self._recheck = len(unseen) > free
-        self._offered = self._offered | {(d.stream, d.entry_id) for d in taken}
-        if not self._recheck:
-            self._offered = set()
-        if taken:
-            self._log.warning("executor.unseen_entries", count=len(taken))
-        return taken
 
     async def _execute(self, run: Run) -> None:
         queued = False

@@ -1,0 +1,96 @@
+"""Which stream entries an executor offers to intake next, never more than its free slots.
+
+In order: the batch whose intake failed (the store or Redis did not answer), as far as it is
+still pending for this consumer, so an outage delays it by the outage and not by the
+sweeper's unclaimed timeout; after a Redis error, this consumer's own pending entries that no
+run holds (a read's reply may have been lost after Redis delivered them); else new entries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from structlog.typing import FilteringBoundLogger
+
+from taskstream.core import streams
+from taskstream.core import streams_admin as admin
+from taskstream.core.protocol import Keys, read_order
+
+Entry = tuple[str, str]
+"""(stream, entry id)."""
+
+
+class Reader:
+    """One per executor process. `held` returns the entries its runs hold now."""
+
+    def __init__(
+        self,
+        redis: streams.Redis,
+        keys: Keys,
+        consumer: str,
+        block_ms: int,
+        held: Callable[[], set[Entry]],
+        log: FilteringBoundLogger,
+    ) -> None:
+        self._redis, self._keys, self._consumer = redis, keys, consumer
+        self._block_ms, self._held, self._log = block_ms, held, log
+        self.unadmitted: list[streams.Delivery] = []
+        """Entries read but not yet admitted: the batch whose intake failed."""
+        self._recheck = False
+        """Our own pending list is read before anything new (see the module doc)."""
+        self._offered: set[Entry] = set()
+        """Own pending entries this recheck has offered to intake: intake may leave some (a
+        duplicate of a run another consumer holds), and they are not offered again."""
+        self._turn = 0
+
+    async def next(self, free: int) -> list[streams.Delivery]:
+        """Up to `free` entries to admit; they stay `unadmitted` until `admitted`."""
+        self.unadmitted = await self._batch(free)
+        return self.unadmitted
+
+    def admitted(self) -> None:
+        """Intake took the last batch (or a group made anew has no pending entries)."""
+        self.unadmitted = []
+
+    def redis_failed(self) -> None:
+        """A Redis call failed: a read may have delivered entries whose reply was lost."""
+        self._recheck = True
+
+    async def _batch(self, free: int) -> list[streams.Delivery]:
+        if self.unadmitted:  # a dead letter or ack of the failed try is not moved twice
+            return await streams.touch(self._redis, self._consumer, self.unadmitted)
+        if self._recheck:
+            return await self._unseen(free)
+        self._turn += 1
+        read = await streams.read(
+            self._redis,
+            self._keys,
+            self._consumer,
+            count=free,
+            block_ms=self._block_ms,
+            order=read_order(self._turn),
+        )
+        if len(read) > free:
+            # A blocking read woke on several streams: the surplus stays in our pending list
+            # and is offered from there as slots free, so no more than `free` runs start.
+            self._recheck = True
+        return read[:free]
+
+    async def _unseen(self, free: int) -> list[streams.Delivery]:
+        """Our pending entries that no run of ours holds, at most `free` of them (the oldest
+        not yet offered); the rest wait for the next step. The recheck ends once none is left,
+        even when intake left some in the list."""
+        held = self._held()
+        own = await admin.read_own(
+            self._redis, self._keys, self._consumer, count=len(held) + len(self._offered) + free + 1
+        )
+        seen = held | self._offered
+        unseen = [d for d in own if (d.stream, d.entry_id) not in seen]
+        taken = unseen[:free]
+        self._recheck = len(unseen) > free
+        self._offered = self._offered | {(d.stream, d.entry_id) for d in taken}
+        if not self._recheck:
+            self._offered = set()
+        if taken:
+            self._log.warning("executor.unseen_entries", count=len(taken))
+        return taken
