@@ -24,7 +24,7 @@ from taskstream.core.errors import QueueUnavailable, TaskstreamError
 from taskstream.core.spec import INSTANCE_ID_LENGTH, format_utc_ms
 from taskstream.core.states import Status
 from taskstream.core.store.urls import redact_url
-from taskstream.ratelimit.breaker import BreakerConfig
+from taskstream.ratelimit.breaker_config import BreakerConfig
 from taskstream.ratelimit.redis_backend import RedisBreakers, RedisLimiter
 from taskstream.runtime.endpoint import resolve
 

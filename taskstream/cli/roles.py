@@ -29,7 +29,7 @@ from taskstream.core.timesync import keep_synced, synced_clock
 from taskstream.executor.admission import RELOAD_S, UpstreamGate
 from taskstream.executor.service import Executor, ExecutorConfig, ExecutorDeps, consumer_name
 from taskstream.executor.sweeper import Sweeper, SweeperConfig
-from taskstream.ratelimit.breaker import BreakerConfig
+from taskstream.ratelimit.breaker_config import BreakerConfig
 from taskstream.ratelimit.redis_backend import RedisBreakers, RedisLimiter
 from taskstream.runtime import endpoint
 from taskstream.runtime.supervisor import install_stop_signals

@@ -21,13 +21,8 @@ from taskstream.core.errors import ConfigError
 from taskstream.core.spec_upstreams import UpstreamLimit
 from taskstream.core.store.port import DefinitionRecord, Store
 from taskstream.ratelimit.backend import Breakers, Limiter, Usage
-from taskstream.ratelimit.breaker import (
-    BreakerConfig,
-    BreakerState,
-    BreakerStatus,
-    cooldown_ends_ms,
-    upstream_breaker_config,
-)
+from taskstream.ratelimit.breaker import BreakerState, BreakerStatus, cooldown_ends_ms
+from taskstream.ratelimit.breaker_config import BreakerConfig, upstream_breaker_config
 from taskstream.ratelimit.window import Limits, limits_from_spec
 
 

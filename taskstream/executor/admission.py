@@ -26,15 +26,14 @@ from taskstream.core.store.port import Store
 from taskstream.executor.run_upstreams import RunUpstreams
 from taskstream.ratelimit.backend import Breakers, BreakerUpdate, GuardUnavailable, Limiter
 from taskstream.ratelimit.breaker import (
-    BreakerConfig,
     BreakerState,
     BreakerStatus,
     Outcome,
     Transition,
     cooldown_left_ms,
     refused_wait_ms,
-    upstream_breaker_config,
 )
+from taskstream.ratelimit.breaker_config import BreakerConfig, upstream_breaker_config
 from taskstream.ratelimit.window import Limits, guarded, limits_from_spec
 
 RELOAD_S = 10.0

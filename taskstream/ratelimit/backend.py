@@ -12,13 +12,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from taskstream.core.errors import ConfigError, QueueUnavailable
-from taskstream.ratelimit.breaker import (
-    BreakerConfig,
-    BreakerDecision,
-    BreakerState,
-    Outcome,
-    Transition,
-)
+from taskstream.ratelimit.breaker import BreakerDecision, BreakerState, Outcome, Transition
+from taskstream.ratelimit.breaker_config import BreakerConfig
 from taskstream.ratelimit.window import Admission
 
 

@@ -27,7 +27,8 @@ from dataclasses import fields
 from string import Template
 from typing import Final
 
-from taskstream.ratelimit.breaker import BreakerConfig, BreakerState, BreakerStatus, Outcome
+from taskstream.ratelimit.breaker import BreakerState, BreakerStatus, Outcome
+from taskstream.ratelimit.breaker_config import BreakerConfig
 
 STATE_FIELDS: Final = tuple(f.name for f in fields(BreakerState))
 """Hash fields and reply order: `status` first, then the integer counters."""

@@ -10,7 +10,8 @@ from dataclasses import replace
 from taskstream.core.clock import Clock
 from taskstream.ratelimit import breaker, window
 from taskstream.ratelimit.backend import BreakerStates, BreakerUpdate, Usage, check_window_ms
-from taskstream.ratelimit.breaker import BreakerConfig, BreakerDecision, BreakerState, Outcome
+from taskstream.ratelimit.breaker import BreakerDecision, BreakerState, Outcome
+from taskstream.ratelimit.breaker_config import BreakerConfig
 from taskstream.ratelimit.metrics import METRICS, GuardMetrics
 from taskstream.ratelimit.window import Admission
 

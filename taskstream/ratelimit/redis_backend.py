@@ -24,13 +24,8 @@ from taskstream.ratelimit.backend import (
     Usage,
     check_window_ms,
 )
-from taskstream.ratelimit.breaker import (
-    BreakerConfig,
-    BreakerDecision,
-    BreakerState,
-    BreakerStatus,
-    Outcome,
-)
+from taskstream.ratelimit.breaker import BreakerDecision, BreakerState, BreakerStatus, Outcome
+from taskstream.ratelimit.breaker_config import BreakerConfig
 from taskstream.ratelimit.metrics import METRICS, GuardMetrics
 from taskstream.ratelimit.window import Admission, check_limits
 

@@ -22,11 +22,8 @@ from taskstream.core.definitions import UpstreamCache
 from taskstream.core.errors import StoreError
 from taskstream.core.logging import get_logger
 from taskstream.ratelimit.backend import Breakers
-from taskstream.ratelimit.breaker import (
-    BreakerConfig,
-    cooldown_left_ms,
-    upstream_breaker_config,
-)
+from taskstream.ratelimit.breaker import cooldown_left_ms
+from taskstream.ratelimit.breaker_config import BreakerConfig, upstream_breaker_config
 
 
 class BreakerHolds:

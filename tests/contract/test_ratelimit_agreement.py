@@ -15,7 +15,8 @@ from random import Random
 import pytest
 
 from taskstream.ratelimit import breaker, window
-from taskstream.ratelimit.breaker import BreakerConfig, BreakerState, BreakerStatus, Outcome
+from taskstream.ratelimit.breaker import BreakerState, BreakerStatus, Outcome
+from taskstream.ratelimit.breaker_config import BreakerConfig
 from taskstream.ratelimit.redis_backend import RedisBreakers, RedisLimiter
 from tests.ratelimit.rigs import RedisRig, open_rig
 

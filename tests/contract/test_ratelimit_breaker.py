@@ -12,7 +12,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from taskstream.ratelimit.breaker import BreakerConfig, BreakerStatus, Outcome, Transition
+from taskstream.ratelimit.breaker import BreakerStatus, Outcome, Transition
+from taskstream.ratelimit.breaker_config import BreakerConfig
 from tests.ratelimit.rigs import KINDS, Rig, open_rig
 
 LONG = BreakerConfig(failure_threshold=3, cooldown_ms=60_000, probe_timeout_ms=60_000)

@@ -12,7 +12,8 @@ import pytest
 
 import taskstream.ratelimit.metrics as metrics_module
 from taskstream.core.protocol import Keys
-from taskstream.ratelimit.breaker import BreakerConfig, BreakerStatus, Outcome, Transition
+from taskstream.ratelimit.breaker import BreakerStatus, Outcome, Transition
+from taskstream.ratelimit.breaker_config import BreakerConfig
 from taskstream.ratelimit.metrics import METRICS, REGISTRY, STATE_VALUES
 from taskstream.ratelimit.redis_backend import RedisLimiter
 from tests.ratelimit.rigs import KINDS, RedisRig, Rig, open_rig

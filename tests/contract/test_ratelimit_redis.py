@@ -13,7 +13,8 @@ from taskstream.core import streams
 from taskstream.core.errors import QueueUnavailable
 from taskstream.core.protocol import Keys
 from taskstream.ratelimit.backend import GuardUnavailable
-from taskstream.ratelimit.breaker import BreakerConfig, Outcome
+from taskstream.ratelimit.breaker import Outcome
+from taskstream.ratelimit.breaker_config import BreakerConfig
 from taskstream.ratelimit.redis_backend import RedisBreakers, RedisLimiter
 from tests.ratelimit.rigs import RedisRig, open_rig
 

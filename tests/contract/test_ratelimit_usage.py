@@ -16,7 +16,8 @@ import pytest
 from taskstream.core.errors import ConfigError
 from taskstream.ratelimit import window
 from taskstream.ratelimit.backend import Usage
-from taskstream.ratelimit.breaker import BreakerConfig, BreakerState, BreakerStatus, Outcome
+from taskstream.ratelimit.breaker import BreakerState, BreakerStatus, Outcome
+from taskstream.ratelimit.breaker_config import BreakerConfig
 from taskstream.ratelimit.redis_backend import RedisLimiter
 from tests.ratelimit.rigs import KINDS, RedisRig, Rig, open_rig
 

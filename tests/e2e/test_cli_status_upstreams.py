@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from taskstream.core import streams
-from taskstream.ratelimit.breaker import BreakerConfig, BreakerState, Outcome
+from taskstream.ratelimit.breaker import BreakerState, Outcome
+from taskstream.ratelimit.breaker_config import BreakerConfig
 from taskstream.ratelimit.redis_backend import RedisBreakers, RedisLimiter
 from tests.e2e.cli_rig import Cli, applied
 

@@ -20,7 +20,8 @@ from taskstream.executor.outcome import defer_jitter_max_ms
 from taskstream.executor.run_upstreams import RunUpstreams
 from taskstream.executor.service import Executor, ExecutorConfig, ExecutorDeps
 from taskstream.ratelimit.backend import GuardUnavailable
-from taskstream.ratelimit.breaker import BreakerConfig, BreakerStatus, Outcome
+from taskstream.ratelimit.breaker import BreakerStatus, Outcome
+from taskstream.ratelimit.breaker_config import BreakerConfig
 from taskstream.ratelimit.memory import MemoryBreakers, MemoryLimiter
 from taskstream.ratelimit.redis_backend import RedisBreakers, RedisLimiter
 from taskstream.ratelimit.window import Admission, guard_ms

@@ -17,7 +17,8 @@ from taskstream.core.states import Status
 from taskstream.core.store.sql import SqlStore
 from taskstream.executor.admission import UpstreamGate
 from taskstream.executor.service import Executor, ExecutorConfig, ExecutorDeps
-from taskstream.ratelimit.breaker import BreakerConfig, BreakerStatus, Outcome
+from taskstream.ratelimit.breaker import BreakerStatus, Outcome
+from taskstream.ratelimit.breaker_config import BreakerConfig
 from taskstream.ratelimit.memory import MemoryBreakers, MemoryLimiter
 from taskstream.ratelimit.redis_backend import RedisBreakers, RedisLimiter
 from tests.integration.harness import Harness, Running, until

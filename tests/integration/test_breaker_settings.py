@@ -20,7 +20,8 @@ from taskstream.core.store.sql import SqlStore
 from taskstream.executor.admission import UpstreamGate
 from taskstream.executor.outcome import defer_jitter_max_ms
 from taskstream.executor.service import Executor, ExecutorConfig, ExecutorDeps
-from taskstream.ratelimit.breaker import BreakerConfig, BreakerStatus, Outcome
+from taskstream.ratelimit.breaker import BreakerStatus, Outcome
+from taskstream.ratelimit.breaker_config import BreakerConfig
 from taskstream.ratelimit.redis_backend import RedisBreakers, RedisLimiter
 from taskstream.runtime.upstream_holds import BreakerHolds
 from taskstream.scheduler.service import Scheduler, SchedulerConfig

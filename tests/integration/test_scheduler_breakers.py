@@ -20,7 +20,8 @@ from taskstream.core.protocol import Keys
 from taskstream.core.states import Status
 from taskstream.core.store.port import DecisionRow
 from taskstream.core.store.sql import SqlStore
-from taskstream.ratelimit.breaker import BreakerConfig, Outcome
+from taskstream.ratelimit.breaker import Outcome
+from taskstream.ratelimit.breaker_config import BreakerConfig
 from taskstream.ratelimit.redis_backend import RedisBreakers
 from taskstream.runtime.upstream_holds import BreakerHolds
 from taskstream.scheduler.hold import UpstreamHolds

@@ -27,7 +27,8 @@ from taskstream.core.store.sql import SqlStore
 from taskstream.executor.admission import UpstreamGate
 from taskstream.executor.run_upstreams import RunUpstreams
 from taskstream.ratelimit.backend import GuardUnavailable
-from taskstream.ratelimit.breaker import BreakerConfig, BreakerState, BreakerStatus, Outcome
+from taskstream.ratelimit.breaker import BreakerState, BreakerStatus, Outcome
+from taskstream.ratelimit.breaker_config import BreakerConfig
 from taskstream.ratelimit.redis_backend import RedisBreakers, RedisLimiter
 from taskstream.ratelimit.window import guard_ms
 from tests.ratelimit.rigs import RedisRig

@@ -27,7 +27,8 @@ from taskstream.executor.admission import UpstreamGate
 from taskstream.executor.outcome import defer_jitter_max_ms
 from taskstream.executor.retry import attempts_used
 from taskstream.executor.service import Executor, ExecutorConfig, ExecutorDeps
-from taskstream.ratelimit.breaker import BreakerConfig, BreakerStatus
+from taskstream.ratelimit.breaker import BreakerStatus
+from taskstream.ratelimit.breaker_config import BreakerConfig
 from taskstream.ratelimit.redis_backend import RedisBreakers, RedisLimiter
 from tests.integration.harness import Harness, Running, until
 from tests.ratelimit.rigs import RedisRig

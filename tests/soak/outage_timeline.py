@@ -17,7 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from taskstream.ratelimit.breaker import BreakerConfig, BreakerStatus
+from taskstream.ratelimit.breaker import BreakerStatus
+from taskstream.ratelimit.breaker_config import BreakerConfig
 from tests.support.outage_upstream import DOWN, Arrival
 
 

@@ -35,7 +35,7 @@ import time
 import pytest
 
 from taskstream.core.states import Status
-from taskstream.ratelimit.breaker import BreakerConfig
+from taskstream.ratelimit.breaker_config import BreakerConfig
 from taskstream.ratelimit.redis_backend import RedisBreakers
 from tests.fault.conftest import Cluster, RecordProperty, Role
 from tests.soak.outage_cluster import BreakerWatch, Ledger, ledger, redis_offset_ms, unsettled

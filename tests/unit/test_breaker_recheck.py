@@ -6,13 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from taskstream.ratelimit.breaker import (
-    BreakerConfig,
-    BreakerStatus,
-    admit,
-    fresh,
-    refused_wait_ms,
-)
+from taskstream.ratelimit.breaker import BreakerStatus, admit, fresh, refused_wait_ms
+from taskstream.ratelimit.breaker_config import BreakerConfig
 
 T0 = 1_700_000_000_000
 CFG = BreakerConfig(cooldown_ms=30_000, probes=1, probe_timeout_ms=60_000)

@@ -14,9 +14,9 @@ from taskstream.core.clock import FixedClock
 from taskstream.core.definitions import UpstreamCache
 from taskstream.core.errors import StoreUnavailable
 from taskstream.core.spec_upstreams import BreakerSpec, UpstreamLimit
-from taskstream.ratelimit.breaker import (
+from taskstream.ratelimit.breaker import Outcome
+from taskstream.ratelimit.breaker_config import (
     BreakerConfig,
-    Outcome,
     breaker_config,
     upstream_breaker_config,
 )

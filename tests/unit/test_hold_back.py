@@ -10,13 +10,8 @@ import pytest
 
 from taskstream.core.clock import FixedClock
 from taskstream.core.spec import TaskSpec
-from taskstream.ratelimit.breaker import (
-    BreakerConfig,
-    BreakerState,
-    BreakerStatus,
-    Outcome,
-    cooldown_left_ms,
-)
+from taskstream.ratelimit.breaker import BreakerState, BreakerStatus, Outcome, cooldown_left_ms
+from taskstream.ratelimit.breaker_config import BreakerConfig
 from taskstream.ratelimit.memory import MemoryBreakers
 from taskstream.runtime.upstream_holds import BreakerHolds
 from taskstream.scheduler.catchup import plan_catchup

@@ -13,7 +13,8 @@ from taskstream.agents.errors import (
 )
 from taskstream.executor.admission import open_left_ms
 from taskstream.executor.outcome import failed
-from taskstream.ratelimit.breaker import BreakerConfig, BreakerState, BreakerStatus
+from taskstream.ratelimit.breaker import BreakerState, BreakerStatus
+from taskstream.ratelimit.breaker_config import BreakerConfig
 
 CFG = BreakerConfig(cooldown_ms=30_000)
 OPENED = 1_000_000

@@ -5,7 +5,8 @@ fails here."""
 
 from __future__ import annotations
 
-from taskstream.ratelimit.breaker import BreakerConfig, BreakerStatus
+from taskstream.ratelimit.breaker import BreakerStatus
+from taskstream.ratelimit.breaker_config import BreakerConfig
 from tests.soak.outage_timeline import (
     BreakerSeen,
     distinct,

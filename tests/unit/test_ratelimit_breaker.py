@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 
 from taskstream.core.errors import ConfigError
 from taskstream.ratelimit.breaker import (
-    BreakerConfig,
     BreakerState,
     BreakerStatus,
     Outcome,
@@ -22,6 +21,7 @@ from taskstream.ratelimit.breaker import (
     record,
     transition,
 )
+from taskstream.ratelimit.breaker_config import BreakerConfig
 
 CFG = BreakerConfig()
 CLOSED, OPEN, HALF = BreakerStatus.CLOSED, BreakerStatus.OPEN, BreakerStatus.HALF_OPEN

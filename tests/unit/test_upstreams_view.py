@@ -18,7 +18,8 @@ from taskstream.core.definitions import to_records
 from taskstream.core.spec_upstreams import UpstreamLimit
 from taskstream.core.specfile import parse_task_file_text
 from taskstream.ratelimit.backend import Usage
-from taskstream.ratelimit.breaker import BreakerConfig, BreakerStatus, fresh
+from taskstream.ratelimit.breaker import BreakerStatus, fresh
+from taskstream.ratelimit.breaker_config import BreakerConfig
 from taskstream.ratelimit.window import Limits
 
 TASKS = """
