@@ -8,6 +8,7 @@ import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 from taskstream.core.errors import ClusterNotFound
 from taskstream.core.settings import Settings
@@ -27,7 +28,10 @@ class Endpoints:
 
 
 def sqlite_url(home: Path) -> str:
-    return f"sqlite:///{(home / SQLITE_FILE).resolve()}"
+    """The URL of the store file in `home`. Its path is percent-quoted: the URL's path is
+    read percent-decoded and ends at a `?`, so a folder named `jobs?v2` or `100%41` would
+    otherwise open another file (outside the private home) or none."""
+    return "sqlite:///" + quote(str((home / SQLITE_FILE).resolve()), safe="/")
 
 
 def private_sqlite(home: Path) -> str:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import sqlite3
 from pathlib import Path
 
+import pytest
+
+from taskstream.core.store.migrate import upgrade
 from taskstream.runtime import endpoint
 
 
@@ -59,3 +63,19 @@ def test_store_files_an_older_version_left_readable_are_made_private(tmp_path: P
         "taskstream.db-wal": 0o600,
         "taskstream.db-shm": 0o600,
     }
+
+
+@pytest.mark.parametrize("folder", ["jobs?v2", "100%41done", "a b#c@d"])
+def test_the_embedded_store_is_the_file_in_its_home_whatever_the_folder_is_named(
+    tmp_path: Path, folder: str
+) -> None:
+    """A `?` ended the file's path in the URL (the store landed one folder up, readable by
+    others) and `%41` was decoded (no such file)."""
+    home = tmp_path / folder / ".taskstream"
+    asyncio.run(upgrade(endpoint.private_sqlite(home)))
+    db = home / endpoint.SQLITE_FILE
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+    assert "task_instances" in tables
+    assert sorted(p.name for p in tmp_path.iterdir()) == [folder]
+    assert db.stat().st_mode & 0o777 == 0o600
