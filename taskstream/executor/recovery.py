@@ -79,7 +79,8 @@ class Recovery:
             rng=self._rng,
         )
         decision = before_deadline(decided, row.deadline_ms)
-        if decision.status is Status.FAILED and reason == OWNER_LOST and every_run_lost(rows):
+        # Poison only when the attempts ran out, not when the deadline stopped a retry.
+        if decided.status is Status.FAILED and reason == OWNER_LOST and every_run_lost(rows):
             decision = RetryDecision(Status.FAILED, fail_class=FailClass.POISON)
         cas = await self._store.transition(
             row.id,
