@@ -10,10 +10,11 @@ import sys
 from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar, cast
 
 from rich.console import Console
 
+from taskstream.cli.shown import ShownStream
 from taskstream.core import notify, streams
 from taskstream.core.errors import ClusterNotFound
 from taskstream.core.protocol import Keys
@@ -24,9 +25,12 @@ from taskstream.runtime.endpoint import Endpoints, resolve
 T = TypeVar("T")
 
 # Markup off: what the consoles print holds text from agents, payloads and other writers of
-# the streams, where `[bold]` would vanish and `[/x]` would raise instead of being shown.
-console = Console(markup=False)
-err_console = Console(stderr=True, markup=False)
+# the streams, where `[bold]` would vanish and `[/x]` would raise instead of being shown. No
+# styling, so that every control character in that text can be shown escaped (`shown`).
+console = Console(markup=False, color_system=None, file=cast(IO[str], ShownStream("stdout")))
+err_console = Console(
+    stderr=True, markup=False, color_system=None, file=cast(IO[str], ShownStream("stderr"))
+)
 
 
 def settings() -> Settings:

@@ -1,6 +1,7 @@
 """Text the CLI did not write (agents' payloads and errors, entries other programs put in the
-streams) is printed as it is: rich markup in it is neither applied nor an error, and bytes
-that are not UTF-8 are shown escaped instead of failing the command."""
+streams) is printed as it is: rich markup in it is neither applied nor an error, bytes that
+are not UTF-8 are shown escaped instead of failing the command, and control characters are
+shown escaped instead of reaching the terminal as its commands."""
 
 from __future__ import annotations
 
@@ -12,10 +13,13 @@ import redis
 
 from taskstream.core.states import FailClass, Status
 from taskstream.core.store.sql import SqlStore
-from tests.e2e.cli_rig import applied
+from tests.e2e.cli_rig import applied, run_cli
 
 ON_DEMAND = "tasks:\n  - {id: od, agent: echo}\n"
 MARKUP = "[/v] closes nothing, [bold]b[/bold] stays"
+# Set the terminal's title, clear the screen, turn text red: what a hostile writer would send.
+EVIL = "\x1b]0;owned\x1b[2J\x1b[31m"
+EVIL_SHOWN = "\\x1b]0;owned\\x1b[2J\\x1b[31m"
 
 
 def test_dead_list_shows_foreign_bytes_and_brackets_as_they_are(
@@ -76,3 +80,40 @@ def test_a_retry_reason_is_kept_in_the_history_and_shown_as_it_is(
         ]
     assert (requeued["reason"], requeued["note"]) == ("requeued", MARKUP)
     assert f"requeued: {MARKUP}" in shown
+
+
+def test_dead_list_shows_control_characters_escaped(tmp_path: Path, redis_url: str) -> None:
+    with applied(tmp_path, redis_url, {}) as cli:
+        client = redis.Redis.from_url(redis_url)
+        try:
+            client.xadd(
+                cli.keys.dead,
+                {"reason": "unknown_version", "detail": EVIL, "orig.instance_id": "i" + EVIL},
+            )
+        finally:
+            client.close()
+        table = cli("dead", "list")
+        [letter] = json.loads(cli("dead", "list", "--json"))
+    assert "\x1b" not in table
+    assert EVIL_SHOWN in table
+    assert letter["detail"] == EVIL  # JSON keeps the text, escaped by JSON itself
+
+
+def test_a_retry_reason_with_control_characters_is_shown_escaped(
+    tmp_path: Path, redis_url: str
+) -> None:
+    with applied(tmp_path, redis_url, {"tasks.yaml": ON_DEMAND}) as cli:
+        instance_id = cli("trigger", "od").split()[2]
+        asyncio.run(_poisoned(cli.env["TASKSTREAM_DATABASE_URL"], instance_id))
+        cli("retry", instance_id, "--reason", EVIL)
+        shown = cli("inspect", instance_id)
+    assert "\x1b" not in shown
+    assert f"requeued: {EVIL_SHOWN}" in shown
+
+
+def test_a_task_file_error_shows_control_characters_escaped(tmp_path: Path) -> None:
+    (tmp_path / "t.yaml").write_text('tasks:\n  - {id: a, agent: "x\\e]0;owned\\a"}\n')
+    out = run_cli("tasks", "validate", "t.yaml", env={"PATH": "/usr/bin"}, cwd=tmp_path)
+    assert out.returncode == 2, out
+    assert "\x1b" not in out.stderr
+    assert "unknown agent 'x\\x1b]0;owned\\x07'" in out.stderr
