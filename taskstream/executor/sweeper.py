@@ -79,6 +79,10 @@ class Sweeper:
     async def run(self, stop: asyncio.Event) -> None:
         """Sweep every `interval_s` until `stop` is set; a dependency outage pauses a pass."""
         self._log.info("sweeper.started")
+        # Just started, it cannot tell whether Redis was down before (a host rebooted, its
+        # container came back first): live executors' keys may have expired, and they set
+        # them again within a TTL. So it starts as if it had just seen Redis fail.
+        self.redis_failed()
         while not stop.is_set():
             try:
                 await self.sweep_once()

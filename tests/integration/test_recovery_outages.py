@@ -6,6 +6,7 @@ moved there by the sweeper."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -181,6 +182,50 @@ async def test_right_after_redis_failed_an_absent_liveness_key_does_not_end_a_ru
     assert await h.store.get_instance(instance_id) == before
     h.clock.advance(6_000)
     assert (await sweeper.sweep_once()).get("timeout") == 1
+
+
+async def test_a_sweeper_that_just_started_does_not_end_a_run_for_an_absent_liveness_key(
+    outage: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sweeper started while Redis was down (a host rebooted, its container came back
+    first) has seen no failure: it would time out at once every run whose executor lost its
+    key in the outage, though those executors live and set it again within a TTL. So for
+    one TTL after its start it judges runs by their leases alone, as after a Redis failure."""
+    h = outage
+    instance_id, _ = await claimed_unrun(h, "c1")  # "c1" has no liveness key
+    before = await h.store.get_instance(instance_id)
+    sweeper = h.sweeper(liveness_ttl_ms=6_000, interval_s=0.01)
+    passes = 0
+    sweep_once = sweeper.sweep_once
+
+    async def counted() -> dict[str, int]:
+        nonlocal passes
+        counts = await sweep_once()
+        passes += 1
+        return counts
+
+    async def status() -> Status | None:
+        row = await h.store.get_instance(instance_id)
+        return None if row is None else row.status
+
+    async def swept(n: int) -> bool:
+        return passes >= n
+
+    monkeypatch.setattr(sweeper, "sweep_once", counted)
+    stop = asyncio.Event()
+    task = asyncio.create_task(sweeper.run(stop))
+    try:
+        await until(lambda: swept(2))
+        assert await h.store.get_instance(instance_id) == before
+        h.clock.advance(6_000)
+        await until(lambda: _not_running(status))
+    finally:
+        stop.set()
+        await task
+
+
+async def _not_running(status: Callable[[], Awaitable[Status | None]]) -> bool:
+    return await status() is not Status.RUNNING
 
 
 @pytest.mark.parametrize("status", [Status.PENDING, Status.RETRYING])
