@@ -21,6 +21,7 @@ from taskstream.core import preconditions, streams
 from taskstream.core.clock import Clock, OffsetClock, SystemClock
 from taskstream.core.definitions import UpstreamCache
 from taskstream.core.errors import StoreUnavailable
+from taskstream.core.futures import unless_stopped
 from taskstream.core.logging import get_logger
 from taskstream.core.notify import Wakeups
 from taskstream.core.outbox import Outbox
@@ -92,7 +93,7 @@ async def _dependencies_up(cluster: Cluster, stop: asyncio.Event) -> OffsetClock
     while not stop.is_set():
         try:
             await streams.ensure_groups(cluster.queue, cluster.keys)
-            return await synced_clock(cluster.store)
+            return await unless_stopped(synced_clock(cluster.store), stop)
         except (StoreUnavailable, *streams.DRIVER_ERRORS) as exc:
             log.warning("startup.dependency_down", error=str(exc)[:300])
         with contextlib.suppress(TimeoutError):

@@ -1,9 +1,13 @@
-"""Small helpers for futures that group commits resolve for their callers."""
+"""Small helpers for futures: those that group commits resolve for their callers, and a
+role's loop step that a stop must not wait for."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 def mark_retrieved(done: asyncio.Future[Any]) -> None:
@@ -12,3 +16,36 @@ def mark_retrieved(done: asyncio.Future[Any]) -> None:
     so asyncio must not report it again as "never retrieved"."""
     if not done.cancelled():
         done.exception()
+
+
+STEP_END_S = 1.0
+"""How long a step under way when a stop comes gets to end by itself (s): a blocking read of
+the default `block_ms`, or a claim, ends within it when the servers answer."""
+CANCEL_WAIT_S = 1.0
+"""How long a step cancelled by a stop gets to end (s) before it is left behind."""
+
+
+async def unless_stopped(step: Coroutine[Any, Any, T], stop: asyncio.Event) -> T | None:
+    """`step`'s result; None when `stop` is set and the step has not ended `STEP_END_S`
+    later. A role's loop checks `stop` only between steps, and a step waiting on a server
+    that stopped answering (frozen, or cut off without a reset) may not end before its read
+    timeout: a stop must not wait for it. Such a step is cancelled, as a crash would end it,
+    and given `CANCEL_WAIT_S` to end (its clean-up may wait on the same server); after that
+    it is left to the process's exit."""
+    task = asyncio.ensure_future(step)
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():
+            await asyncio.wait({task}, timeout=STEP_END_S)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        stopping.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    task.add_done_callback(mark_retrieved)
+    await asyncio.wait({task}, timeout=CANCEL_WAIT_S)
+    return None

@@ -30,6 +30,7 @@ from taskstream.core import notify, streams
 from taskstream.core.clock import Clock, SystemClock
 from taskstream.core.definitions import DefinitionCache
 from taskstream.core.errors import StoreUnavailable
+from taskstream.core.futures import unless_stopped
 from taskstream.core.logging import get_logger
 from taskstream.core.protocol import Keys
 from taskstream.core.reasons import RELEASED
@@ -136,7 +137,7 @@ class Executor:
         # A store down (or not migrated yet) at start is waited for like one that fails
         # later: `_step` refreshes again and logs the outage.
         with contextlib.suppress(StoreUnavailable):
-            await self._defs.refresh()
+            await unless_stopped(self._defs.refresh(), stop)
         background = asyncio.Event()
         helpers = [
             asyncio.create_task(self._heartbeat.run(background)),
@@ -148,7 +149,7 @@ class Executor:
         self._log.info("executor.started", concurrency=self._config.concurrency)
         try:
             while not stop.is_set():
-                await self._step(stop)
+                await unless_stopped(self._step(stop), stop)
         finally:
             await self._drain()
             self._committer.last_tries()

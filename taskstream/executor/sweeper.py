@@ -15,6 +15,7 @@ from taskstream.core import streams_admin as admin
 from taskstream.core.clock import Clock
 from taskstream.core.definitions import DefinitionCache
 from taskstream.core.errors import ProtocolError, StoreUnavailable
+from taskstream.core.futures import unless_stopped
 from taskstream.core.logging import get_logger
 from taskstream.core.outbox import seen_on_stream
 from taskstream.core.protocol import Keys, WorkEntry, decode
@@ -85,7 +86,7 @@ class Sweeper:
         self.redis_failed()
         while not stop.is_set():
             try:
-                await self.sweep_once()
+                await unless_stopped(self.sweep_once(), stop)
             except (StoreUnavailable, *streams.DRIVER_ERRORS) as exc:
                 self._log.warning("sweeper.dependency_down", error=str(exc)[:300])
                 if isinstance(exc, streams.DRIVER_ERRORS):

@@ -18,6 +18,7 @@ from taskstream.core import streams
 from taskstream.core.clock import Clock
 from taskstream.core.definitions import DefinitionCache
 from taskstream.core.errors import StoreUnavailable
+from taskstream.core.futures import unless_stopped
 from taskstream.core.logging import get_logger
 from taskstream.core.notify import SAFETY_WAKE_S, Wakeups
 from taskstream.core.outbox import Outbox
@@ -105,8 +106,9 @@ class Scheduler:
         self._log.info("scheduler.started")
         try:
             while not stop.is_set():
-                wait_s = await self._step()
-                await _sleep(stop, self._wakeups, wait_s)
+                wait_s = await unless_stopped(self._step(), stop)
+                if wait_s is not None:
+                    await _sleep(stop, self._wakeups, wait_s)
         finally:
             if self._wakeups is not None:
                 await self._wakeups.close()
