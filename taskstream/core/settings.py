@@ -43,7 +43,9 @@ class Settings(BaseSettings):
     home: Path = Path(".taskstream")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     executor_concurrency: int = Field(default=4, ge=1, le=1024)
-    read_block_ms: int = Field(default=1000, ge=10, le=60_000)
+    read_block_ms: int = Field(default=1000, ge=10, le=4_000)
+    """Longest blocking read of an idle executor (ms). Under the Redis client's 5 s socket
+    timeout, which a longer read would hit every time: reported as Redis down, then paused."""
     max_payload_bytes: int = Field(default=256 * 1024, ge=1024, le=MAX_PAYLOAD_LIMIT)
     max_deliveries: int = Field(default=5, ge=1, le=1000)
     scheduler_max_sleep_s: float = Field(default=60.0, gt=0.0, le=3600.0)
