@@ -17,7 +17,7 @@ from taskstream.core.errors import TaskstreamError
 from taskstream.core.outbox import Outbox, placed_entry, why_refused
 from taskstream.core.reasons import REQUEUED
 from taskstream.core.states import Status, poisoned_by
-from taskstream.core.store.port import InstanceRow
+from taskstream.core.store.port import InstanceRow, Store
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,14 +81,19 @@ async def requeue(
     return None if refused is None else f"not published: the row cannot be an entry ({refused})"
 
 
-def _failed_by(letter: DeadLetter, row: InstanceRow) -> bool:
+async def _failed_by(store: Store, letter: DeadLetter, row: InstanceRow) -> bool:
     """The FAILED `row` failed as the letter says: as poison, at the letter's attempt (its
-    entry's, or the run that entry started). A letter without a readable attempt is taken
-    at its word."""
+    entry's, or the run that entry started: not an attempt a requeue made, whose own entry
+    may have been poisoned too). A letter without a readable attempt is taken at its word."""
     attempt = letter.fields.get("orig.attempt", "")
     if not attempt.isdigit():
         return True
-    return poisoned_by(int(attempt), row.status, row.fail_class, row.attempt)
+    if not poisoned_by(int(attempt), row.status, row.fail_class, row.attempt):
+        return False
+    if row.attempt == int(attempt):
+        return True
+    history = await store.history(row.id)
+    return not any(h.reason == REQUEUED and h.attempt == row.attempt for h in history)
 
 
 def _utc(epoch_ms: int) -> str:
@@ -174,7 +179,7 @@ async def replay(outbox: Outbox, letter: DeadLetter, *, who: str, now_ms: int) -
     row = await outbox.store.get_instance(letter.instance_id) if letter.instance_id else None
     if row is None:
         raise TaskstreamError(f"dead letter {letter.dead_id} names no instance; kept")
-    if row.status is Status.FAILED and not _failed_by(letter, row):
+    if row.status is Status.FAILED and not await _failed_by(outbox.store, letter, row):
         done = f"failed since, not by this letter ({row.fail_class}), left as it is"
     elif row.status is Status.FAILED:
         why = f"replay of {letter.dead_id}"

@@ -317,3 +317,37 @@ async def test_a_letter_does_not_requeue_a_later_failure_of_another_kind(
     after = await h.store.get_instance(row.id)
     assert after is not None and (after.status, after.fail_class) == (Status.FAILED, fail_class)
     assert await h.redis.xlen(h.keys.dead) == 0
+
+
+async def test_a_letter_does_not_requeue_a_later_poison_failure_after_a_retry_by_hand(
+    h: Harness,
+) -> None:
+    """Attempt 0 was dead-lettered as poison before any claim; the operator retried it by
+    hand (attempt 1), and it was poisoned again before any claim. The letter of attempt 0
+    is not the failure of attempt 1: that attempt came from the requeue, not from a run the
+    letter's entry started, so replaying the old letter leaves the instance as it is."""
+    row = await h.trigger(TASKS, "once-fails")
+    now_ms = h.clock.now_ms()
+    for attempt in (0, 1):
+        if attempt:
+            await operations.requeue(h.outbox, row.id, who="ops", why="fixed", now_ms=now_ms)
+        [delivery] = await streams.read(h.redis, h.keys, "c1", count=1, block_ms=10)
+        poisoned = await h.store.transition(
+            row.id,
+            Status.DISPATCHED,
+            Status.FAILED,
+            reason="unknown_agent",
+            attempt=attempt,
+            fail_class=FailClass.POISON,
+        )
+        assert poisoned.ok
+        assert await streams.dead_letter(h.redis, h.keys, delivery, "unknown_agent", "flaky")
+    old, new = await operations.dead_letters(h.redis, h.keys.dead, limit=10)
+    assert (old.fields["orig.attempt"], new.fields["orig.attempt"]) == ("0", "1")
+
+    done = await operations.replay(h.outbox, old, who="ops", now_ms=now_ms)
+
+    assert done.startswith("failed since, not by this letter"), done
+    after = await h.store.get_instance(row.id)
+    assert after is not None and (after.status, after.attempt) == (Status.FAILED, 1)
+    assert await operations.replay(h.outbox, new, who="ops", now_ms=now_ms) == "requeued"
