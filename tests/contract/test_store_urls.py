@@ -52,6 +52,14 @@ def test_unsupported_url_is_a_config_error_naming_the_scheme(url: str) -> None:
             "mysql://ts@db:3306/ts1?charset=utf8mb4&PASSWORD=***&ssl=1",
         ),
         ("rediss://u:pw@h/0?token=abc#frag", "rediss://u:***@h/0?token=***#frag"),
+        (
+            "rediss://:pw@h:6379/0?ssl_password=KEYPASS&ssl_certfile=/c.pem",
+            "rediss://:***@h:6379/0?ssl_password=***&ssl_certfile=/c.pem",
+        ),
+        (
+            "postgresql://u@db/ts?sslpassword=a&x_API_KEY=b&client_secret=c&auth=d",
+            "postgresql://u@db/ts?sslpassword=***&x_API_KEY=***&client_secret=***&auth=d",
+        ),
     ],
 )
 def test_redact_url_hides_only_the_password(given: str, expected: str) -> None:

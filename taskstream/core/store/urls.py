@@ -30,11 +30,10 @@ _ASYNC_SCHEMES: dict[str, str] = {
 }
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
-_QUERY_SECRET = re.compile(
-    r"([?&](?:password|passwd|pass|pwd|secret|token|sslpassword|access_token|api_key)=)[^&#]*",
-    re.IGNORECASE,
-)
-"""A query parameter that carries a secret, up to its value."""
+_QUERY_SECRET = re.compile(r"([?&][^=&#]*(?:pass|pwd|secret|token|key|cred)[^=&#]*=)[^&#]*", re.I)
+"""A query parameter that may carry a secret, up to its value: any whose name holds one of
+those words (`password`, `ssl_password`, `sslpassword`, `api_key`, `access_token`, ...). A
+path such as `ssl_keyfile` is hidden too: too much, never too little."""
 
 
 def url_scheme(url: str) -> str | None:
