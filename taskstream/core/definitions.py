@@ -97,11 +97,13 @@ def unwaited_marker(name: str, specs: Sequence[TaskSpec]) -> str | None:
 
 @dataclass(slots=True)
 class LoadedDefinitions:
-    """Specs by task id, with the paused flag of each."""
+    """Specs by task id, with the paused flag of each and when each one's schedule took
+    effect (ms; tasks stored before that was kept are not in `schedule_from`)."""
 
     specs: dict[str, TaskSpec] = field(default_factory=dict)
     paused: set[str] = field(default_factory=set)
     invalid: dict[str, str] = field(default_factory=dict)
+    schedule_from: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -135,6 +137,8 @@ class DefinitionCache:
                 continue
             if record.paused:
                 loaded.paused.add(record.task_id)
+            if record.schedule_from_ms is not None:
+                loaded.schedule_from[record.task_id] = record.schedule_from_ms
         self.current, self.version = loaded, version
         return True
 

@@ -81,18 +81,29 @@ class Advancer:
         self._states.clear()
 
     async def advance(
-        self, spec: TaskSpec, trigger: Trigger, now_ms: int, token: int | None
+        self,
+        spec: TaskSpec,
+        trigger: Trigger,
+        now_ms: int,
+        token: int | None,
+        *,
+        since_ms: int | None = None,
     ) -> int:
-        """Decide every due tick of `spec`; returns its next fire time (ms)."""
+        """Decide every due tick of `spec`; returns its next fire time (ms). `since_ms`: when
+        its schedule took effect; its fire times before that are not its ticks (the schedule
+        was edited after the cursor), though ticks that already wait stay due."""
         self._writer.token = token
         state = self._states.setdefault(spec.id, TaskState())
         cursor = await self._cursor(spec, state, now_ms, token)
         await self._close_orphans(spec, trigger, now_ms, state)
+        if since_ms is not None:
+            cursor = max(cursor, since_ms - 1)
         cursor = await self._beyond_horizon(spec, trigger, cursor, now_ms, state)
         # Ticks decided past the cursor (it waits behind a waiting tick) do not count against
         # the bound, or a tick waiting for long would stop every later tick from being decided.
         limit = MAX_TICKS_PER_PASS + len(state.decided)
-        fires = fire_times(trigger, cursor, now_ms, limit=limit)
+        listed = fire_times(trigger, cursor, now_ms, limit=limit)
+        fires = sorted(f for f in state.waiting if f <= cursor) + listed
         due = [f for f in fires if f not in state.decided]
         held = await self._held_by(spec, now_ms) if due else {}
         window_ms = round(spec.window * 1000)
@@ -100,8 +111,8 @@ class Advancer:
             f for f in due if f + window_ms < now_ms and late_when_closed(state.waiting.get(f))
         ]
         if closed:
-            more = len(fires) == limit
-            later = backlog_after(trigger, fires[-1], now_ms, spec) if more else Backlog()
+            more = len(listed) == limit
+            later = backlog_after(trigger, listed[-1], now_ms, spec) if more else Backlog()
             # An older tick still waiting for its marker is not a newer tick on time.
             on_time = sorted(f for f in set(due) - set(closed) if f > closed[-1])
             newer = newer_on_time(spec, on_time, later)

@@ -199,9 +199,13 @@ class Scheduler:
         ]
         gate = asyncio.Semaphore(TASKS_AT_ONCE)
 
+        since = self._defs.current.schedule_from
+
         async def one(spec: TaskSpec, trigger: Trigger) -> int:
             async with gate:
-                return await self._advancer.advance(spec, trigger, now_ms, token)
+                return await self._advancer.advance(
+                    spec, trigger, now_ms, token, since_ms=since.get(spec.id)
+                )
 
         # Every task's advance ends before the pass does, even when one fails: a task still
         # deciding in the background would race the next pass over the same ticks.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from taskstream.core.store.port import DecisionRow, DefinitionRecord
 from taskstream.core.store.sql import SqlStore
 
@@ -181,3 +183,46 @@ async def test_a_task_applied_after_a_takeover_is_fenced_from_older_leaders(
     assert not await store.record_decision(_decision(1_000, task_id="late"), token=4)
     assert await store.record_decision(_decision(2_000, task_id="late"), token=5)
     assert not await store.set_cursor("late", 2_000, token=4)
+
+
+async def test_a_schedule_takes_effect_when_created_and_when_changed_only(
+    store: SqlStore,
+) -> None:
+    """`schedule_from_ms` is when the stored schedule was applied: set at creation, moved by
+    an apply that changes the `schedule`, kept by one that changes anything else, and by a
+    pause."""
+    await store.upsert_definitions([_record("a", "0 9 * * *")], now_ms=1_000)
+    other = DefinitionRecord("a", {**_record("a", "0 9 * * *").spec, "timeout": 5}, "h-a-t")
+    await store.upsert_definitions([other], now_ms=2_000)
+    await store.set_paused("a", True)
+    [kept] = await store.list_definitions()
+    await store.upsert_definitions([_record("a", "0 10 * * *")], now_ms=3_000)
+    [moved] = await store.list_definitions()
+    await store.upsert_definitions([_record("b", "0 9 * * *")])
+    db_now = await store.db_now_ms()
+    [_, b] = await store.list_definitions()
+
+    assert (kept.schedule_from_ms, kept.paused) == (1_000, True)
+    assert moved.schedule_from_ms == 3_000
+    assert b.schedule_from_ms is not None and db_now - 60_000 < b.schedule_from_ms <= db_now
+
+
+async def test_applies_editing_the_same_tasks_in_other_orders_all_succeed(
+    store: SqlStore, db_url: str
+) -> None:
+    """Each apply locked the rows it updated in its file's order, so two applies of the same
+    stored tasks in opposite orders deadlocked on MariaDB, and one failed as "store
+    unavailable". Every apply now takes one lock first, and the second waits."""
+    other = await SqlStore.connect(db_url)
+    ids = [f"t{i:03d}" for i in range(60)]
+    try:
+        await store.upsert_definitions([_record(t, "0 9 * * *") for t in ids])
+        for n in range(5):
+            forward = [_record(t, f"{n} 10 * * *") for t in ids]
+            backward = [_record(t, f"{n} 11 * * *") for t in reversed(ids)]
+            outcomes = await asyncio.gather(
+                store.upsert_definitions(forward), other.upsert_definitions(backward)
+            )
+            assert [set(o.values()) for o in outcomes] == [{"updated"}, {"updated"}]
+    finally:
+        await other.close()

@@ -42,7 +42,7 @@ class Harness:
     async def apply(self, text: str) -> None:
         registry = default_registry(self.registry_modules)
         taskfile = parse_task_file_text(text, "t.yaml", known_agents=registry.names())
-        await self.store.upsert_definitions(to_records(taskfile))
+        await self.store.upsert_definitions(to_records(taskfile), now_ms=self.clock.now_ms())
         await streams.ensure_groups(self.redis, self.keys)
 
     async def definitions(self) -> list[TaskSpec]:

@@ -32,8 +32,9 @@ tasks:
 
 
 async def apply(store: SqlStore, text: str = TASKS) -> None:
+    """Apply `text` as at T0, the time of the tests' clocks."""
     taskfile = parse_task_file_text(text, "t.yaml", known_agents={"echo", "sleep"})
-    await store.upsert_definitions(to_records(taskfile))
+    await store.upsert_definitions(to_records(taskfile), now_ms=T0)
 
 
 def scheduler(store: SqlStore, redis: streams.Redis, keys: Keys, clock: FixedClock) -> Scheduler:

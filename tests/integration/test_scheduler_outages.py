@@ -66,8 +66,8 @@ def _scheduler(h: Harness, outbox: Outbox) -> Scheduler:
 async def _first_pass(h: Harness) -> tuple[Outbox, Scheduler]:
     """The task applied and one pass made just before M0 (its cursor is stored); returns
     the outbox the test breaks and the scheduler that made the pass."""
-    await h.apply(TASKS)
     h.clock.set(M0 - 1)
+    await h.apply(TASKS)
     outbox = h.outbox
     scheduler = _scheduler(h, outbox)
     await scheduler.run_pass()
@@ -203,8 +203,8 @@ async def test_a_waiting_tick_whose_record_failed_is_recorded_at_the_next_pass(
     outage_server: Harness,
 ) -> None:
     h = outage_server
-    await h.apply(WAITS)
     h.clock.set(M0 - 1)
+    await h.apply(WAITS)
     scheduler = _scheduler(h, h.outbox)
     await scheduler.run_pass()
     h.clock.set(M0 + 1000)
@@ -230,8 +230,8 @@ async def test_a_pass_ends_only_after_every_task_ended_even_when_one_failed(
         await release.wait()
         return "pass"
 
-    await h.apply(TASKS + GATED)
     h.clock.set(M0 - 1)
+    await h.apply(TASKS + GATED)
     scheduler = Scheduler(h.store, h.outbox, h.clock, SchedulerConfig(), checks={"gate": gate})
     await scheduler.run_pass()
     h.clock.set(M0 + 1000)

@@ -57,8 +57,12 @@ class Store(Protocol):
     async def db_now_ms(self) -> int: ...
 
     # definitions
-    async def upsert_definitions(self, records: list[DefinitionRecord]) -> dict[str, str]:
-        """Insert or update; returns task_id -> "created" | "updated" | "unchanged"."""
+    async def upsert_definitions(
+        self, records: list[DefinitionRecord], *, now_ms: int | None = None
+    ) -> dict[str, str]:
+        """Insert or update; returns task_id -> "created" | "updated" | "unchanged". A created
+        task, and one whose `schedule` changed, gets `schedule_from_ms` = `now_ms` (ms; the
+        database clock when None)."""
         ...
 
     async def list_definitions(self) -> list[DefinitionRecord]: ...

@@ -33,6 +33,9 @@ class DefinitionRecord:
     spec_hash: str
     paused: bool = False
     updated_at_ms: int = 0
+    schedule_from_ms: int | None = None
+    """When the stored `schedule` took effect (db clock, ms): set at creation and whenever an
+    apply changed it; None for definitions stored before it was kept."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -136,4 +136,5 @@ def definition_record(m: RowMapping) -> DefinitionRecord:
         spec_hash=m["spec_hash"],
         paused=bool(m["paused"]),
         updated_at_ms=int(m["updated_at_ms"]),
+        schedule_from_ms=None if m["schedule_from_ms"] is None else int(m["schedule_from_ms"]),
     )

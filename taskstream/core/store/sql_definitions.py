@@ -27,18 +27,25 @@ def _bumped_updated_at() -> ColumnElement[int]:
     return case((now > defs.c.updated_at_ms, now), else_=defs.c.updated_at_ms + 1)
 
 
-async def upsert(conn: AsyncConnection, records: list[DefinitionRecord]) -> dict[str, str]:
+async def upsert(
+    conn: AsyncConnection, records: list[DefinitionRecord], now_ms: int | None = None
+) -> dict[str, str]:
     """Insert new definitions, update changed ones (spec text or hash differ), keep the rest.
 
     An update never touches `paused`: pausing is operator state that survives a re-apply.
+    `schedule_from_ms` is `now_ms` (db-now when None) at creation and at an update that changes
+    the `schedule`.
+    Every apply first takes the lock of `_newest_token`, so two applies editing the same
+    tasks in different orders wait for each other instead of deadlocking.
     Returns task_id -> "created" | "updated" | "unchanged".
     """
     if not records:
         return {}
     ids = sorted({r.task_id for r in records})
+    token = await _newest_token(conn)
     stmt = select(defs.c.task_id, defs.c.spec, defs.c.spec_hash).where(defs.c.task_id.in_(ids))
     stored = {row.task_id: (row.spec, row.spec_hash) for row in await conn.execute(stmt)}
-    token = await _newest_token(conn) if len(stored) < len(ids) else None
+    since = db_now_ms() if now_ms is None else now_ms
     outcome: dict[str, str] = {}
     for record in records:
         spec = codec.dumps(record.spec, what=f"spec of task {record.task_id!r}")
@@ -53,20 +60,30 @@ async def upsert(conn: AsyncConnection, records: list[DefinitionRecord]) -> dict
                     cursor_token=token,
                     created_at_ms=db_now_ms(),
                     updated_at_ms=db_now_ms(),
+                    schedule_from_ms=since,
                 )
             )
             outcome[record.task_id] = "created"
         elif current == (spec, record.spec_hash):
             outcome.setdefault(record.task_id, "unchanged")
         else:
+            changed: dict[str, object] = {"spec": spec, "spec_hash": record.spec_hash}
+            if _schedule(spec) != _schedule(current[0]):
+                changed["schedule_from_ms"] = since
             await conn.execute(
                 update(defs)
                 .where(defs.c.task_id == record.task_id)
-                .values(spec=spec, spec_hash=record.spec_hash, updated_at_ms=_bumped_updated_at())
+                .values(**changed, updated_at_ms=_bumped_updated_at())
             )
             outcome[record.task_id] = outcome.get(record.task_id) or "updated"
         stored[record.task_id] = (spec, record.spec_hash)
     return outcome
+
+
+def _schedule(spec: str) -> object:
+    """The `schedule` of a stored spec (JSON text), None for a task without one."""
+    loaded = codec.loads(spec)
+    return loaded.get("schedule") if isinstance(loaded, dict) else None
 
 
 async def _newest_token(conn: AsyncConnection) -> int | None:

@@ -22,11 +22,14 @@ class DefinitionMethods:
     def _write(self) -> AbstractAsyncContextManager[AsyncConnection]:
         raise NotImplementedError
 
-    async def upsert_definitions(self, records: list[DefinitionRecord]) -> dict[str, str]:
+    async def upsert_definitions(
+        self, records: list[DefinitionRecord], *, now_ms: int | None = None
+    ) -> dict[str, str]:
         """Insert or update; task_id -> "created" | "updated" | "unchanged". `paused` is only
-        taken from a record when the definition is created."""
+        taken from a record when the definition is created; `now_ms` (the database clock when
+        None) is when a created or changed `schedule` takes effect."""
         return await upsert_retrying(
-            self._write, lambda conn: defs.upsert(conn, records), "definitions"
+            self._write, lambda conn: defs.upsert(conn, records, now_ms), "definitions"
         )
 
     async def list_definitions(self) -> list[DefinitionRecord]:

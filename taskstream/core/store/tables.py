@@ -95,6 +95,7 @@ task_definitions = Table(
     Column("cursor_token", BigInteger(), nullable=True),
     _ms("created_at_ms"),
     _ms("updated_at_ms"),
+    _ms("schedule_from_ms", nullable=True),
     **MYSQL_OPTIONS,
 )
 
