@@ -12,7 +12,6 @@ import sqlite3
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -149,11 +148,13 @@ def test_up_killed_leaves_no_children_running(tmp_path: Path, reaper: list[Any])
     assert len(valkeys) == 1
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    time.sleep(5)
-    left = pids_in_session(proc.pid) + [
-        p for p in valkeys if p in valkey_pids(tmp_path / ".taskstream")
-    ]
-    assert left == [], f"still running after up was killed: {left}"
+
+    def left() -> list[int]:
+        home = tmp_path / ".taskstream"
+        return pids_in_session(proc.pid) + [p for p in valkeys if p in valkey_pids(home)]
+
+    # The children stop by themselves (their parent-death signal, then their own stop).
+    assert wait_for(lambda: not left(), 30), f"still running after up was killed: {left()}"
 
 
 def test_sigterm_while_up_starts_stops_the_embedded_valkey(
@@ -187,9 +188,8 @@ def test_sigterm_while_up_starts_stops_the_embedded_valkey(
         assert len(valkeys) == 1
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=30)
-        time.sleep(1)
-        left = valkey_pids(home)
-        assert left == [], f"up exited {code}; embedded valkey still running: {left}"
+        stopped = wait_for(lambda: not valkey_pids(home), 30)
+        assert stopped, f"up exited {code}; embedded valkey still running: {valkey_pids(home)}"
     finally:
         hang.close()
         for c in held:

@@ -100,7 +100,13 @@ async def test_a_hint_wakes_a_sleeping_scheduler(
     stop = asyncio.Event()
     task = asyncio.create_task(scheduler.run(stop))
     try:
-        await asyncio.sleep(0.5)  # let it finish its first pass and go to sleep
+        # Asleep after its first pass: it subscribes to the control channel only then. The
+        # retry is due only from now on, so no pass but one a hint starts can emit it.
+        async def asleep() -> bool:
+            [(_, listeners)] = await redis.pubsub_numsub(keys.control)
+            return int(listeners) >= 1
+
+        await until(asleep, timeout_s=10)
         now = await store.db_now_ms()
         done = await store.finish_many(
             [FinishRequest(row.id, 1, Status.RETRYING, "t", next_attempt_at_ms=now)]
