@@ -215,6 +215,12 @@ async def _admission(
     return admitted
 
 
+AGENT_FAILURES = (Exception, SystemExit, KeyboardInterrupt, GeneratorExit)
+"""What agent code may raise, but a cancellation: `sys.exit()` or a stray `KeyboardInterrupt`
+from an agent fails its attempt, not the executor (asyncio would let them out of the event
+loop, stopping every run of the process)."""
+
+
 async def _call(run: Run, ctx: AgentContext, params: BaseModel, limit: TimeLimit) -> RunEnd:
     timer = asyncio.timeout(limit.seconds)
     try:
@@ -234,7 +240,7 @@ async def _call(run: Run, ctx: AgentContext, params: BaseModel, limit: TimeLimit
         # Work of the agent's own was cancelled and it let that out: a failure like another.
         ctx.log.warning("instance.run_failed", error_type="CancelledError")
         return failed(exc)
-    except Exception as exc:  # every failure of agent code becomes an outcome
+    except AGENT_FAILURES as exc:  # every failure of agent code becomes an outcome
         ctx.log.warning("instance.run_failed", error_type=type(exc).__name__)
         return failed(exc)
     return succeeded(result)

@@ -42,7 +42,7 @@ from taskstream.executor.heartbeat import OVERRUN_S, Heartbeat
 from taskstream.executor.intake import Intake, Run
 from taskstream.executor.outcome import Plan, failed, timed_out
 from taskstream.executor.reader import Reader
-from taskstream.executor.runner import RunEnv, execute
+from taskstream.executor.runner import AGENT_FAILURES, RunEnv, execute
 
 ERROR_PAUSE_S = 1.0
 DEFINITIONS_CHECK_S = 1.0
@@ -203,7 +203,7 @@ class Executor:
         try:
             try:
                 end = await execute(run, self._env)
-            except Exception as exc:  # a defect around the agent: retriable, never a lost run
+            except AGENT_FAILURES as exc:  # a defect around the agent: retriable, never lost
                 self._log.error(
                     "instance.run_crashed",
                     instance_id=run.row.id,

@@ -46,6 +46,11 @@ async def _flaky(ctx: AgentContext, p: Params) -> dict[str, Any]:
             "fatal": FatalError,
             "review": NeedsReview,
             "unexpected": ValueError,
+            # Not `Exception`s: asyncio lets these two out of the event loop, the third is
+            # kept as the task's error.
+            "exit": SystemExit,
+            "interrupt": KeyboardInterrupt,
+            "generator_exit": GeneratorExit,
         }
         raise errors[p.kind](f"attempt {ctx.attempt} fails")
     return {"attempt": ctx.attempt}

@@ -148,6 +148,38 @@ async def test_a_cancellation_inside_the_agent_is_a_retriable_failure(h: Harness
     assert pending["pending"] == 0
 
 
+@pytest.mark.parametrize("kind", ["exit", "interrupt", "generator_exit"])
+async def test_an_agent_raising_what_is_not_an_exception_fails_its_attempt_only(
+    h: Harness, kind: str
+) -> None:
+    """`sys.exit()`, `KeyboardInterrupt` or `GeneratorExit` from agent code: the attempt is a
+    retriable failure like any unexpected error. `SystemExit` and `KeyboardInterrupt` used
+    to stop the whole executor with exit code 0, its other runs left RUNNING; a
+    `GeneratorExit` left its own run RUNNING with no outcome until its lease ran out."""
+    text = (
+        "tasks:\n  - {id: odd, agent: flaky, retry: {max_attempts: 2, backoff: {base: 1s},"
+        f" jitter: 0}}, payload: {{fail_until: 1, kind: {kind}}}}}\n"
+    )
+    await h.apply(text)
+    row = await h.trigger(text, "odd")
+    executor = Running(h.executor())
+    try:
+        await reach(h, row.id, Status.RETRYING)
+        assert not executor.task.done()
+    finally:
+        await executor.close()
+    done = await h.store.get_instance(row.id)
+    assert done is not None and done.last_error is not None
+    assert (
+        done.last_error.split(":")[0]
+        == {
+            "exit": "SystemExit",
+            "interrupt": "KeyboardInterrupt",
+            "generator_exit": "GeneratorExit",
+        }[kind]
+    )
+
+
 async def test_a_deadline_sooner_than_the_timeout_limits_the_attempt(h: Harness) -> None:
     done = await failed_run(h, "past-deadline", fire_ms=h.clock.now_ms())
     assert done.last_error == "TimeoutError: the attempt ran past its deadline (0.3 s)"
