@@ -62,14 +62,23 @@ class AgentContext:
 
     async def once(self, key: str) -> bool:
         """True when the side effect named `key` should be performed by this run: no earlier
-        run of any instance has committed it. The key is committed with this run's outcome.
+        run of any instance has committed it, and no other call of this run was handed it. The key is committed with this run's outcome.
         A full key (`idempotency_key:key`) longer than the store keeps (`KEY_LEN`) is stored
         as `sha256:` and its hex digest, so a long dedupe key or name cannot fail the commit."""
         full = effect_key(self.idempotency_key, key)
-        if full in self.side_effects or await self.effect_done(full):
+        if full in self.side_effects:
             return False
+        # Taken before the store is asked: a concurrent call of this run for the same key
+        # (an agent fanning out) must not be handed the effect too.
         self.side_effects.append(full)
-        return True
+        try:
+            done = await self.effect_done(full)
+        except BaseException:
+            self.side_effects.remove(full)
+            raise
+        if done:
+            self.side_effects.remove(full)
+        return not done
 
     def forget(self, key: str) -> None:
         """The side effect named `key`, which `once` let this run perform, did not happen (its

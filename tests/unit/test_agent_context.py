@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+
+import pytest
 import structlog
 
 from taskstream.agents.base import AgentContext, effect_key
@@ -57,4 +60,33 @@ async def test_a_long_key_is_forgotten_by_its_stored_form() -> None:
     assert await ctx.once(name)
     assert ctx.side_effects == [effect_key("daily:2026-12-01", name)]
     ctx.forget(name)
+    assert ctx.side_effects == []
+
+
+async def test_concurrent_calls_of_one_run_for_one_key_hand_it_out_once() -> None:
+    """An agent fanning out (`gather` over URLs, two with one fingerprint) asked `once` twice
+    before the store answered either: both were told to perform the effect."""
+    answered = asyncio.Event()
+
+    async def effect_done(key: str) -> bool:
+        await answered.wait()  # a store round trip
+        return False
+
+    ctx = context()
+    ctx.effect_done = effect_done
+    calls = asyncio.gather(ctx.once("send"), ctx.once("send"), ctx.once("other"))
+    await asyncio.sleep(0)
+    answered.set()
+    assert list(await calls) == [True, False, True]
+    assert ctx.side_effects == ["daily:2026-12-01:send", "daily:2026-12-01:other"]
+
+
+async def test_an_effect_whose_check_failed_is_not_kept() -> None:
+    async def effect_done(key: str) -> bool:
+        raise ConnectionError("store down")
+
+    ctx = context()
+    ctx.effect_done = effect_done
+    with pytest.raises(ConnectionError):
+        await ctx.once("send")
     assert ctx.side_effects == []
