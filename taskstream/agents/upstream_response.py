@@ -29,7 +29,7 @@ class UpstreamResponse:
         replaced. Always UTF-8 encodable, so it can be stored as a result."""
         try:
             text = self.content.decode(self.encoding, errors="replace")
-        except LookupError:
+        except (LookupError, UnicodeError):  # unknown, or a codec that fails anyway (idna)
             return self.content.decode("utf-8", errors="replace")
         if text.isascii():
             return text

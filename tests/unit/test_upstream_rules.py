@@ -211,6 +211,11 @@ def _response(
         (_response("grüße".encode(), "text/plain"), "grüße"),
         (_response("grüße".encode("latin-1"), "text/plain", encoding="latin-1"), "grüße"),
         (_response(b"hi", "text/plain", encoding="x-no-such-codec"), "hi"),
+        # Codecs that raise whatever the error handler (the answered call failed, and was
+        # sent again at the next attempt).
+        (_response("grüße".encode(), "text/plain", encoding="undefined"), "grüße"),
+        (_response("grüße".encode(), "text/plain", encoding="idna"), "grüße"),
+        (_response("grüße".encode(), "text/plain", encoding="punycode"), "grüße"),
     ],
 )
 def test_response_body_is_json_only_when_complete_json(
