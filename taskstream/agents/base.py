@@ -49,6 +49,8 @@ class AgentContext:
     set_marker: Callable[[str, str], Awaitable[bool]] = _no_markers
     upstreams: tuple[str, ...] = ()
     http: UpstreamClient = field(default_factory=UpstreamClient)
+    checking: set[str] = field(default_factory=set)
+    """Keys a call of `once` is asking the store about: not handed out yet."""
 
     async def mark_ready(self, name: str, business_date: str | None = None) -> bool:
         """Set the readiness marker `name` (e.g. `raw_data.ready`) for a business date (this
@@ -62,23 +64,23 @@ class AgentContext:
 
     async def once(self, key: str) -> bool:
         """True when the side effect named `key` should be performed by this run: no earlier
-        run of any instance has committed it, and no other call of this run was handed it. The key is committed with this run's outcome.
-        A full key (`idempotency_key:key`) longer than the store keeps (`KEY_LEN`) is stored
-        as `sha256:` and its hex digest, so a long dedupe key or name cannot fail the commit."""
+        run of any instance has committed it, and no other call of this run was handed it or
+        is asking the store about it. The key is committed with this run's outcome. A full
+        key (`idempotency_key:key`) longer than the store keeps (`KEY_LEN`) is stored as
+        `sha256:` and its hex digest, so a long dedupe key or name cannot fail the commit."""
         full = effect_key(self.idempotency_key, key)
-        if full in self.side_effects:
+        if full in self.side_effects or full in self.checking:
             return False
-        # Taken before the store is asked: a concurrent call of this run for the same key
-        # (an agent fanning out) must not be handed the effect too.
-        self.side_effects.append(full)
+        # Held while the store is asked: a concurrent call of this run for the same key (an
+        # agent fanning out) must not be handed the effect too.
+        self.checking.add(full)
         try:
-            done = await self.effect_done(full)
-        except BaseException:
-            self.side_effects.remove(full)
-            raise
-        if done:
-            self.side_effects.remove(full)
-        return not done
+            if await self.effect_done(full):
+                return False
+        finally:
+            self.checking.discard(full)
+        self.side_effects.append(full)
+        return True
 
     def forget(self, key: str) -> None:
         """The side effect named `key`, which `once` let this run perform, did not happen (its

@@ -90,3 +90,25 @@ async def test_an_effect_whose_check_failed_is_not_kept() -> None:
     with pytest.raises(ConnectionError):
         await ctx.once("send")
     assert ctx.side_effects == []
+
+
+@pytest.mark.parametrize("done", [False, True])
+async def test_a_forget_while_another_call_asks_the_store_changes_nothing(done: bool) -> None:
+    """A call told False forgets the key (a shared error path) while the first call of the
+    run still waits for the store: the first call's answer stands, and a key it hands out is
+    committed."""
+    answered = asyncio.Event()
+
+    async def effect_done(key: str) -> bool:
+        await answered.wait()
+        return done
+
+    ctx = context()
+    ctx.effect_done = effect_done
+    first = asyncio.ensure_future(ctx.once("send"))
+    await asyncio.sleep(0)
+    assert await ctx.once("send") is False
+    ctx.forget("send")
+    answered.set()
+    assert await first is not done
+    assert ctx.side_effects == ([] if done else ["daily:2026-12-01:send"])
