@@ -28,6 +28,7 @@ from taskstream.core.outbox import Outbox
 from taskstream.core.settings import Settings
 from taskstream.core.timesync import keep_synced, synced_clock
 from taskstream.executor.admission import RELOAD_S, UpstreamGate
+from taskstream.executor.exits import contain_exits
 from taskstream.executor.service import Executor, ExecutorConfig, ExecutorDeps, consumer_name
 from taskstream.executor.sweeper import Sweeper, SweeperConfig
 from taskstream.ratelimit.breaker_config import BreakerConfig
@@ -156,6 +157,8 @@ def executor_cmd(
     )
 
     def build(cluster: Cluster, clock: Clock) -> Service:
+        # sys.exit() in a task an agent starts fails that agent's run, not the process.
+        asyncio.get_running_loop().set_task_factory(contain_exits)
         deps = ExecutorDeps(
             cluster.store,
             cluster.queue,

@@ -38,6 +38,8 @@ async def _flaky(ctx: AgentContext, p: Params) -> dict[str, Any]:
         inner = asyncio.get_running_loop().create_future()
         inner.cancel()  # work of its own, cancelled; nobody cancelled the run
         await inner
+    if ctx.attempt <= p.fail_until and p.kind == "exit_in_task":  # in a task of its own
+        await asyncio.gather(_exit())
     if ctx.attempt <= p.fail_until and p.kind == "busy":  # the upstream asked for 10 min
         raise RetriableError(f"attempt {ctx.attempt}: busy", retry_after_ms=600_000)
     if ctx.attempt <= p.fail_until:
@@ -54,6 +56,10 @@ async def _flaky(ctx: AgentContext, p: Params) -> dict[str, Any]:
         }
         raise errors[p.kind](f"attempt {ctx.attempt} fails")
     return {"attempt": ctx.attempt}
+
+
+async def _exit() -> None:
+    raise SystemExit(3)
 
 
 async def _effect(ctx: AgentContext, p: Params) -> dict[str, Any]:

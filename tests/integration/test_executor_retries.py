@@ -5,6 +5,7 @@ defect around the agent fails the attempt instead of losing the run."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from taskstream.core.store.port import InstanceRow
 from taskstream.core.store.sql import SqlStore
 from taskstream.core.store.tables import review_queue
 from taskstream.executor import service
+from taskstream.executor.exits import contain_exits
 from taskstream.executor.heartbeat import OVERRUN_S
 from tests.integration.executor_cases import TASKS, harness, reach, run_until, status_of
 from tests.integration.harness import Harness, Running, until
@@ -178,6 +180,31 @@ async def test_an_agent_raising_what_is_not_an_exception_fails_its_attempt_only(
             "generator_exit": "GeneratorExit",
         }[kind]
     )
+
+
+async def test_sys_exit_in_a_task_an_agent_starts_fails_its_attempt_only(h: Harness) -> None:
+    """The agent gathers a helper that calls `sys.exit()`: asyncio lets that out of the event
+    loop from the helper's own task, past the runner. With the executor process's task
+    factory the helper's awaiter gets `ExitInTask` instead, and the attempt fails."""
+    text = (
+        "tasks:\n  - {id: odd, agent: flaky, retry: {max_attempts: 2, backoff: {base: 1s},"
+        " jitter: 0}, payload: {fail_until: 1, kind: exit_in_task}}\n"
+    )
+    await h.apply(text)
+    row = await h.trigger(text, "odd")
+    loop = asyncio.get_running_loop()
+    loop.set_task_factory(contain_exits)
+    try:
+        executor = Running(h.executor())
+        try:
+            await reach(h, row.id, Status.RETRYING)
+            assert not executor.task.done()
+        finally:
+            await executor.close()
+    finally:
+        loop.set_task_factory(None)
+    done = await h.store.get_instance(row.id)
+    assert done is not None and done.last_error == "ExitInTask: SystemExit: 3"
 
 
 async def test_a_deadline_sooner_than_the_timeout_limits_the_attempt(h: Harness) -> None:
