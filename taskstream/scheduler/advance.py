@@ -73,12 +73,15 @@ class Advancer:
     ) -> None:
         self._store, self._checks, self._holds = store, checks, holds
         self._states: dict[str, TaskState] = {}
+        self._idle: set[str] = set()
+        """Tasks without a schedule that have no tick left waiting (see `unscheduled`)."""
         self._log = get_logger(role="scheduler")
         self._writer = TickWriter(store, outbox, self._log)
 
     def forget(self) -> None:
         """Drop cached cursors (another scheduler may have moved them)."""
         self._states.clear()
+        self._idle.clear()
 
     async def advance(
         self,
@@ -93,6 +96,7 @@ class Advancer:
         its schedule took effect; its fire times before that are not its ticks (the schedule
         was edited after the cursor), though ticks that already wait stay due."""
         self._writer.token = token
+        self._idle.discard(spec.id)
         state = self._states.setdefault(spec.id, TaskState())
         cursor = await self._cursor(spec, state, now_ms, token)
         await self._close_orphans(spec, trigger, now_ms, state)
@@ -128,6 +132,23 @@ class Advancer:
         # Past every tick decided so far, even those the cursor has not passed yet (a waiting
         # tick holds it back, or its write failed): a wake-up in the past would spin.
         return min([next_fire(trigger, max([last, cursor, *state.decided])), *wake])
+
+    async def unscheduled(self, spec: TaskSpec, now_ms: int, token: int | None) -> None:
+        """A task without a schedule (removed by an apply) decides no ticks; those it left
+        waiting are closed as `skip_window`, or they would wait in its record for ever. Read
+        once per task and process: a task never scheduled has no cursor and costs one read."""
+        if spec.id in self._idle:
+            return
+        self._writer.token = token
+        state = self._states.setdefault(spec.id, TaskState())
+        await self._recall(spec, state)
+        if state.cursor is not None and state.waiting:
+            closed = sorted(state.waiting)
+            for fire in closed:
+                reason = "the task no longer has a schedule (removed while the tick waited)"
+                await self._writer.apply(spec, fire, Decision(SKIP_WINDOW, reason), now_ms, state)
+            await self._move(spec, state, max(state.cursor, closed[-1]), token)
+        self._idle.add(spec.id)
 
     async def _close_orphans(
         self, spec: TaskSpec, trigger: Trigger, now_ms: int, state: TaskState
@@ -171,14 +192,18 @@ class Advancer:
                 )
             await self._writer.apply(spec, fire, decision, now_ms, state)
 
-    async def _cursor(
-        self, spec: TaskSpec, state: TaskState, now_ms: int, token: int | None
-    ) -> int:
+    async def _recall(self, spec: TaskSpec, state: TaskState) -> None:
+        """The stored cursor, and the decisions past it, unless this process has them."""
         if state.cursor is None:
             state.cursor = await self._store.get_cursor(spec.id)
             if state.cursor is not None:
                 rows = await decisions_after(self._store, spec.id, state.cursor)
                 state.decided, state.waiting = recall(rows)
+
+    async def _cursor(
+        self, spec: TaskSpec, state: TaskState, now_ms: int, token: int | None
+    ) -> int:
+        await self._recall(spec, state)
         if state.cursor is None:
             await self._move(spec, state, now_ms - 1, token)
         return state.cursor if state.cursor is not None else now_ms - 1

@@ -11,10 +11,16 @@ from taskstream.core.store.port import NewInstance
 from taskstream.scheduler.ticks import Trigger
 
 
+def on_demand(spec: TaskSpec) -> bool:
+    """The task has no schedule: it runs only when triggered."""
+    sched = spec.schedule
+    return sched is None or (sched.cron is None and sched.every is None)
+
+
 def trigger_of(spec: TaskSpec) -> Trigger | None:
     """The fire-time trigger of a spec; None for on-demand tasks."""
     sched = spec.schedule
-    if sched is None or (sched.cron is None and sched.every is None):
+    if sched is None or on_demand(spec):
         return None
     if sched.cron is not None:
         return Trigger(

@@ -27,7 +27,7 @@ from taskstream.core.spec import TaskSpec
 from taskstream.core.store.port import Store
 from taskstream.scheduler.advance import Advancer
 from taskstream.scheduler.hold import UpstreamHolds
-from taskstream.scheduler.instances import new_instance, trigger_of
+from taskstream.scheduler.instances import new_instance, on_demand, trigger_of
 from taskstream.scheduler.leader import Fenced, LeaderLease
 from taskstream.scheduler.ticks import Trigger
 
@@ -191,11 +191,18 @@ class Scheduler:
             self._warn_unknown_checks()
         now_ms = self._clock.now_ms()
         await self._emit_due_retries(now_ms)
-        active = [
-            (spec, trigger)
+        running = [
+            spec
             for task_id, spec in self._defs.current.specs.items()
             if task_id not in self._defs.current.paused
-            and (trigger := self._trigger(spec)) is not None
+        ]
+        for spec in running:
+            if on_demand(spec):
+                await self._advancer.unscheduled(spec, now_ms, token)
+        active = [
+            (spec, trigger)
+            for spec in running
+            if not on_demand(spec) and (trigger := self._trigger(spec)) is not None
         ]
         gate = asyncio.Semaphore(TASKS_AT_ONCE)
 

@@ -108,3 +108,32 @@ async def test_a_tick_waiting_when_its_schedule_is_edited_still_runs_alone(
     assert await _minutes(store) == [600, 606]
     fires = sorted({d.fire_time_ms for d in await store.decisions("j")})
     assert fires == [TEN, TEN + 6 * MIN]
+
+
+ON_DEMAND_DEP = "tasks:\n  - {id: j, agent: echo, window: 15m, depends_on: [raw]}\n"
+
+
+async def test_a_tick_waiting_when_its_schedule_is_removed_is_closed(
+    store: SqlStore, redis: streams.Redis, keys: Keys
+) -> None:
+    """10:00 waits for its marker when the task becomes on demand at 10:05: nothing would
+    decide it again, and its record said `wait_dep` for ever. It is closed as
+    `skip_window`, and does not run when the schedule and the marker come back."""
+    h = Harness(store, redis, keys, FixedClock(TEN - 1_000))
+    await h.apply(HOURLY_DEP)
+    s = make(h)
+    await s.run_pass()
+    h.clock.set(TEN + 500)
+    await s.run_pass()  # 10:00 waits
+    h.clock.set(TEN + 5 * MIN)
+    await h.apply(ON_DEMAND_DEP)
+    await s.run_pass()
+    assert [(d.decision, d.fire_time_ms) for d in await store.decisions("j")] == [
+        ("wait_dep", TEN),
+        ("skip_window", TEN),
+    ]
+    await store.mark_ready("raw", "2026-05-29")
+    h.clock.set(TEN + 6 * MIN)
+    await h.apply(HOURLY_DEP)
+    await make(h).run_pass()
+    assert await store.list_instances() == []
