@@ -103,9 +103,10 @@ class Advancer:
         if since_ms is not None:
             cursor = max(cursor, since_ms - 1)
         cursor = await self._beyond_horizon(spec, trigger, cursor, now_ms, state)
-        # Ticks decided past the cursor (it waits behind a waiting tick) do not count against
-        # the bound, or a tick waiting for long would stop every later tick from being decided.
-        limit = MAX_TICKS_PER_PASS + len(state.decided)
+        # Ticks decided or waiting past the cursor (it stays behind a waiting tick) do not count
+        # against the bound, or ticks waiting for long would stop every later tick from being
+        # decided, and the next wake-up would be one already past.
+        limit = MAX_TICKS_PER_PASS + len(state.decided) + len(state.waiting)
         listed = fire_times(trigger, cursor, now_ms, limit=limit)
         fires = sorted(f for f in state.waiting if f <= cursor) + listed
         due = [f for f in fires if f not in state.decided]

@@ -150,3 +150,28 @@ async def test_a_tick_waiting_for_long_does_not_hold_back_the_ticks_after_it(
         await s.run_pass()
     newest = max(r.scheduled_for_ms for r in await store.list_instances(limit=1000))
     assert newest == h.clock.now_ms() - h.clock.now_ms() % 1000
+
+
+async def test_ticks_past_more_waiting_ticks_than_a_pass_decides_are_still_decided(
+    store: SqlStore, redis: streams.Redis, keys: Keys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More ticks waiting than a pass's bound (a day's marker late, a short `every` with a
+    long window): each pass listed only those, never the ticks after them, and asked to be
+    woken at a time already past, so the scheduler ran passes back to back. Bound of 5
+    here for 1000."""
+    monkeypatch.setattr(advance, "MAX_TICKS_PER_PASS", 5)
+    task = (
+        "tasks:\n  - {id: w, agent: echo, schedule: {every: 1m}, window: 1d, depends_on: [raw]}\n"
+    )
+    h = Harness(store, redis, keys, FixedClock(DAY0 - 8 * 60_000 - 1))
+    await h.apply(task)
+    s = make(h)
+    await s.run_pass()
+    h.clock.set(DAY0 - 1)
+    await s.run_pass()  # 23:52 .. 23:59 of 2026-05-28 wait
+    await store.mark_ready("raw", "2026-05-29")
+    h.clock.set(DAY0 + 2 * 60_000 + 1)
+    wakes = [await s.run_pass() for _ in range(3)]  # a pass may leave some for the next
+    ran = sorted(r.scheduled_for_ms for r in await store.list_instances())
+    assert ran == [DAY0, DAY0 + 60_000, DAY0 + 2 * 60_000]
+    assert wakes[-1] == DAY0 + 3 * 60_000
