@@ -36,4 +36,8 @@ def contain_exits(
 ) -> asyncio.Task[T]:
     """A task factory (`loop.set_task_factory`): tasks as usual, with `ExitInTask` raised in
     place of `SystemExit` and `KeyboardInterrupt`."""
-    return asyncio.Task(_contained(coro), loop=loop, **kwargs)
+    task = asyncio.Task(_contained(coro), loop=loop, **kwargs)
+    # A task cancelled before its first step never starts `coro`: closing it then keeps
+    # Python from warning that it was never awaited, as it does not for a plain task.
+    task.add_done_callback(lambda _: coro.close())
+    return task
