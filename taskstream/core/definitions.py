@@ -104,6 +104,9 @@ class LoadedDefinitions:
     paused: set[str] = field(default_factory=set)
     invalid: dict[str, str] = field(default_factory=dict)
     schedule_from: dict[str, int] = field(default_factory=dict)
+    cursored: set[str] = field(default_factory=set)
+    """Tasks a scheduler has decided ticks of (they have a cursor): the only ones that may
+    have ticks waiting."""
 
 
 @dataclass(slots=True)
@@ -139,6 +142,8 @@ class DefinitionCache:
                 loaded.paused.add(record.task_id)
             if record.schedule_from_ms is not None:
                 loaded.schedule_from[record.task_id] = record.schedule_from_ms
+            if record.cursor_ms is not None:
+                loaded.cursored.add(record.task_id)
         self.current, self.version = loaded, version
         return True
 

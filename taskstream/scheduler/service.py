@@ -191,41 +191,47 @@ class Scheduler:
             self._warn_unknown_checks()
         now_ms = self._clock.now_ms()
         await self._emit_due_retries(now_ms)
-        running = [
-            spec
-            for task_id, spec in self._defs.current.specs.items()
-            if task_id not in self._defs.current.paused
-        ]
-        for spec in running:
-            if on_demand(spec):
-                await self._advancer.unscheduled(spec, now_ms, token)
+        loaded = self._defs.current
+        running = [spec for task_id, spec in loaded.specs.items() if task_id not in loaded.paused]
         active = [
             (spec, trigger)
             for spec in running
             if not on_demand(spec) and (trigger := self._trigger(spec)) is not None
         ]
+        # Without a schedule only a task once scheduled (it has a cursor) may have ticks
+        # left waiting; the others cost nothing.
+        idle = [s for s in running if on_demand(s) and s.id in loaded.cursored]
         gate = asyncio.Semaphore(TASKS_AT_ONCE)
-
-        since = self._defs.current.schedule_from
 
         async def one(spec: TaskSpec, trigger: Trigger) -> int:
             async with gate:
-                return await self._advancer.advance(
-                    spec, trigger, now_ms, token, since_ms=since.get(spec.id)
-                )
+                since_ms = loaded.schedule_from.get(spec.id)
+                return await self._advancer.advance(spec, trigger, now_ms, token, since_ms=since_ms)
+
+        async def closing(spec: TaskSpec) -> None:
+            async with gate:
+                await self._advancer.unscheduled(spec, now_ms, token)
 
         # Every task's advance ends before the pass does, even when one fails: a task still
         # deciding in the background would race the next pass over the same ticks.
-        results = await asyncio.gather(*(one(s, t) for s, t in active), return_exceptions=True)
+        jobs = [one(s, t) for s, t in active] + [closing(s) for s in idle]
+        results = await asyncio.gather(*jobs, return_exceptions=True)
+        return self._ended([s for s, _ in active] + idle, results)
+
+    def _ended(
+        self, specs: list[TaskSpec], results: list[int | BaseException | None]
+    ) -> int | None:
+        """The earliest next fire time of a pass whose tasks ended with `results`; a task's
+        own failure is logged, one that concerns the whole pass is raised."""
         failed = [r for r in results if isinstance(r, BaseException)]
         # Being fenced matters most: it makes this scheduler step down; an outage pauses it.
         for kind in (Fenced, (StoreUnavailable, *streams.DRIVER_ERRORS)):
             if (first := next((f for f in failed if isinstance(f, kind)), None)) is not None:
                 raise first
-        for (spec, _), result in zip(active, results, strict=True):
+        for spec, result in zip(specs, results, strict=True):
             if isinstance(result, BaseException):
                 self._task_failed(spec, result)
-        nexts = [r for r in results if not isinstance(r, BaseException)]
+        nexts = [r for r in results if isinstance(r, int)]
         return min(nexts) if nexts else None
 
     def _warn_unknown_checks(self) -> None:

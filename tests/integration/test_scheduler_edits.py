@@ -137,3 +137,32 @@ async def test_a_tick_waiting_when_its_schedule_is_removed_is_closed(
     await h.apply(HOURLY_DEP)
     await make(h).run_pass()
     assert await store.list_instances() == []
+
+
+async def test_tasks_without_a_schedule_cost_a_pass_no_reads_unless_once_scheduled(
+    store: SqlStore, redis: streams.Redis, keys: Keys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each pass looks for ticks a removed schedule left waiting: only in tasks that had a
+    schedule (a cursor). Reading every on-demand task's cursor made a new leader's first pass
+    as slow as its on-demand tasks were many, past its lease."""
+    on_demand = "".join(f"  - {{id: od{i}, agent: echo}}\n" for i in range(20))
+    h = Harness(store, redis, keys, FixedClock(TEN - 1_000))
+    await h.apply(HOURLY_DEP)
+    s = make(h)
+    await s.run_pass()
+    h.clock.set(TEN + 500)
+    await s.run_pass()  # 10:00 waits
+    await h.apply("tasks:\n" + on_demand + "  - {id: j, agent: echo, window: 15m}\n")
+    read: list[str] = []
+    get_cursor = store.get_cursor
+
+    async def counted(task_id: str) -> int | None:
+        read.append(task_id)
+        return await get_cursor(task_id)
+
+    monkeypatch.setattr(store, "get_cursor", counted)
+    s = make(h)  # a new leader: nothing in memory
+    await s.run_pass()
+    await s.run_pass()
+    assert read == ["j"]
+    assert [d.decision for d in await store.decisions("j")] == ["wait_dep", "skip_window"]

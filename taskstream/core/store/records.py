@@ -34,6 +34,8 @@ class DefinitionRecord:
     paused: bool = False
     updated_at_ms: int = 0
     schedule_from_ms: int | None = None
+    cursor_ms: int | None = None
+    """The scheduler's cursor when read (ms); None while no tick of the task was decided."""
     """When the stored `schedule` took effect (db clock, ms): set at creation and whenever an
     apply changed it; None for definitions stored before it was kept."""
 

@@ -137,4 +137,5 @@ def definition_record(m: RowMapping) -> DefinitionRecord:
         paused=bool(m["paused"]),
         updated_at_ms=int(m["updated_at_ms"]),
         schedule_from_ms=None if m["schedule_from_ms"] is None else int(m["schedule_from_ms"]),
+        cursor_ms=None if m["cursor_ms"] is None else int(m["cursor_ms"]),
     )
