@@ -9,6 +9,7 @@ import asyncio
 import json
 from pathlib import Path
 
+import pytest
 import redis
 
 from taskstream.core.states import FailClass, Status
@@ -67,19 +68,22 @@ async def _poisoned(url: str, instance_id: str) -> None:
         await store.close()
 
 
+@pytest.mark.parametrize(("reason", "expected"), [(MARKUP, MARKUP), (EVIL, EVIL_SHOWN)])
 def test_a_retry_reason_is_kept_in_the_history_and_shown_as_it_is(
-    tmp_path: Path, redis_url: str
+    tmp_path: Path, redis_url: str, reason: str, expected: str
 ) -> None:
+    """Brackets as they are; control characters escaped (`--json` keeps them exactly)."""
     with applied(tmp_path, redis_url, {"tasks.yaml": ON_DEMAND}) as cli:
         instance_id = cli("trigger", "od").split()[2]
         asyncio.run(_poisoned(cli.env["TASKSTREAM_DATABASE_URL"], instance_id))
-        cli("retry", instance_id, "--reason", MARKUP)
+        cli("retry", instance_id, "--reason", reason)
         shown = cli("inspect", instance_id)
         [requeued] = [
             h for h in json.loads(cli("inspect", instance_id, "--json"))["history"] if h["note"]
         ]
-    assert (requeued["reason"], requeued["note"]) == ("requeued", MARKUP)
-    assert f"requeued: {MARKUP}" in shown
+    assert (requeued["reason"], requeued["note"]) == ("requeued", reason)
+    assert f"requeued: {expected}" in shown
+    assert "\x1b" not in shown
 
 
 def test_dead_list_shows_control_characters_escaped(tmp_path: Path, redis_url: str) -> None:
@@ -97,18 +101,6 @@ def test_dead_list_shows_control_characters_escaped(tmp_path: Path, redis_url: s
     assert "\x1b" not in table
     assert EVIL_SHOWN in table
     assert letter["detail"] == EVIL  # JSON keeps the text, escaped by JSON itself
-
-
-def test_a_retry_reason_with_control_characters_is_shown_escaped(
-    tmp_path: Path, redis_url: str
-) -> None:
-    with applied(tmp_path, redis_url, {"tasks.yaml": ON_DEMAND}) as cli:
-        instance_id = cli("trigger", "od").split()[2]
-        asyncio.run(_poisoned(cli.env["TASKSTREAM_DATABASE_URL"], instance_id))
-        cli("retry", instance_id, "--reason", EVIL)
-        shown = cli("inspect", instance_id)
-    assert "\x1b" not in shown
-    assert f"requeued: {EVIL_SHOWN}" in shown
 
 
 def test_a_task_file_error_shows_control_characters_escaped(tmp_path: Path) -> None:

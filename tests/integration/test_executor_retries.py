@@ -158,6 +158,30 @@ async def test_an_agent_raising_what_is_not_an_exception_fails_its_attempt_only(
     retriable failure like any unexpected error. `SystemExit` and `KeyboardInterrupt` used
     to stop the whole executor with exit code 0, its other runs left RUNNING; a
     `GeneratorExit` left its own run RUNNING with no outcome until its lease ran out."""
+    error = await _first_attempt_error(h, kind)
+    names = {
+        "exit": "SystemExit",
+        "interrupt": "KeyboardInterrupt",
+        "generator_exit": "GeneratorExit",
+    }
+    assert error.split(":")[0] == names[kind]
+
+
+async def test_sys_exit_in_a_task_an_agent_starts_fails_its_attempt_only(h: Harness) -> None:
+    """The agent gathers a helper that calls `sys.exit()`: asyncio lets that out of the event
+    loop from the helper's own task, past the runner. With the executor process's task
+    factory the helper's awaiter gets `ExitInTask` instead, and the attempt fails."""
+    loop = asyncio.get_running_loop()
+    loop.set_task_factory(contain_exits)
+    try:
+        assert await _first_attempt_error(h, "exit_in_task") == "ExitInTask: SystemExit: 3"
+    finally:
+        loop.set_task_factory(None)
+
+
+async def _first_attempt_error(h: Harness, kind: str) -> str:
+    """Run a `flaky` instance whose first attempt fails as `kind` until it is RETRYING, the
+    executor still running meanwhile; its `last_error`."""
     text = (
         "tasks:\n  - {id: odd, agent: flaky, retry: {max_attempts: 2, backoff: {base: 1s},"
         f" jitter: 0}}, payload: {{fail_until: 1, kind: {kind}}}}}\n"
@@ -172,39 +196,7 @@ async def test_an_agent_raising_what_is_not_an_exception_fails_its_attempt_only(
         await executor.close()
     done = await h.store.get_instance(row.id)
     assert done is not None and done.last_error is not None
-    assert (
-        done.last_error.split(":")[0]
-        == {
-            "exit": "SystemExit",
-            "interrupt": "KeyboardInterrupt",
-            "generator_exit": "GeneratorExit",
-        }[kind]
-    )
-
-
-async def test_sys_exit_in_a_task_an_agent_starts_fails_its_attempt_only(h: Harness) -> None:
-    """The agent gathers a helper that calls `sys.exit()`: asyncio lets that out of the event
-    loop from the helper's own task, past the runner. With the executor process's task
-    factory the helper's awaiter gets `ExitInTask` instead, and the attempt fails."""
-    text = (
-        "tasks:\n  - {id: odd, agent: flaky, retry: {max_attempts: 2, backoff: {base: 1s},"
-        " jitter: 0}, payload: {fail_until: 1, kind: exit_in_task}}\n"
-    )
-    await h.apply(text)
-    row = await h.trigger(text, "odd")
-    loop = asyncio.get_running_loop()
-    loop.set_task_factory(contain_exits)
-    try:
-        executor = Running(h.executor())
-        try:
-            await reach(h, row.id, Status.RETRYING)
-            assert not executor.task.done()
-        finally:
-            await executor.close()
-    finally:
-        loop.set_task_factory(None)
-    done = await h.store.get_instance(row.id)
-    assert done is not None and done.last_error == "ExitInTask: SystemExit: 3"
+    return done.last_error
 
 
 async def test_a_deadline_sooner_than_the_timeout_limits_the_attempt(h: Harness) -> None:

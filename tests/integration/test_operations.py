@@ -285,6 +285,22 @@ async def test_a_requeue_is_not_failed_again_by_the_entry_it_replaces(h: Harness
     assert old.entry_id.encode() not in [p["message_id"] for p in pending]
 
 
+async def _poisoned_unclaimed(h: Harness, instance_id: str, *, attempt: int) -> None:
+    """Fail the dispatched instance as poison before any claim, and dead-letter its entry, as
+    an executor that does not know its agent does."""
+    [delivery] = await streams.read(h.redis, h.keys, "c1", count=1, block_ms=10)
+    poisoned = await h.store.transition(
+        instance_id,
+        Status.DISPATCHED,
+        Status.FAILED,
+        reason="unknown_agent",
+        attempt=attempt,
+        fail_class=FailClass.POISON,
+    )
+    assert poisoned.ok
+    assert await streams.dead_letter(h.redis, h.keys, delivery, "unknown_agent", "flaky")
+
+
 @pytest.mark.parametrize("fail_class", [FailClass.MANUAL_REVIEW, FailClass.FATAL])
 async def test_a_letter_does_not_requeue_a_later_failure_of_another_kind(
     h: Harness, fail_class: FailClass
@@ -293,17 +309,7 @@ async def test_a_letter_does_not_requeue_a_later_failure_of_another_kind(
     instance by hand (the letter stays), and its new run failed for a reason of its own. A
     later `dead replay` of the old letter must not requeue it past that verdict."""
     row = await h.trigger(TASKS, "once-fails")
-    [delivery] = await streams.read(h.redis, h.keys, "c1", count=1, block_ms=10)
-    poisoned = await h.store.transition(
-        row.id,
-        Status.DISPATCHED,
-        Status.FAILED,
-        reason="unknown_agent",
-        attempt=0,
-        fail_class=FailClass.POISON,
-    )
-    assert poisoned.ok
-    assert await streams.dead_letter(h.redis, h.keys, delivery, "unknown_agent", "flaky")
+    await _poisoned_unclaimed(h, row.id, attempt=0)
     now_ms = h.clock.now_ms()
     await operations.requeue(h.outbox, row.id, who="ops", why="agent deployed", now_ms=now_ms)
     assert row.id in await h.store.claim_many([ClaimRequest(row.id, 1, 60)], owner="c2")
@@ -331,17 +337,7 @@ async def test_a_letter_does_not_requeue_a_later_poison_failure_after_a_retry_by
     for attempt in (0, 1):
         if attempt:
             await operations.requeue(h.outbox, row.id, who="ops", why="fixed", now_ms=now_ms)
-        [delivery] = await streams.read(h.redis, h.keys, "c1", count=1, block_ms=10)
-        poisoned = await h.store.transition(
-            row.id,
-            Status.DISPATCHED,
-            Status.FAILED,
-            reason="unknown_agent",
-            attempt=attempt,
-            fail_class=FailClass.POISON,
-        )
-        assert poisoned.ok
-        assert await streams.dead_letter(h.redis, h.keys, delivery, "unknown_agent", "flaky")
+        await _poisoned_unclaimed(h, row.id, attempt=attempt)
     old, new = await operations.dead_letters(h.redis, h.keys.dead, limit=10)
     assert (old.fields["orig.attempt"], new.fields["orig.attempt"]) == ("0", "1")
 

@@ -10,6 +10,7 @@ from taskstream.core import streams
 from taskstream.core.clock import FixedClock
 from taskstream.core.protocol import Keys
 from taskstream.core.store.sql import SqlStore
+from taskstream.scheduler.service import Scheduler
 from tests.integration.harness import Harness
 from tests.integration.scheduler_cases import DAY0, make
 
@@ -86,18 +87,26 @@ MINUTELY_DEP = (
 )
 
 
+async def _ten_waits(
+    store: SqlStore, redis: streams.Redis, keys: Keys
+) -> tuple[Harness, Scheduler]:
+    """`HOURLY_DEP` applied before 10:00, whose 10:00 tick waits for its marker."""
+    h = Harness(store, redis, keys, FixedClock(TEN - 1_000))
+    await h.apply(HOURLY_DEP)
+    s = make(h)
+    await s.run_pass()
+    h.clock.set(TEN + 500)
+    await s.run_pass()
+    return h, s
+
+
 async def test_a_tick_waiting_when_its_schedule_is_edited_still_runs_alone(
     store: SqlStore, redis: streams.Redis, keys: Keys
 ) -> None:
     """10:00 waits for its marker when the schedule becomes every minute at 10:05; it is still
     a fire time, so it keeps waiting and runs once the marker comes, with the new schedule's
     ticks from the edit on, and nothing for 10:01 to 10:05."""
-    h = Harness(store, redis, keys, FixedClock(TEN - 1_000))
-    await h.apply(HOURLY_DEP)
-    s = make(h)
-    await s.run_pass()
-    h.clock.set(TEN + 500)
-    await s.run_pass()  # 10:00 waits
+    h, s = await _ten_waits(store, redis, keys)
     h.clock.set(TEN + 5 * MIN + 500)
     await h.apply(MINUTELY_DEP)
     await s.run_pass()
@@ -119,12 +128,7 @@ async def test_a_tick_waiting_when_its_schedule_is_removed_is_closed(
     """10:00 waits for its marker when the task becomes on demand at 10:05: nothing would
     decide it again, and its record said `wait_dep` for ever. It is closed as
     `skip_window`, and does not run when the schedule and the marker come back."""
-    h = Harness(store, redis, keys, FixedClock(TEN - 1_000))
-    await h.apply(HOURLY_DEP)
-    s = make(h)
-    await s.run_pass()
-    h.clock.set(TEN + 500)
-    await s.run_pass()  # 10:00 waits
+    h, s = await _ten_waits(store, redis, keys)
     h.clock.set(TEN + 5 * MIN)
     await h.apply(ON_DEMAND_DEP)
     await s.run_pass()
@@ -146,12 +150,7 @@ async def test_tasks_without_a_schedule_cost_a_pass_no_reads_unless_once_schedul
     schedule (a cursor). Reading every on-demand task's cursor made a new leader's first pass
     as slow as its on-demand tasks were many, past its lease."""
     on_demand = "".join(f"  - {{id: od{i}, agent: echo}}\n" for i in range(20))
-    h = Harness(store, redis, keys, FixedClock(TEN - 1_000))
-    await h.apply(HOURLY_DEP)
-    s = make(h)
-    await s.run_pass()
-    h.clock.set(TEN + 500)
-    await s.run_pass()  # 10:00 waits
+    h, s = await _ten_waits(store, redis, keys)
     await h.apply("tasks:\n" + on_demand + "  - {id: j, agent: echo, window: 15m}\n")
     read: list[str] = []
     get_cursor = store.get_cursor
