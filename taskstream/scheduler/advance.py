@@ -144,22 +144,24 @@ class Advancer:
         state = self._states.setdefault(spec.id, TaskState())
         await self._recall(spec, state)
         if state.cursor is not None and state.waiting:
-            closed = sorted(state.waiting)
-            for fire in closed:
-                reason = "the task no longer has a schedule (removed while the tick waited)"
-                await self._writer.apply(spec, fire, Decision(SKIP_WINDOW, reason), now_ms, state)
-            await self._move(spec, state, max(state.cursor, closed[-1]), token)
+            last = max(state.waiting)
+            await self._close_orphans(spec, None, now_ms, state)
+            await self._move(spec, state, max(state.cursor, last), token)
         self._idle.add(spec.id)
 
     async def _close_orphans(
-        self, spec: TaskSpec, trigger: Trigger, now_ms: int, state: TaskState
+        self, spec: TaskSpec, trigger: Trigger | None, now_ms: int, state: TaskState
     ) -> None:
-        """Waiting ticks the schedule no longer fires at (it was edited while they waited) are
-        closed as `skip_window`: nothing else would decide them again, and their wake-up
-        would stay in the past."""
-        for fire in sorted(f for f in state.waiting if not is_fire_time(trigger, f)):
+        """Waiting ticks the schedule no longer fires at (it was edited, or removed: no
+        `trigger`, while they waited) are closed as `skip_window`: nothing else would decide
+        them again, and their wake-up would stay in the past."""
+        if trigger is None:
+            reason = "the task no longer has a schedule (removed while the tick waited)"
+        else:
             reason = "the schedule no longer fires at this time (edited while the tick waited)"
-            await self._writer.apply(spec, fire, Decision(SKIP_WINDOW, reason), now_ms, state)
+        for fire in sorted(state.waiting):
+            if trigger is None or not is_fire_time(trigger, fire):
+                await self._writer.apply(spec, fire, Decision(SKIP_WINDOW, reason), now_ms, state)
 
     async def _catch_up(
         self,
