@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from redis.exceptions import RedisError
 
 from taskstream.cli import explain_cmd, ops_cmds, query_cmds, redis_cli, roles, sched_cmds, up
-from taskstream.cli.shown import shown
+from taskstream.cli.shown import err_line
 from taskstream.cli.tasks_cmds import tasks_app
 from taskstream.core.errors import ConfigError, TaskstreamError, UsageError
 from taskstream.core.logging import configure
@@ -59,20 +59,20 @@ def run() -> None:
         app()
     except ValidationError as exc:
         for line in settings_problems(exc):
-            sys.stderr.write(f"{shown(line)}\n")
+            err_line(line)
         sys.exit(2)
     except ConfigError as exc:
         for line in exc.problems:
-            sys.stderr.write(f"{shown(line)}\n")
+            err_line(line)
         sys.exit(2)
     except UsageError as exc:
-        sys.stderr.write(f"error: {shown(str(exc))}\n")
+        err_line(f"error: {exc}")
         sys.exit(2)
     except TaskstreamError as exc:
-        sys.stderr.write(f"error: {shown(str(exc))}\n")
+        err_line(f"error: {exc}")
         sys.exit(1)
     except RedisError as exc:
-        sys.stderr.write(f"error: redis unavailable: {type(exc).__name__}: {shown(str(exc))}\n")
+        err_line(f"error: redis unavailable: {type(exc).__name__}: {exc}")
         sys.exit(1)
 
 

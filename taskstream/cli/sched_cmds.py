@@ -20,7 +20,7 @@ from rich.table import Column, Table
 from rich.text import Text
 
 from taskstream.cli.common import Cluster, console, open_cluster, print_json, run_async, settings
-from taskstream.cli.shown import shown
+from taskstream.cli.shown import err_line
 from taskstream.core.clock import SystemClock
 from taskstream.core.definitions import from_record, unwaited_marker, valid_specs
 from taskstream.core.errors import TaskstreamError
@@ -306,4 +306,4 @@ def mark_cmd(
     marked, specs = run_async(go())
     sys.stdout.write(f"{name} {business_date}: {'marked' if marked else 'already marked'}\n")
     if (warning := unwaited_marker(name, specs)) is not None:
-        sys.stderr.write(f"warning: {shown(warning)}\n")
+        err_line(f"warning: {warning}")

@@ -21,6 +21,11 @@ def shown(text: str) -> str:
     return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
+def err_line(text: str) -> None:
+    """Write `text` and a newline to the current `sys.stderr`, through `shown`."""
+    sys.stderr.write(shown(text) + "\n")
+
+
 class ShownStream:
     """A text stream writing to the process's current `sys.stdout` or `sys.stderr` (looked up
     at each write, so a replaced stream is followed) through `shown`. For a rich console that

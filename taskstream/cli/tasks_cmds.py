@@ -10,7 +10,7 @@ from rich.table import Table
 
 from taskstream.agents.registry import default_registry
 from taskstream.cli.common import console, open_cluster, print_json, run_async, settings
-from taskstream.cli.shown import shown
+from taskstream.cli.shown import err_line
 from taskstream.core import preconditions
 from taskstream.core.definitions import from_record, to_records, upstream_configs
 from taskstream.core.errors import ConfigError
@@ -79,7 +79,7 @@ def list_cmd(
             table.add_row(*("" if r[k] is None else str(r[k]) for k in TABLE_KEYS))
         console.print(table)
     for line in problems:
-        sys.stderr.write(f"{shown(line)}\n")
+        err_line(line)
     if problems:
         raise typer.Exit(1)
 
