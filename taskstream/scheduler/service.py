@@ -193,11 +193,8 @@ class Scheduler:
         await self._emit_due_retries(now_ms)
         loaded = self._defs.current
         running = [spec for task_id, spec in loaded.specs.items() if task_id not in loaded.paused]
-        active = [
-            (spec, trigger)
-            for spec in running
-            if not on_demand(spec) and (trigger := self._trigger(spec)) is not None
-        ]
+        # On-demand tasks have no trigger.
+        active = [(s, t) for s in running if (t := self._trigger(s)) is not None]
         # Without a schedule only a task once scheduled (it has a cursor) may have ticks
         # left waiting; the others cost nothing.
         idle = [s for s in running if on_demand(s) and s.id in loaded.cursored]
