@@ -68,7 +68,7 @@ async def upsert(
             outcome.setdefault(record.task_id, "unchanged")
         else:
             changed: dict[str, object] = {"spec": spec, "spec_hash": record.spec_hash}
-            if _schedule(spec) != _schedule(current[0]):
+            if record.spec.get("schedule") != _stored_schedule(current[0]):
                 changed["schedule_from_ms"] = since
             await conn.execute(
                 update(defs)
@@ -80,7 +80,7 @@ async def upsert(
     return outcome
 
 
-def _schedule(spec: str) -> object:
+def _stored_schedule(spec: str) -> object:
     """The `schedule` of a stored spec (JSON text), None for a task without one."""
     loaded = codec.loads(spec)
     return loaded.get("schedule") if isinstance(loaded, dict) else None
