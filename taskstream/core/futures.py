@@ -25,15 +25,18 @@ CANCEL_WAIT_S = 1.0
 """How long a step cancelled by a stop gets to end (s) before it is left behind."""
 
 
-async def unless_stopped(step: Coroutine[Any, Any, T], stop: asyncio.Event) -> T | None:
+async def unless_stopped(
+    step: Coroutine[Any, Any, T], stop: asyncio.Event | asyncio.Future[Any]
+) -> T | None:
     """`step`'s result; None when `stop` is set and the step has not ended `STEP_END_S`
     later. A role's loop checks `stop` only between steps, and a step waiting on a server
     that stopped answering (frozen, or cut off without a reset) may not end before its read
     timeout: a stop must not wait for it. Such a step is cancelled, as a crash would end it,
     and given `CANCEL_WAIT_S` to end (its clean-up may wait on the same server); after that
-    it is left to the process's exit."""
+    it is left to the process's exit. `stop` may be the future of the loop's own
+    `stop.wait()`, made once: a loop that steps often then makes one task a step, not two."""
     task = asyncio.ensure_future(step)
-    stopping = asyncio.ensure_future(stop.wait())
+    stopping = asyncio.ensure_future(stop.wait()) if isinstance(stop, asyncio.Event) else stop
     try:
         await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
         if not task.done():
@@ -42,7 +45,8 @@ async def unless_stopped(step: Coroutine[Any, Any, T], stop: asyncio.Event) -> T
         task.cancel()
         raise
     finally:
-        stopping.cancel()
+        if stopping is not stop:
+            stopping.cancel()
     if task.done():
         return task.result()
     task.cancel()

@@ -147,10 +147,12 @@ class Executor:
         http = httpx.AsyncClient(follow_redirects=False)
         self._env = replace(self._env, http=http)
         self._log.info("executor.started", concurrency=self._config.concurrency)
+        stopping = asyncio.ensure_future(stop.wait())
         try:
             while not stop.is_set():
-                await unless_stopped(self._step(stop), stop)
+                await unless_stopped(self._step(stop), stopping)
         finally:
+            stopping.cancel()
             await self._drain()
             self._committer.last_tries()
             background.set()

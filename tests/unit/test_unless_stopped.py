@@ -80,3 +80,16 @@ async def test_a_step_that_ignores_its_cancellation_is_left_behind(
 
     assert await unless_stopped(step(), stop) is None
     release.set()
+
+
+async def test_a_loops_own_stop_waiter_serves_every_step_and_is_left_running() -> None:
+    stop = asyncio.Event()
+    stopping = asyncio.ensure_future(stop.wait())
+
+    async def step() -> int:
+        return 7
+
+    assert [await unless_stopped(step(), stopping) for _ in range(3)] == [7, 7, 7]
+    assert not stopping.done()
+    stop.set()
+    await stopping
