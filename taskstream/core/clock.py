@@ -37,17 +37,38 @@ class FixedClock:
 
 
 class OffsetClock:
-    """The host clock corrected by an offset (ms) measured against the database clock, so
-    times that other processes compare (retry due times, deadlines) agree across hosts whose
-    clocks are skewed. `offset_ms` = database now - host now, refreshed by the owner."""
+    """The database clock as this host keeps it: the host's monotonic clock plus an offset
+    (ms) measured against the database clock, so times that other processes compare (retry
+    due times, deadlines, lease checks, fire times) agree across hosts whose clocks are
+    skewed. A step of the host's wall clock (NTP, `date -s`) does not move it: between two
+    syncs it only drifts at the rate of the monotonic clock. Before its first sync it reads
+    the host's wall clock. `offset_ms` = database now - `host_ms()`, refreshed by the owner."""
 
-    def __init__(self, offset_ms: int = 0) -> None:
-        self.offset_ms = offset_ms
-        self._host = SystemClock()
+    def __init__(self) -> None:
+        self._wall_at_sync = _wall_minus_host()
+        self.offset_ms = self._wall_at_sync
+
+    @staticmethod
+    def host_ms() -> int:
+        """The host reading the offset is added to (monotonic ms, no fixed origin)."""
+        return time.monotonic_ns() // 1_000_000
 
     def now_ms(self) -> int:
-        return self._host.now_ms() + self.offset_ms
+        return self.host_ms() + self.offset_ms
 
     def sync(self, db_now_ms: int, host_before_ms: int, host_after_ms: int) -> None:
-        """Set the offset from one database read bracketed by two host readings."""
+        """Set the offset from one database read bracketed by two `host_ms()` readings."""
         self.offset_ms = db_now_ms - (host_before_ms + host_after_ms) // 2
+        self._wall_at_sync = _wall_minus_host()
+
+    def wall_step_ms(self) -> int:
+        """How far (ms, either way) the host's wall clock has stepped against its monotonic
+        clock since the last sync. Where the database runs on this host (SQLite, or a server
+        beside the role) that step moved the database clock too, so the owner syncs again."""
+        return abs(_wall_minus_host() - self._wall_at_sync)
+
+
+def _wall_minus_host() -> int:
+    """Wall clock minus monotonic clock, ms: constant but for steps of the wall clock (a
+    slew changes the rate of both)."""
+    return SystemClock().now_ms() - OffsetClock.host_ms()

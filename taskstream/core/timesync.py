@@ -9,19 +9,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from taskstream.core.clock import OffsetClock, SystemClock
+from taskstream.core.clock import OffsetClock
 from taskstream.core.errors import StoreUnavailable
 from taskstream.core.store.port import Store
 
 RESYNC_S = 60.0
+"""Seconds between two syncs, for the drift of the host's monotonic clock."""
+STEP_CHECK_S = 1.0
+"""Seconds between two looks for a step of the host's wall clock."""
+WALL_STEP_MS = 500
+"""A wall-clock step (ms) that makes a sync at once: on the database's own host the database
+clock stepped with it."""
 
 
 async def sync(store: Store, clock: OffsetClock) -> None:
     """Measure the offset once (host readings bracket the database read)."""
-    host = SystemClock()
-    before = host.now_ms()
+    before = clock.host_ms()
     db_now = await store.db_now_ms()
-    clock.sync(db_now, before, host.now_ms())
+    clock.sync(db_now, before, clock.host_ms())
 
 
 async def synced_clock(store: Store) -> OffsetClock:
@@ -31,11 +36,17 @@ async def synced_clock(store: Store) -> OffsetClock:
 
 
 async def keep_synced(store: Store, clock: OffsetClock, stop: asyncio.Event) -> None:
-    """Resync every `RESYNC_S` seconds until `stop`; a store outage keeps the last offset."""
+    """Resync every `RESYNC_S` seconds, and within `STEP_CHECK_S` of a step of the host's wall
+    clock of at least `WALL_STEP_MS`, until `stop`; a store outage keeps the last offset."""
+    since_sync_s = 0.0
     while not stop.is_set():
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), timeout=RESYNC_S)
+            await asyncio.wait_for(stop.wait(), timeout=STEP_CHECK_S)
         if stop.is_set():
             return  # a stopping process needs no offset, nor a wait on a store that is away
+        since_sync_s += STEP_CHECK_S
+        if since_sync_s < RESYNC_S and clock.wall_step_ms() < WALL_STEP_MS:
+            continue
+        since_sync_s = 0.0
         with contextlib.suppress(StoreUnavailable):
             await sync(store, clock)

@@ -1,12 +1,116 @@
-"""Keeping a process's clock on the database's: a stop ends the resync loop without one more
-read of the database clock (a database that stopped answering would hold the exit up)."""
+"""Keeping a process's clock on the database's: a step of the host's wall clock between two
+resyncs does not move it, and a stop ends the resync loop without one more read of the
+database clock (a database that stopped answering would hold the exit up)."""
 
 from __future__ import annotations
 
 import asyncio
+import time
+from typing import Any
 
+import pytest
+
+from taskstream.core import clock as clock_module
+from taskstream.core import streams
+from taskstream.core.protocol import Keys
 from taskstream.core.store.sql import SqlStore
 from taskstream.core.timesync import keep_synced, synced_clock
+from taskstream.scheduler.service import Scheduler, SchedulerConfig
+from tests.integration.harness import Harness, until
+
+HOUR_MS = 3_600_000
+
+
+class _SteppedTime:
+    """`time` on a host whose wall clock was stepped by `step_ms` (NTP, `date -s`); its
+    monotonic clock is not stepped."""
+
+    step_ms = 0
+
+    def time_ns(self) -> int:
+        return time.time_ns() + self.step_ms * 1_000_000
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+
+@pytest.fixture
+def host(monkeypatch: pytest.MonkeyPatch) -> _SteppedTime:
+    stepped = _SteppedTime()
+    monkeypatch.setattr(clock_module, "time", stepped)
+    return stepped
+
+
+async def test_a_wall_clock_step_does_not_move_the_synced_clock(
+    store: SqlStore, host: _SteppedTime
+) -> None:
+    clock = await synced_clock(store)
+    for step_ms in (120_000, -60_000):
+        host.step_ms = step_ms
+        before = await store.db_now_ms()
+        now = clock.now_ms()
+        after = await store.db_now_ms()
+        # A few ms of sync error and rounding either way, nowhere near the step.
+        assert before - 50 <= now <= after + 50, (step_ms, before, now, after)
+
+
+async def test_a_forward_step_of_the_scheduler_host_fires_no_tick_early(
+    store: SqlStore, redis: streams.Redis, keys: Keys, host: _SteppedTime
+) -> None:
+    """The scheduler host's wall clock steps past the next hourly fire time, which by the
+    database clock is still ahead: the pass fires nothing."""
+    h = Harness(store, redis, keys)
+    h.clock.set(await store.db_now_ms())
+    await h.apply("tasks:\n  - {id: hourly, agent: echo, schedule: {every: 1h, timezone: UTC}}\n")
+    clock = await synced_clock(store)
+    scheduler = Scheduler(store, h.outbox, clock, SchedulerConfig())
+    await scheduler.run_pass()
+    before = {r.id for r in await store.list_instances(task_id="hourly")}
+    now = clock.now_ms()
+    host.step_ms = (now // HOUR_MS + 1) * HOUR_MS - now + 1_000
+    await scheduler.run_pass()
+    db_now = await store.db_now_ms()
+    early = [
+        r.scheduled_for_ms
+        for r in await store.list_instances(task_id="hourly")
+        if r.id not in before and (r.scheduled_for_ms or 0) > db_now
+    ]
+    assert early == [], f"database now {db_now}; fired ahead of it: {early}"
+
+
+class _SameHost(SqlStore):
+    """The real store, on the host whose wall clock `host` steps (SQLite, or a server beside
+    the role): its clock steps with the host's."""
+
+    host = _SteppedTime()
+
+    async def db_now_ms(self) -> int:
+        return await super().db_now_ms() + self.host.step_ms
+
+
+async def test_a_step_of_the_database_hosts_clock_is_followed_within_seconds(
+    db_url: str, host: _SteppedTime
+) -> None:
+    store = await _SameHost.connect(db_url)
+    store.host = host
+    try:
+        clock = await synced_clock(store)
+        stop = asyncio.Event()
+        syncing = asyncio.create_task(keep_synced(store, clock, stop))
+        try:
+            host.step_ms = 120_000
+            await until(lambda: _agree(store, clock), timeout_s=10)
+        finally:
+            stop.set()
+            await asyncio.wait_for(syncing, timeout=5)
+    finally:
+        await store.close()
+
+
+async def _agree(store: SqlStore, clock: clock_module.OffsetClock) -> bool:
+    before = await store.db_now_ms()
+    now = clock.now_ms()
+    return before - 50 <= now <= await store.db_now_ms() + 50
 
 
 class _Counting(SqlStore):
