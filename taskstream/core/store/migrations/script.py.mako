@@ -20,6 +20,8 @@ depends_on: str | Sequence[str] | None = ${repr(depends_on)}
 
 
 def upgrade() -> None:
+    """Skip each step that is done: on MySQL each DDL statement commits before the revision
+    is written, so the next run must pick up a run stopped halfway (see 0004)."""
     ${upgrades if upgrades else "pass"}
 
 

@@ -19,7 +19,11 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    op.add_column("task_definitions", sa.Column("cursor_token", sa.BigInteger(), nullable=True))
+    """Skipped when done: on MySQL the DDL commits before the revision is written, so a run
+    stopped between the two is picked up by the next."""
+    columns = sa.inspect(op.get_bind()).get_columns("task_definitions")
+    if "cursor_token" not in {c["name"] for c in columns}:
+        op.add_column("task_definitions", sa.Column("cursor_token", sa.BigInteger(), nullable=True))
 
 
 def downgrade() -> None:

@@ -26,7 +26,11 @@ NOTE_LEN = 500
 
 
 def upgrade() -> None:
-    op.add_column("instance_history", sa.Column("note", sa.String(NOTE_LEN), nullable=True))
+    """Skipped when done: on MySQL the DDL commits before the revision is written, so a run
+    stopped between the two is picked up by the next."""
+    columns = sa.inspect(op.get_bind()).get_columns("instance_history")
+    if "note" not in {c["name"] for c in columns}:
+        op.add_column("instance_history", sa.Column("note", sa.String(NOTE_LEN), nullable=True))
 
 
 def downgrade() -> None:
