@@ -127,8 +127,10 @@ def _gate(entry: EntryFacts, row: RowFacts | None) -> Verdict | None:
 
 
 def _crashes(entry: EntryFacts, max_deliveries: int) -> Verdict | None:
-    """POISON when the entry was delivered, or its runs lost their owner, too often."""
-    crashes = max(entry.deliveries + entry.earlier_deliveries, entry.owner_losses + 1)
+    """POISON when too many deliveries ended without an outcome: this entry's, those of the
+    entries it replaced, and the earlier runs that lost their owner (each through an entry of
+    its own, so none is counted twice)."""
+    crashes = entry.deliveries + entry.earlier_deliveries + entry.owner_losses
     if crashes > max_deliveries:
         return Verdict(Action.POISON, f"{crashes} deliveries > {max_deliveries}")
     return None

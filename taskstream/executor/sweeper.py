@@ -19,7 +19,7 @@ from taskstream.core.futures import unless_stopped
 from taskstream.core.logging import get_logger
 from taskstream.core.outbox import seen_on_stream
 from taskstream.core.protocol import Keys, WorkEntry, decode
-from taskstream.core.states import FailClass, Status, can_transition
+from taskstream.core.states import AWAITING_CLAIM, FailClass, Status, can_transition
 from taskstream.core.store.port import InstanceRow, Store
 from taskstream.executor import letters
 from taskstream.executor.reconciler import Reconciler
@@ -182,7 +182,8 @@ class Sweeper:
         self, p: admin.Pending, entry: WorkEntry, row: InstanceRow | None, alive: bool
     ) -> EntryFacts:
         losses = 0
-        if row is not None and row.status is Status.RUNNING and not alive:
+        awaiting = row is not None and row.status in AWAITING_CLAIM
+        if row is not None and (awaiting or (row.status is Status.RUNNING and not alive)):
             losses = owner_losses(await self._store.history(row.id))
         return EntryFacts(
             entry.attempt,

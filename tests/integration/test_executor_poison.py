@@ -132,6 +132,33 @@ async def test_a_requeue_starts_the_count_of_lost_owners_again(h: Harness) -> No
     assert (after.status, after.fail_class, counts.get("poison")) == (Status.RETRYING, None, None)
 
 
+async def test_lost_runs_and_consumers_dead_before_their_claim_count_together(
+    h: Harness,
+) -> None:
+    """`max_deliveries` 2. The first run loses its executor and is retried; its retry's entry
+    then kills two consumers before their claim. Three deliveries ended without an outcome,
+    one more than the limit: the third is poison, whatever mix of the two kinds they were."""
+    await h.apply(CRASHY)
+    row = await h.trigger(CRASHY, "crashy")
+    sweeper = h.sweeper(max_deliveries=2)
+    [d] = await streams.read(h.redis, h.keys, "gone-0", count=1, block_ms=10)
+    claims = [ClaimRequest(row.id, decode(d.fields).attempt, 30)]
+    assert row.id in await h.store.claim_many(claims, owner="gone-0")
+    assert (await sweeper.sweep_once()).get("timeout") == 1
+    retrying = await h.store.get_instance(row.id)
+    assert retrying is not None and retrying.status is Status.RETRYING
+    assert await h.outbox.publish(retrying, now_ms=h.clock.now_ms()) is None
+    counts = []
+    for n in (1, 2):
+        assert await streams.read(h.redis, h.keys, f"doomed-{n}", count=1, block_ms=10)
+        counts.append(await sweeper.sweep_once())
+    assert [c.get("redeliver", 0) for c in counts] == [1, 0]
+    assert counts[-1].get("poison") == 1
+    done = await h.store.get_instance(row.id)
+    assert done is not None
+    assert (done.status, done.fail_class) == (Status.FAILED, FailClass.POISON)
+
+
 Write = Callable[[str, Status, Status], Awaitable[None]]
 
 

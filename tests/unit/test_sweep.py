@@ -67,6 +67,22 @@ POISON = FailClass.POISON
         (EntryFacts(0, 9, False), row(Status.RUNNING, 3, NOW + 1), Action.ACK),
         (EntryFacts(3, 1, False, owner_losses=5), row(Status.RUNNING, 4, NOW + 1), Action.POISON),
         (EntryFacts(3, 1, False, owner_losses=4), row(Status.RUNNING, 4, NOW + 1), Action.TIMEOUT),
+        # Every delivery that ended without an outcome counts once, whichever its kind.
+        (
+            EntryFacts(4, 1, False, owner_losses=2, earlier_deliveries=2),
+            row(Status.RETRYING, 4),
+            Action.REDELIVER,
+        ),
+        (
+            EntryFacts(4, 1, False, owner_losses=3, earlier_deliveries=2),
+            row(Status.DISPATCHED, 4),
+            Action.POISON,
+        ),
+        (
+            EntryFacts(3, 1, False, owner_losses=2, earlier_deliveries=3),
+            row(Status.RUNNING, 4, NOW + 1),
+            Action.POISON,
+        ),
     ],
 )
 def test_table(entry: EntryFacts, facts: RowFacts | None, action: Action) -> None:
