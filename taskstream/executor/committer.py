@@ -88,10 +88,20 @@ class Committer:
         return item.done
 
     async def submit_plan(self, run: Run, p: Plan) -> bool:
-        """Queue an explicit plan (e.g. a lease release at shutdown)."""
+        """Queue an explicit plan (e.g. a lease release at shutdown) and wait for its commit."""
+        return await asyncio.shield(self.put_plan(run, p))
+
+    def put_plan(self, run: Run, p: Plan) -> asyncio.Future[bool]:
+        """Queue an explicit plan without waiting; the future is `enqueue`'s."""
         item = _Item(run, _with_effects(p, run.side_effects))
+        item.done.add_done_callback(mark_retrieved)
         self._put(item)
-        return await asyncio.shield(item.done)
+        return item.done
+
+    @property
+    def queued(self) -> int:
+        """Ends waiting for a batch (not counting the batch being written)."""
+        return len(self._waiting)
 
     def last_tries(self) -> None:
         """From now on a commit the store cannot take (it is unavailable) is tried once more,

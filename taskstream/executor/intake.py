@@ -28,6 +28,7 @@ from taskstream.core.spec_parts import RetryPolicy
 from taskstream.core.states import AWAITING_CLAIM, SETTLED, FailClass, Status
 from taskstream.core.store.port import CasResult, Claimed, ClaimRequest, InstanceRow, Store
 from taskstream.executor import letters
+from taskstream.executor.claims import WonClaims
 from taskstream.executor.retry import attempts_used, policy_of
 
 DEFAULT_LEASE_S = 150.0
@@ -123,6 +124,7 @@ class Intake:
         self._store, self._redis, self._keys = store, redis, keys
         self._registry, self._defs, self._consumer = registry, defs, consumer
         self._held = held
+        self._claims: WonClaims[_Candidate] = WonClaims()
         self._log = get_logger(role="executor", consumer=consumer)
 
     async def admit(self, deliveries: list[streams.Delivery]) -> list[Run]:
@@ -135,13 +137,33 @@ class Intake:
         candidates, dupes = _split_duplicates(found)
         if not candidates:
             return []
-        won = await self._claim(candidates)
+        won = self._claims.start(candidates)
+        won.update(await self._claim(candidates))
         lost = [c for c in candidates if c.entry.instance_id not in won]
         if lost:
             retried, adopted = await self._after_lost(lost)
             won.update(adopted)
             won.update(await self._claim(retried) if retried else {})
-        runs = {
+        runs = self._runs(candidates, won)
+        # An entry of another attempt of an instance claimed in this batch (a stale one read
+        # with the current one) is acked with the run, as a repeat is.
+        dupes += [c for c in candidates if c.entry.instance_id in won and not _claimed_by(c, won)]
+        for dupe in dupes:
+            if (owner := runs.get(dupe.entry.instance_id)) is not None:
+                owner.duplicates.append(dupe.delivery)
+        # Earlier attempts given back (released, deferred, before a requeue) count neither
+        # against the limit nor towards the backoff; a first attempt has none.
+        await count_budgets(self._store, list(runs.values()))
+        self._claims.done()
+        return list(runs.values())
+
+    async def unstarted(self, wait_s: float) -> list[Run]:
+        """Runs, never started, for the claims of an admission that a stop cancelled after
+        they were won (`WonClaims`), for the caller to hand back."""
+        return list(self._runs(*await self._claims.unstarted(wait_s)).values())
+
+    def _runs(self, candidates: list[_Candidate], won: Mapping[str, Claimed]) -> dict[str, Run]:
+        return {
             c.entry.instance_id: Run(
                 c.delivery,
                 c.entry,
@@ -152,16 +174,6 @@ class Intake:
             for c in candidates
             if _claimed_by(c, won)
         }
-        # An entry of another attempt of an instance claimed in this batch (a stale one read
-        # with the current one) is acked with the run, as a repeat is.
-        dupes += [c for c in candidates if c.entry.instance_id in won and not _claimed_by(c, won)]
-        for dupe in dupes:
-            if (owner := runs.get(dupe.entry.instance_id)) is not None:
-                owner.duplicates.append(dupe.delivery)
-        # Earlier attempts given back (released, deferred, before a requeue) count neither
-        # against the limit nor towards the backoff; a first attempt has none.
-        await count_budgets(self._store, list(runs.values()))
-        return list(runs.values())
 
     async def _candidate(self, delivery: streams.Delivery) -> _Candidate | None:
         try:
@@ -208,7 +220,7 @@ class Intake:
             ClaimRequest(c.entry.instance_id, c.entry.attempt, self._lease_s(c.entry.task_id))
             for c in candidates
         ]
-        won = await self._store.claim_many(requests, owner=self._consumer)
+        won = await self._claims.call(self._store.claim_many(requests, owner=self._consumer))
         if won:
             # One line per batch: at thousands of runs per second a line per run would cost
             # more CPU than the run itself. Each run is named `id@attempt`.

@@ -30,7 +30,7 @@ from taskstream.core import notify, streams
 from taskstream.core.clock import Clock, SystemClock
 from taskstream.core.definitions import DefinitionCache
 from taskstream.core.errors import StoreUnavailable
-from taskstream.core.futures import unless_stopped
+from taskstream.core.futures import CANCEL_WAIT_S, STEP_END_S, unless_stopped
 from taskstream.core.logging import get_logger
 from taskstream.core.protocol import Keys
 from taskstream.core.reasons import RELEASED
@@ -153,11 +153,12 @@ class Executor:
                 await unless_stopped(self._step(stop), stopping)
         finally:
             stopping.cancel()
+            await self._hand_back()
             await self._drain()
             self._committer.last_tries()
             background.set()
             beat, commits = helpers
-            await asyncio.gather(commits, return_exceptions=True)
+            await self._last_commits(commits)
             # Every end is written or given up: no lease needs extending any more, and a beat
             # waiting for a row lock (held by a stuck transaction) must not hold the exit up.
             beat.cancel()
@@ -253,6 +254,23 @@ class Executor:
                 owner=run.row.lease_owner,
             )
         )
+
+    async def _last_commits(self, commits: asyncio.Task[None]) -> None:
+        """Let the committer write what is queued. A commit the store holds up past
+        `STEP_END_S` (a row lock, a server that stopped answering) is cancelled like a stopped
+        step: its runs stay RUNNING, recovered by the sweeper once the liveness key is gone."""
+        await asyncio.wait({commits}, timeout=STEP_END_S)
+        if not commits.done():
+            self._log.warning("executor.commits_abandoned", queued=self._committer.queued)
+            commits.cancel()
+        await asyncio.wait({commits}, timeout=CANCEL_WAIT_S)
+        if commits.done() and not commits.cancelled():
+            commits.exception()
+
+    async def _hand_back(self) -> None:
+        """Release the claims of an admission the stop cancelled before they became runs."""
+        for run in await self._intake.unstarted(STEP_END_S):
+            self._committer.put_plan(run, self._release(run))
 
     async def _drain(self) -> None:
         self._stopping = True

@@ -203,6 +203,23 @@ async def test_at_stop_a_commit_the_store_keeps_refusing_gets_one_more_try_then_
     assert row is not None and (row.status, row.attempt) == (Status.RUNNING, 1)
 
 
+async def test_at_stop_a_commit_the_store_holds_up_does_not_hold_the_exit_up(
+    outage_server: Harness,
+) -> None:
+    """A finished run's final CAS waits for a row lock (InnoDB would wait 50 s) when the stop
+    comes, and no error ends the wait: the executor gives the commit `STEP_END_S`, cancels
+    it and exits; the run stays RUNNING for the sweeper to recover."""
+    h = outage_server
+    async with finishing_under_lock(h, Gate()) as (instance_id, ex, conn):
+        await until(lambda: waiting(conn, FINISH_UPDATE))
+        ex.stop.set()
+        stopped, _ = await asyncio.wait({ex.task}, timeout=15)
+        await conn.rollback()
+    assert ex.task in stopped, "the stop waited for the row lock"
+    row = await h.store.get_instance(instance_id)
+    assert row is not None and (row.status, row.attempt) == (Status.RUNNING, 1)
+
+
 async def test_a_release_at_stop_that_the_store_keeps_refusing_does_not_hold_the_exit_up(
     outage_server: Harness,
 ) -> None:

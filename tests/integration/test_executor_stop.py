@@ -6,6 +6,7 @@ toward the backoff, and the liveness key is there only while the executor runs."
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -14,6 +15,7 @@ from taskstream.core.protocol import GROUP, Keys, Priority
 from taskstream.core.reasons import RELEASED
 from taskstream.core.states import Status
 from taskstream.core.store.sql import SqlStore
+from taskstream.executor.intake import Run
 from tests.integration.executor_cases import TASKS, harness, reach, run_until, status_of
 from tests.integration.harness import T0, Harness, Running, until
 
@@ -140,3 +142,60 @@ async def test_liveness_key_is_set_while_running_and_removed_after(h: Harness) -
     await until(alive)
     await ex.close()
     assert not await alive()
+
+
+async def _cancelled_after_its_claim(h: Harness, hold: str) -> str:
+    """Run `slow-once` on an executor whose admission the stop cancels after the claim has
+    committed: `hold` names where it waits, "reply" (the claim's reply comes back only once
+    the admission is cancelled) or "reads" (the reads after the claim do not answer). Returns
+    the instance id. For "reads" the run is a retry (only a
+    retry's claim reads histories): its first attempt was released by an earlier stop."""
+    row = await h.trigger(TASKS, "slow-once")
+    if hold == "reads":
+        first = Running(h.executor(grace_s=0.05))
+        await reach(h, row.id, Status.RUNNING)
+        await first.close()
+        await h.scheduler().run_pass()
+    executor = h.executor(grace_s=5)
+    cancelled, never = asyncio.Event(), asyncio.Event()
+    claim_many, histories, admit = h.store.claim_many, h.store.histories, executor._intake.admit
+
+    async def late_reply(*args: Any, **kwargs: Any) -> Any:
+        won = await claim_many(*args, **kwargs)
+        await cancelled.wait()
+        return won
+
+    async def unanswered(*args: Any, **kwargs: Any) -> Any:
+        await never.wait()
+        return await histories(*args, **kwargs)
+
+    async def watched(deliveries: list[streams.Delivery]) -> list[Run]:
+        try:
+            return await admit(deliveries)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    executor._intake.admit = watched  # type: ignore[method-assign]
+    if hold == "reply":
+        h.store.claim_many = late_reply  # type: ignore[method-assign]
+    else:
+        h.store.histories = unanswered  # type: ignore[method-assign]
+    ex = Running(executor)
+    await reach(h, row.id, Status.RUNNING)
+    await ex.close()
+    return row.id
+
+
+@pytest.mark.parametrize("hold", ["reply", "reads"])
+async def test_a_claim_won_by_a_step_the_stop_cancels_is_released(h: Harness, hold: str) -> None:
+    """The stop cancels the admission after its claim committed: the claim is handed back
+    like a run stopped at the grace (RETRYING, due now, not counted), not left RUNNING for
+    the sweeper to time out, which would spend the only attempt of `slow-once`."""
+    instance_id = await _cancelled_after_its_claim(h, hold)
+    released = await h.store.get_instance(instance_id)
+    assert released is not None
+    last = (await h.store.history(instance_id))[-1]
+    attempt = 1 if hold == "reply" else 2
+    assert (released.status, last.reason, last.attempt) == (Status.RETRYING, RELEASED, attempt)
+    assert (await h.redis.xpending(h.keys.stream(Priority.DEFAULT), GROUP))["pending"] == 0
