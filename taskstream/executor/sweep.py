@@ -13,6 +13,9 @@ from enum import StrEnum
 from taskstream.core.reasons import AFTER, LEASE_EXPIRED, OWNER_LOST
 from taskstream.core.states import AWAITING_CLAIM, SETTLED, FailClass, Status, poisoned_by
 
+LEFT_IN_TIMEOUT = "left_in_timeout"
+"""The reason of a TIMEOUT verdict for a run already in TIMEOUT: only the move out of it is left."""
+
 
 class Action(StrEnum):
     """What the sweeper does with the entry."""
@@ -25,7 +28,8 @@ class Action(StrEnum):
     """Delivered but never claimed by a consumer that is gone: publish it again, carrying its
     delivery count (`WorkEntry.redeliveries`)."""
     TIMEOUT = "timeout"
-    """Its run lost its owner or its lease: CAS RUNNING -> TIMEOUT, then retry or fail."""
+    """Its run lost its owner or its lease: CAS RUNNING -> TIMEOUT, then retry or fail (only
+    the second move for a run already in TIMEOUT, `LEFT_IN_TIMEOUT`)."""
     DEAD_LETTER = "dead_letter"
     """It cannot be handled: move it to the dead-letter stream."""
     POISON = "poison"
@@ -89,6 +93,11 @@ def decide(
         return _running(entry, row, db_now_ms, max_deliveries)
     if row.status in AWAITING_CLAIM and row.attempt == entry.attempt:
         return _crashes(entry, max_deliveries) or _unclaimed(entry, unclaimed_ms)
+    if row.status is Status.TIMEOUT and row.attempt == entry.attempt + 1:
+        # The run's move into TIMEOUT landed, the move out of it did not (the store failed
+        # between the two, or the first one's reply was lost): finish it from the entry, which
+        # then goes where that move sends it (acked, or dead-lettered when poison).
+        return Verdict(Action.TIMEOUT, LEFT_IN_TIMEOUT)
     if row.attempt > entry.attempt:
         return Verdict(Action.ACK, "entry of an older attempt")
     return Verdict(Action.LEAVE, f"instance is {row.status}")

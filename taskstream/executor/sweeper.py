@@ -26,6 +26,7 @@ from taskstream.executor.reconciler import Reconciler
 from taskstream.executor.recovery import Recovery
 from taskstream.executor.retry import owner_losses
 from taskstream.executor.sweep import (
+    LEFT_IN_TIMEOUT,
     Action,
     EntryFacts,
     RowFacts,
@@ -213,9 +214,11 @@ class Sweeper:
             if not await self._dead(d, reason):
                 return Action.LEAVE
         elif verdict.action is Action.TIMEOUT and instance is not None:
-            done = await self._recovery.time_out(
-                instance, reason=verdict.reason, now_ms=self._clock.now_ms()
-            )
+            now_ms = self._clock.now_ms()
+            if verdict.reason == LEFT_IN_TIMEOUT:
+                done = await self._recovery.leave_timeout(instance, now_ms=now_ms)
+            else:
+                done = await self._recovery.time_out(instance, reason=verdict.reason, now_ms=now_ms)
             if done.ok and done.decision and done.decision.fail_class is FailClass.POISON:
                 await self._dead(d, "poison")
             elif done.ok:

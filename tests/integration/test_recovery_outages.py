@@ -266,23 +266,25 @@ async def test_a_timeout_whose_second_move_failed_is_finished_with_its_own_cause
     outage: Harness,
 ) -> None:
     """The only run (max_attempts 1) lost its executor; the sweeper committed RUNNING ->
-    TIMEOUT (`owner_lost`), and the store failed before TIMEOUT -> FAILED. When the
-    reconciler finishes the move, every run lost its owner: poison, as when the sweeper's
-    move is not interrupted, and the history says `after_owner_lost`."""
+    TIMEOUT (`owner_lost`), and the store failed (or the reply was lost) before TIMEOUT ->
+    FAILED. The next pass finishes the move from the run's entry, still pending: every run
+    lost its owner, so poison, as when the sweeper's move is not interrupted, with the
+    history saying `after_owner_lost` and the entry dead-lettered, not acked."""
     h = outage
-    instance_id, _ = await claimed_unrun(h, "gone")
+    instance_id, delivery = await claimed_unrun(h, "gone")
     first = await h.store.transition(
         instance_id, Status.RUNNING, Status.TIMEOUT, reason=OWNER_LOST, attempt=1, owner="gone"
     )
     assert first.ok
-    sweeper = h.sweeper()
-    for _ in range(2):  # the entry (an older attempt's now) is acked, then the row recovered
-        h.clock.advance(60_000)
-        await sweeper.sweep_once()
+    h.clock.advance(60_000)
+    counts = await h.sweeper().sweep_once()
     done = await h.store.get_instance(instance_id)
     assert done is not None
     assert (done.status, done.fail_class) == (Status.FAILED, FailClass.POISON)
     assert (await h.store.history(instance_id))[-1].reason == after(OWNER_LOST)
+    dead: Any = await h.redis.xrange(h.keys.dead)
+    assert [f[b"reason"] for _, f in dead] == [b"poison"], counts
+    assert (await h.redis.xpending(delivery.stream, GROUP))["pending"] == 0
 
 
 SHORT_LEASE = """

@@ -67,6 +67,10 @@ POISON = FailClass.POISON
         (EntryFacts(0, 9, False), row(Status.RUNNING, 3, NOW + 1), Action.ACK),
         (EntryFacts(3, 1, False, owner_losses=5), row(Status.RUNNING, 4, NOW + 1), Action.POISON),
         (EntryFacts(3, 1, False, owner_losses=4), row(Status.RUNNING, 4, NOW + 1), Action.TIMEOUT),
+        # A run whose move into TIMEOUT landed but not the move out of it: finished from its
+        # entry. An entry of an older attempt is acked.
+        (EntryFacts(3, 1, True), row(Status.TIMEOUT, 4), Action.TIMEOUT),
+        (EntryFacts(2, 1, False), row(Status.TIMEOUT, 4), Action.ACK),
         # Every delivery that ended without an outcome counts once, whichever its kind.
         (
             EntryFacts(4, 1, False, owner_losses=2, earlier_deliveries=2),
