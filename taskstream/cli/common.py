@@ -7,7 +7,7 @@ import getpass
 import json
 import os
 import sys
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import IO, Any, TypeVar, cast
@@ -16,6 +16,7 @@ from rich.console import Console
 
 from taskstream.cli.shown import ShownStream
 from taskstream.core import notify, streams
+from taskstream.core.clock import SystemClock
 from taskstream.core.errors import ClusterNotFound
 from taskstream.core.protocol import Keys
 from taskstream.core.settings import Settings
@@ -127,6 +128,22 @@ async def open_cluster(
         await store.close()
         if redis is not None:
             await redis.aclose()
+
+
+def checked_now(times: Callable[[int], T]) -> tuple[int, T]:
+    """The cluster's now (UTC epoch ms) and `times(now)`, the command's times read against
+    it. The cluster's now is the database clock, which every role keeps to: an operator's
+    host whose clock is off must not give a run a fire time, deadline or business date off
+    by as much. `times` runs first on the host's clock, so bad input is named before any
+    connection is made."""
+    times(SystemClock().now_ms())
+
+    async def go() -> int:
+        async with open_cluster(settings(), need_redis=False) as cluster:
+            return await cluster.store.db_now_ms()
+
+    now_ms = run_async(go())
+    return now_ms, times(now_ms)
 
 
 @asynccontextmanager

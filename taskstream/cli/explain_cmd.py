@@ -9,9 +9,8 @@ from typing import Any
 
 import typer
 
-from taskstream.cli.common import Cluster, print_json
+from taskstream.cli.common import Cluster, checked_now, print_json
 from taskstream.cli.sched_cmds import JSON_OPT, TASK_ARG, parse_instant, with_record
-from taskstream.core.clock import SystemClock
 from taskstream.core.definitions import from_record
 from taskstream.core.spec import TaskSpec, format_utc_ms
 from taskstream.core.store.port import DecisionRow, DefinitionRecord
@@ -29,8 +28,9 @@ def explain_cmd(
 ) -> None:
     """Why a tick ran or not: every decision recorded for one fire time, oldest first, with the
     rule that decided and the values it saw. Default: the latest decided fire time."""
-    now_ms = SystemClock().now_ms()
-    at_ms = None if at is None else parse_instant(at, name="--at", now_ms=now_ms)
+    now_ms, at_ms = checked_now(
+        lambda now: None if at is None else parse_instant(at, name="--at", now_ms=now)
+    )
 
     async def go(cluster: Cluster, record: DefinitionRecord) -> dict[str, Any]:
         fire_ms = await nearest_decided_fire(cluster.store, task, at_ms)

@@ -19,7 +19,6 @@ from taskstream.cli.common import (
     settings,
 )
 from taskstream.core import operations
-from taskstream.core.clock import SystemClock
 from taskstream.core.errors import StoreUnavailable, TaskstreamError
 from taskstream.core.outbox import Outbox
 from taskstream.core.spec import INSTANCE_ID_LENGTH
@@ -44,7 +43,7 @@ def retry_cmd(
                 instance_id,
                 who=operator(),
                 why=reason,
-                now_ms=SystemClock().now_ms(),
+                now_ms=await cluster.store.db_now_ms(),
             )
 
     late = run_async(go())
@@ -155,5 +154,5 @@ def _say(line: str) -> None:
 
 async def _replay_one(cluster: Cluster, letter: operations.DeadLetter) -> str:
     return await operations.replay(
-        _outbox(cluster), letter, who=operator(), now_ms=SystemClock().now_ms()
+        _outbox(cluster), letter, who=operator(), now_ms=await cluster.store.db_now_ms()
     )

@@ -19,9 +19,16 @@ import typer
 from rich.table import Column, Table
 from rich.text import Text
 
-from taskstream.cli.common import Cluster, console, open_cluster, print_json, run_async, settings
+from taskstream.cli.common import (
+    Cluster,
+    checked_now,
+    console,
+    open_cluster,
+    print_json,
+    run_async,
+    settings,
+)
 from taskstream.cli.shown import err_line
-from taskstream.core.clock import SystemClock
 from taskstream.core.definitions import from_record, unwaited_marker, valid_specs
 from taskstream.core.errors import TaskstreamError
 from taskstream.core.outbox import Emitted, Outbox
@@ -87,6 +94,11 @@ def range_end(text: str, *, now_ms: int, past_only: bool = False) -> int:
     return min(end_ms, now_ms) if past_only and at_ms <= now_ms else end_ms
 
 
+def _at(at: str | None, now_ms: int) -> int | None:
+    """`--at` as epoch ms against `now_ms`; None when not given."""
+    return None if at is None else parse_instant(at, name="--at", now_ms=now_ms)
+
+
 def _range(from_: str, to: str, now_ms: int, *, past_only: bool = False) -> tuple[int, int]:
     from_ms = parse_instant(from_, name="--from", now_ms=now_ms)
     to_ms = range_end(to, now_ms=now_ms, past_only=past_only)
@@ -143,7 +155,7 @@ def plan_cmd(
 ) -> None:
     """Preview fire times in a range (UTC and local, DST gaps and folds, calendar exclusions,
     deferrals). Runs nothing and writes nothing."""
-    from_ms, to_ms = _range(from_, to, SystemClock().now_ms())
+    _, (from_ms, to_ms) = checked_now(lambda now: _range(from_, to, now))
     spec = with_spec(task, _spec)
     lines = manual.preview(spec, from_ms=from_ms, to_ms=to_ms, limit=limit + 1)
     rows, truncated = [_plan_row(line) for line in lines[:limit]], len(lines) > limit
@@ -216,9 +228,8 @@ def trigger_cmd(
     at: str | None = typer.Option(None, "--at", help="Fire time of the run (default: now)."),
 ) -> None:
     """Run a task now, through the same dedupe key as scheduled runs."""
-    now_ms = SystemClock().now_ms()
-    at_ms = None if at is None else parse_instant(at, name="--at", now_ms=now_ms)
     body = _payload(payload, settings().max_payload_bytes)
+    now_ms, at_ms = checked_now(lambda now: _at(at, now))
 
     async def go(cluster: Cluster, spec: TaskSpec) -> Emitted:
         outbox = Outbox(cluster.store, cluster.queue, cluster.keys)
@@ -241,8 +252,7 @@ def backfill_cmd(
     ),
 ) -> None:
     """Create instances for the past fire times in a range (refused when over --limit)."""
-    now_ms = SystemClock().now_ms()
-    from_ms, to_ms = _range(from_, to, now_ms, past_only=True)
+    now_ms, (from_ms, to_ms) = checked_now(lambda now: _range(from_, to, now, past_only=True))
 
     async def go(cluster: Cluster, spec: TaskSpec) -> manual.BackfillResult:
         outbox = Outbox(cluster.store, cluster.queue, cluster.keys)
