@@ -21,15 +21,15 @@ from taskstream.core import streams
 from taskstream.core.definitions import DefinitionCache
 from taskstream.core.errors import ProtocolError
 from taskstream.core.logging import get_logger
-from taskstream.core.outbox import seen_on_stream
 from taskstream.core.protocol import Keys, WorkEntry, decode
 from taskstream.core.spec import TaskSpec
 from taskstream.core.spec_parts import RetryPolicy
-from taskstream.core.states import AWAITING_CLAIM, SETTLED, FailClass, Status
-from taskstream.core.store.port import CasResult, Claimed, ClaimRequest, InstanceRow, Store
+from taskstream.core.states import AWAITING_CLAIM, SETTLED, Status
+from taskstream.core.store.port import Claimed, ClaimRequest, InstanceRow, Store
 from taskstream.executor import letters
 from taskstream.executor.claims import WonClaims
 from taskstream.executor.retry import attempts_used, policy_of
+from taskstream.executor.strangers import Strangers
 
 DEFAULT_LEASE_S = 150.0
 
@@ -125,6 +125,7 @@ class Intake:
         self._registry, self._defs, self._consumer = registry, defs, consumer
         self._held = held
         self._claims: WonClaims[_Candidate] = WonClaims()
+        self._strangers = Strangers(store, consumer, ack=self._ack_duplicate, dead=self.dead)
         self._log = get_logger(role="executor", consumer=consumer)
 
     async def admit(self, deliveries: list[streams.Delivery]) -> list[Run]:
@@ -184,36 +185,8 @@ class Intake:
         try:
             return _Candidate(delivery, entry, self._registry.get(entry.agent))
         except UnknownAgent:
-            await self._unknown_agent(delivery, entry)
+            await self._strangers.fail(delivery, entry)
             return None
-
-    async def _unknown_agent(self, delivery: streams.Delivery, entry: WorkEntry) -> None:
-        """Fail the instance as poison and dead-letter the entry. A row still PENDING/RETRYING
-        (the outbox's CAS to DISPATCHED has not landed yet) moves on to DISPATCHED first, as
-        a claim would: else it would stay in flight, and be published and dead-lettered again.
-        An entry whose instance moved on without it (settled: the first entry was
-        dead-lettered, or ran; claimed by a consumer that knows the agent through a second
-        entry; past this attempt) is a duplicate delivery: acked, so one instance has at
-        most one dead letter and none beside a run that goes on."""
-        moved = await self._fail_unknown(entry)
-        if not moved.ok and moved.found in (Status.PENDING, Status.RETRYING):
-            await seen_on_stream(self._store, entry.instance_id, moved.found, entry.attempt)
-            moved = await self._fail_unknown(entry)
-        if not moved.ok and moved.found is not None:
-            await self._ack_duplicate(delivery, entry.instance_id, moved.found)
-            return
-        await self.dead(delivery, "unknown_agent", entry.agent)
-
-    async def _fail_unknown(self, entry: WorkEntry) -> CasResult:
-        return await self._store.transition(
-            entry.instance_id,
-            Status.DISPATCHED,
-            Status.FAILED,
-            reason="unknown_agent",
-            attempt=entry.attempt,
-            fail_class=FailClass.POISON,
-            error=f"unknown agent {entry.agent!r}",
-        )
 
     async def _claim(self, candidates: list[_Candidate]) -> dict[str, Claimed]:
         requests = [

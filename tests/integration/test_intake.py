@@ -10,9 +10,10 @@ import pytest
 from taskstream.agents.registry import default_registry
 from taskstream.core import streams
 from taskstream.core.definitions import DefinitionCache
+from taskstream.core.errors import StoreUnavailable
 from taskstream.core.protocol import GROUP, Priority
 from taskstream.core.states import FailClass, Status
-from taskstream.core.store.port import ClaimRequest, InstanceRow
+from taskstream.core.store.port import CasResult, ClaimRequest, InstanceRow
 from taskstream.executor.intake import Intake
 from tests.integration.harness import Harness
 from tests.support.races import dispatch_before_status_read
@@ -126,6 +127,38 @@ async def test_an_unknown_agent_whose_row_the_outbox_moves_during_the_failed_cas
         assert await intake_of(h, DefinitionCache(h.store)).admit(deliveries) == []
     assert raced == [Status.DISPATCHED]
     await _assert_failed_once_through_dispatched(h, row.id)
+
+
+async def test_an_unknown_agent_entry_whose_own_move_went_unanswered_is_dead_lettered(
+    outage: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Intake's DISPATCHED -> FAILED commits, and its answer is lost (the link dropped after
+    the server's COMMIT): the admission fails and the same entry is admitted again. Its move
+    then finds FAILED, its own by the history: the entry goes to the dead-letter stream, as
+    it would have, not acked as a duplicate that leaves a poison instance with no letter."""
+    h = outage
+    row, deliveries = await _stranger_on_stream(h)
+    assert (
+        await h.store.transition(row.id, Status.PENDING, Status.DISPATCHED, reason="published")
+    ).ok
+    intake = intake_of(h, DefinitionCache(h.store))
+    transition = h.store.transition
+
+    async def answer_lost(*args: Any, **kwargs: Any) -> CasResult:
+        assert (await transition(*args, **kwargs)).ok
+        monkeypatch.setattr(h.store, "transition", transition)
+        raise StoreUnavailable("store: connection lost after COMMIT")
+
+    monkeypatch.setattr(h.store, "transition", answer_lost)
+    with pytest.raises(StoreUnavailable):
+        await intake.admit(deliveries)
+    assert await intake.admit(deliveries) == []
+    failed = await h.store.get_instance(row.id)
+    assert failed is not None and failed.fail_class is FailClass.POISON
+    dead: Any = await h.redis.xrange(h.keys.dead)
+    assert [f[b"reason"] for _, f in dead] == [b"unknown_agent"]
+    [d] = deliveries
+    assert (await h.redis.xpending(d.stream, GROUP))["pending"] == 0
 
 
 async def test_an_unknown_agent_entry_of_a_run_another_consumer_holds_is_acked(
