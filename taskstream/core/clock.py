@@ -61,6 +61,11 @@ class OffsetClock:
         self.offset_ms = db_now_ms - (host_before_ms + host_after_ms) // 2
         self._wall_at_sync = _wall_minus_host()
 
+    def rebase_wall(self) -> None:
+        """Take the wall clock as it is now as the one steps are measured from, without a
+        sync (the database could not be asked)."""
+        self._wall_at_sync = _wall_minus_host()
+
     def wall_step_ms(self) -> int:
         """How far (ms, either way) the host's wall clock has stepped against its monotonic
         clock since the last sync. Where the database runs on this host (SQLite, or a server

@@ -11,6 +11,7 @@ import contextlib
 
 from taskstream.core.clock import OffsetClock
 from taskstream.core.errors import StoreUnavailable
+from taskstream.core.futures import unless_stopped
 from taskstream.core.store.port import Store
 
 RESYNC_S = 60.0
@@ -37,7 +38,9 @@ async def synced_clock(store: Store) -> OffsetClock:
 
 async def keep_synced(store: Store, clock: OffsetClock, stop: asyncio.Event) -> None:
     """Resync every `RESYNC_S` seconds, and within `STEP_CHECK_S` of a step of the host's wall
-    clock of at least `WALL_STEP_MS`, until `stop`; a store outage keeps the last offset."""
+    clock of at least `WALL_STEP_MS`, until `stop`; a store outage keeps the last offset (a
+    step in it is measured at the next resync), and a store that does not answer does not
+    hold the stop up (`unless_stopped`)."""
     since_sync_s = 0.0
     while not stop.is_set():
         with contextlib.suppress(TimeoutError):
@@ -48,5 +51,9 @@ async def keep_synced(store: Store, clock: OffsetClock, stop: asyncio.Event) -> 
         if since_sync_s < RESYNC_S and clock.wall_step_ms() < WALL_STEP_MS:
             continue
         since_sync_s = 0.0
-        with contextlib.suppress(StoreUnavailable):
-            await sync(store, clock)
+        try:
+            await unless_stopped(sync(store, clock), stop)
+        except StoreUnavailable:
+            # The last offset stands until the next resync: a store that is down is not
+            # asked again every second because the step is still unmeasured.
+            clock.rebase_wall()

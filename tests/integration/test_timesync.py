@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from taskstream.core import clock as clock_module
-from taskstream.core import streams
+from taskstream.core import streams, timesync
+from taskstream.core.errors import StoreUnavailable
 from taskstream.core.protocol import Keys
 from taskstream.core.store.sql import SqlStore
 from taskstream.core.timesync import keep_synced, synced_clock
@@ -111,6 +112,47 @@ async def _agree(store: SqlStore, clock: clock_module.OffsetClock) -> bool:
     before = await store.db_now_ms()
     now = clock.now_ms()
     return before - 50 <= now <= await store.db_now_ms() + 50
+
+
+class _Down(SqlStore):
+    """The real store, down: every read of its clock fails, and is counted."""
+
+    reads = 0
+
+    async def db_now_ms(self) -> int:
+        self.reads += 1
+        raise StoreUnavailable("store: down")
+
+
+async def test_a_step_during_an_outage_asks_the_store_once_not_every_second(
+    db_url: str, host: _SteppedTime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(timesync, "STEP_CHECK_S", 0.01)
+    store = await _Down.connect(db_url)
+    clock = clock_module.OffsetClock()
+    looks = 0
+    wall_step_ms = clock.wall_step_ms
+
+    def counted() -> int:
+        nonlocal looks
+        looks += 1
+        return wall_step_ms()
+
+    monkeypatch.setattr(clock, "wall_step_ms", counted)
+    stop = asyncio.Event()
+    syncing = asyncio.create_task(keep_synced(store, clock, stop))
+    try:
+        host.step_ms = 5_000
+
+        async def looked_often() -> bool:
+            return looks >= 30
+
+        await until(looked_often)
+        assert store.reads == 1
+    finally:
+        stop.set()
+        await asyncio.wait_for(syncing, timeout=5)
+        await store.close()
 
 
 class _Counting(SqlStore):
