@@ -175,6 +175,12 @@ def test_side_effect_keys_fit_the_store() -> None:
     assert long_a.startswith("sha256:") and len(long_a) <= KEY_LEN
     assert long_a != long_b
     assert effect_key("k" * 251, "send") == long_a
+    # Not UTF-8 (a file name decoded with surrogateescape): stored as its digest, which every
+    # store takes, instead of a key MariaDB refuses at the commit, after the effect.
+    odd_a, odd_b = effect_key("daily", "upload-\udcff"), effect_key("daily", "upload-\udcfe")
+    assert odd_a.startswith("sha256:") and odd_a != odd_b
+    odd_a.encode("utf-8")
+    assert effect_key("daily", "résumé-📄") == "daily:résumé-📄"
 
 
 @pytest.mark.parametrize(
