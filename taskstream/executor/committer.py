@@ -30,7 +30,7 @@ from taskstream.core.reasons import after
 from taskstream.core.states import FailClass, Status
 from taskstream.core.store.port import CasResult, Store
 from taskstream.executor.intake import Run
-from taskstream.executor.outcome import Attempt, Plan, RunEnd, plan
+from taskstream.executor.outcome import Attempt, Plan, RunEnd, plan, refused_plan
 from taskstream.executor.retry import Failure
 
 MAX_BATCH = 200
@@ -141,6 +141,10 @@ class Committer:
             self._log.warning(
                 "commit.refused", error=str(exc)[:300], runs=[_named(i) for i in batch]
             )
+            instead = _instead(batch, exc)
+            if instead is not None:
+                await self._commit([instead], stop)
+                return
             for item in batch:
                 item.done.set_exception(exc)
             return
@@ -297,6 +301,15 @@ def _retries(p: Plan) -> bool:
     return p.finish.dst is Status.RETRYING or (
         after is not None and after.status is Status.RETRYING
     )
+
+
+def _instead(batch: list[_Item], exc: Exception) -> _Item | None:
+    """The one run of `batch`, whose end the store refused, with `refused_plan`'s end."""
+    if len(batch) != 1 or isinstance(exc, StoreUnavailable) or not isinstance(exc, StoreError):
+        return None
+    [item] = batch
+    p = refused_plan(item.plan, str(exc)[:500])
+    return None if p is None else _Item(item.run, p, item.done)
 
 
 def _with_effects(p: Plan, side_effects: list[str]) -> Plan:

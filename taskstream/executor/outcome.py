@@ -210,3 +210,33 @@ def _retry(
         due = now_ms + min_delay_ms
         decision = replace(decision, next_attempt_at_ms=due, delay_ms=min_delay_ms)
     return before_deadline(decision, attempt.deadline_ms)
+
+
+COMMIT_REFUSED = "commit_refused"
+
+
+def refused_plan(refused: Plan, why: str) -> Plan | None:
+    """What to commit instead of a run's end that the store refused (a value it will not
+    take; `why` names it): FAILED `fatal`, no result, the error saying what was refused, so
+    the run ends explained instead of staying RUNNING for its lease to lapse and the agent
+    to run again. Its side-effect keys are kept; refused too, they are dropped (such keys
+    cannot guard their effects anyway). None when nothing is left to drop."""
+    finish = refused.finish
+    if finish.reason != COMMIT_REFUSED:
+        error = f"the store refused this run's end ({finish.dst} {finish.reason}): {why}"
+        return Plan(
+            replace(
+                finish,
+                dst=Status.FAILED,
+                reason=COMMIT_REFUSED,
+                result=None,
+                result_json=None,
+                fail_class=FailClass.FATAL,
+                error=error[:MAX_ERROR_CHARS],
+                next_attempt_at_ms=None,
+                review=None,
+            )
+        )
+    if finish.side_effects:
+        return Plan(replace(finish, side_effects=()))
+    return None

@@ -19,12 +19,14 @@ from taskstream.core.definitions import to_records
 from taskstream.core.errors import StoreUnavailable
 from taskstream.core.protocol import GROUP, Keys, Priority
 from taskstream.core.specfile import parse_task_file_text
-from taskstream.core.states import Status
+from taskstream.core.states import FailClass, Status
 from taskstream.core.store.port import CasResult, ClaimRequest, FinishRequest
 from taskstream.core.store.sql import SqlStore
+from taskstream.executor.outcome import COMMIT_REFUSED
 from taskstream.executor.service import Executor, ExecutorConfig, ExecutorDeps
 from tests.agents import Params
 from tests.integration import outages
+from tests.integration.executor_cases import reach
 from tests.integration.harness import T0, Harness, Running, until
 from tests.integration.outages import (
     CLAIM_READ,
@@ -315,7 +317,8 @@ async def test_a_finish_the_store_refuses_does_not_fail_the_runs_batched_with_it
 ) -> None:
     """Two runs end together, in one commit batch; MariaDB refuses one of them (a
     side-effect key longer than its column, recorded past `once`): the other is committed on
-    its own."""
+    its own, and the refused one ends FAILED `fatal`, its error naming the refusal, instead
+    of staying RUNNING until its lease lapses and its agent runs again."""
     h = outage_server
     started: list[str] = []
     together = asyncio.Event()
@@ -339,7 +342,12 @@ async def test_a_finish_the_store_refuses_does_not_fail_the_runs_batched_with_it
     ex = Running(Executor(deps, ExecutorConfig(consumer="c1", block_ms=20, concurrency=2)))
     try:
         await settled(h, good.id)
+        await reach(h, refused.id, Status.FAILED)
     finally:
         await ex.close()
-    still = await h.store.get_instance(refused.id)
-    assert still is not None and still.status is Status.RUNNING
+    ended = await h.store.get_instance(refused.id)
+    assert ended is not None
+    assert (ended.status, ended.fail_class) == (Status.FAILED, FailClass.FATAL)
+    assert ended.last_error is not None and "the store refused this run's end" in ended.last_error
+    assert (await h.store.history(refused.id))[-1].reason == COMMIT_REFUSED
+    assert (await h.redis.xpending(h.keys.stream(Priority.DEFAULT), GROUP))["pending"] == 0

@@ -199,3 +199,39 @@ def test_an_agents_own_retry_after_is_bounded_to_an_hour(asked: float, kept: int
 )
 def test_a_deferral_is_bounded(wait_ms: float, kept: int) -> None:
     assert deferred(wait_ms).defer_ms == kept  # type: ignore[arg-type]
+
+
+def test_an_end_the_store_refused_becomes_a_fatal_failure_then_loses_its_effect_keys() -> None:
+    """First the run's end without its result (the effect keys kept, so a retry by hand does
+    not repeat them); refused again, without the keys too; then nothing is left to drop."""
+    from taskstream.core.store.port import FinishRequest
+    from taskstream.executor.outcome import COMMIT_REFUSED, Plan, refused_plan
+
+    ended = Plan(
+        FinishRequest(
+            "i1",
+            2,
+            Status.SUCCESS,
+            "completed",
+            result={"x": 1},
+            side_effects=("k:send",),
+            owner="o",
+        )
+    )
+    first = refused_plan(ended, "DataError: (1366, 'Incorrect string value')")
+    assert first is not None
+    f = first.finish
+    assert (f.dst, f.reason, f.fail_class, f.result, f.side_effects, f.token, f.owner) == (
+        Status.FAILED,
+        COMMIT_REFUSED,
+        FailClass.FATAL,
+        None,
+        ("k:send",),
+        2,
+        "o",
+    )
+    assert f.error is not None and "SUCCESS completed" in f.error and "1366" in f.error
+    second = refused_plan(first, "again")
+    assert second is not None and second.finish.side_effects == ()
+    assert second.finish.error == f.error
+    assert refused_plan(second, "again") is None
