@@ -5,19 +5,18 @@ the cluster would give it, and `retry` judges deadlines on the cluster's time.""
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
 from taskstream.cli.main import app
-from taskstream.core import clock as clock_module
 from taskstream.core import streams
 from taskstream.core.protocol import Keys
 from taskstream.core.states import FailClass, Status
 from taskstream.core.store.sql import SqlStore
 from tests.integration.harness import Harness
+from tests.support.stepped_time import SteppedTime, stepped_host
 
 TASK = """
 tasks:
@@ -28,23 +27,9 @@ tasks:
 SKEW_MS = 10 * 60_000
 
 
-class _SteppedTime:
-    """`time` on a host whose wall clock is `step_ms` off (the monotonic clock is not)."""
-
-    step_ms = 0
-
-    def time_ns(self) -> int:
-        return time.time_ns() + self.step_ms * 1_000_000
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(time, name)
-
-
 @pytest.fixture
-def host(monkeypatch: pytest.MonkeyPatch) -> _SteppedTime:
-    stepped = _SteppedTime()
-    monkeypatch.setattr(clock_module, "time", stepped)
-    return stepped
+def host(monkeypatch: pytest.MonkeyPatch) -> SteppedTime:
+    return stepped_host(monkeypatch)
 
 
 async def _cli(db_url: str, redis_url: str, keys: Keys, *args: str) -> Any:

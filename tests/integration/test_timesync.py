@@ -5,8 +5,6 @@ database clock (a database that stopped answering would hold the exit up)."""
 from __future__ import annotations
 
 import asyncio
-import time
-from typing import Any
 
 import pytest
 
@@ -18,32 +16,18 @@ from taskstream.core.store.sql import SqlStore
 from taskstream.core.timesync import keep_synced, synced_clock
 from taskstream.scheduler.service import Scheduler, SchedulerConfig
 from tests.integration.harness import Harness, until
+from tests.support.stepped_time import SteppedTime, stepped_host
 
 HOUR_MS = 3_600_000
 
 
-class _SteppedTime:
-    """`time` on a host whose wall clock was stepped by `step_ms` (NTP, `date -s`); its
-    monotonic clock is not stepped."""
-
-    step_ms = 0
-
-    def time_ns(self) -> int:
-        return time.time_ns() + self.step_ms * 1_000_000
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(time, name)
-
-
 @pytest.fixture
-def host(monkeypatch: pytest.MonkeyPatch) -> _SteppedTime:
-    stepped = _SteppedTime()
-    monkeypatch.setattr(clock_module, "time", stepped)
-    return stepped
+def host(monkeypatch: pytest.MonkeyPatch) -> SteppedTime:
+    return stepped_host(monkeypatch)
 
 
 async def test_a_wall_clock_step_does_not_move_the_synced_clock(
-    store: SqlStore, host: _SteppedTime
+    store: SqlStore, host: SteppedTime
 ) -> None:
     clock = await synced_clock(store)
     for step_ms in (120_000, -60_000):
@@ -56,7 +40,7 @@ async def test_a_wall_clock_step_does_not_move_the_synced_clock(
 
 
 async def test_a_forward_step_of_the_scheduler_host_fires_no_tick_early(
-    store: SqlStore, redis: streams.Redis, keys: Keys, host: _SteppedTime
+    store: SqlStore, redis: streams.Redis, keys: Keys, host: SteppedTime
 ) -> None:
     """The scheduler host's wall clock steps past the next hourly fire time, which by the
     database clock is still ahead: the pass fires nothing."""
@@ -83,14 +67,14 @@ class _SameHost(SqlStore):
     """The real store, on the host whose wall clock `host` steps (SQLite, or a server beside
     the role): its clock steps with the host's."""
 
-    host = _SteppedTime()
+    host = SteppedTime()
 
     async def db_now_ms(self) -> int:
         return await super().db_now_ms() + self.host.step_ms
 
 
 async def test_a_step_of_the_database_hosts_clock_is_followed_within_seconds(
-    db_url: str, host: _SteppedTime
+    db_url: str, host: SteppedTime
 ) -> None:
     store = await _SameHost.connect(db_url)
     store.host = host
@@ -125,7 +109,7 @@ class _Down(SqlStore):
 
 
 async def test_a_step_during_an_outage_asks_the_store_once_not_every_second(
-    db_url: str, host: _SteppedTime, monkeypatch: pytest.MonkeyPatch
+    db_url: str, host: SteppedTime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(timesync, "STEP_CHECK_S", 0.01)
     store = await _Down.connect(db_url)
