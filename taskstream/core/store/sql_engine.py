@@ -12,8 +12,8 @@ Session setup, applied to every pooled connection:
 - PostgreSQL: READ COMMITTED (the default), pre-ping.
 
 Driver errors never leave this package: `translate_errors` turns them into `StoreUnavailable`
-(cannot reach / lost the connection / lock timeouts: nothing was written, retry later),
-`ConstraintViolation` (an integrity constraint, handled by the adapter) or `StoreError`.
+(cannot reach / lost the connection / deadlocks and lock timeouts: nothing was written, retry
+later), `ConstraintViolation` (an integrity constraint, handled by the adapter) or `StoreError`.
 """
 
 from __future__ import annotations
@@ -190,10 +190,18 @@ def _detail(exc: BaseException) -> str:
     return text[:_DETAIL_MAX]
 
 
+_ROLLED_BACK_SQLSTATES = frozenset({"40001", "40P01", "55P03"})
+"""PostgreSQL's serialization failure, deadlock and lock timeout: the server rolled the
+transaction back, so sending it again can succeed. asyncpg reports them as generic errors;
+MySQL's deadlock (1213) and lock wait timeout (1205) are already `OperationalError`s."""
+
+
 def _is_unavailable(exc: Exception) -> bool:
     if isinstance(
         exc, sa_exc.OperationalError | sa_exc.InterfaceError | sa_exc.TimeoutError | OSError
     ):
+        return True
+    if getattr(getattr(exc, "orig", None), "sqlstate", None) in _ROLLED_BACK_SQLSTATES:
         return True
     # Outside any statement means while connecting (e.g. PostgreSQL's unknown database or
     # role, which asyncpg reports as a generic error) or while committing on a lost link.
