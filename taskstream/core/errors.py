@@ -37,6 +37,12 @@ class StoreUnavailable(StoreError):
     """The database cannot be reached. Nothing was written."""
 
 
+class StoreRefused(StoreError):
+    """The store refused a value it will not take: longer than its column, in an encoding it
+    cannot hold, not JSON, or a statement over its packet limit. Nothing was written, and
+    sending the same again is refused again (unlike `StoreUnavailable`)."""
+
+
 class SchemaMissing(StoreUnavailable):
     """The database has no taskstream tables (not migrated yet), or lacks columns (migrated
     by an older taskstream). An outage to the services, which wait for `taskstream migrate`

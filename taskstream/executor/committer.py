@@ -22,7 +22,7 @@ from random import Random
 
 from taskstream.core import notify, streams
 from taskstream.core.clock import Clock
-from taskstream.core.errors import StoreError, StoreUnavailable
+from taskstream.core.errors import StoreError, StoreRefused, StoreUnavailable
 from taskstream.core.futures import mark_retrieved
 from taskstream.core.logging import get_logger
 from taskstream.core.protocol import Keys
@@ -304,8 +304,9 @@ def _retries(p: Plan) -> bool:
 
 
 def _instead(batch: list[_Item], exc: Exception) -> _Item | None:
-    """The one run of `batch`, whose end the store refused, with `refused_plan`'s end."""
-    if len(batch) != 1 or isinstance(exc, StoreUnavailable) or not isinstance(exc, StoreError):
+    """The one run of `batch`, whose end the store refused, with `refused_plan`'s end. Only a
+    `StoreRefused` (a value the store will not take) ends a run: any other error may pass."""
+    if len(batch) != 1 or not isinstance(exc, StoreRefused):
         return None
     [item] = batch
     p = refused_plan(item.plan, str(exc)[:500])

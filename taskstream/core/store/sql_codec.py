@@ -12,7 +12,7 @@ from typing import Any
 
 from sqlalchemy.engine import RowMapping
 
-from taskstream.core.errors import StoreError
+from taskstream.core.errors import StoreRefused
 from taskstream.core.states import FailClass, Status
 from taskstream.core.store.port import DecisionRow, DefinitionRecord, HistoryRow, InstanceRow
 from taskstream.core.store.records import stored_json
@@ -23,11 +23,11 @@ ERROR_MAX_CHARS = 10_000
 
 
 def dumps(value: Any, *, what: str) -> str:
-    """Canonical JSON text of `value`; `StoreError` naming `what` when it is not JSON."""
+    """Canonical JSON text of `value`; `StoreRefused` naming `what` when it is not JSON."""
     try:
         return stored_json(value)
     except (TypeError, ValueError) as exc:
-        raise StoreError(f"{what} is not JSON-serialisable: {exc}") from exc
+        raise StoreRefused(f"{what} is not JSON-serialisable: {exc}") from exc
 
 
 def loads(text: str | None) -> Any:

@@ -22,7 +22,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.util import greenlet_spawn
 
-from taskstream.core.errors import StoreError, StoreUnavailable
+from taskstream.core.errors import StoreError, StoreRefused, StoreUnavailable
 from taskstream.core.store.sql_engine import ConstraintViolation, refused, translate_errors
 from taskstream.core.store.sql_prepared import DriverRunner
 
@@ -48,6 +48,8 @@ def translate_driver(exc: BaseException, dbapi: Any, display_url: str) -> StoreE
         return final
     if isinstance(exc, dbapi.OperationalError | dbapi.InterfaceError | OSError | TimeoutError):
         return StoreUnavailable(f"store {display_url} unavailable: {_detail(exc)}")
+    if isinstance(exc, dbapi.DataError):
+        return StoreRefused(f"store {display_url} refused a value: {_detail(exc)}")
     if isinstance(exc, dbapi.Error):
         return StoreError(f"store {display_url} failed: {_detail(exc)}")
     return None

@@ -32,7 +32,13 @@ from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import ConnectionPoolEntry
 
-from taskstream.core.errors import ConfigError, SchemaMissing, StoreError, StoreUnavailable
+from taskstream.core.errors import (
+    ConfigError,
+    SchemaMissing,
+    StoreError,
+    StoreRefused,
+    StoreUnavailable,
+)
 
 READ_ONLY = "taskstream_read_only"
 """Execution option: the transaction only reads (SQLite then uses a deferred BEGIN)."""
@@ -190,10 +196,19 @@ def _detail(exc: BaseException) -> str:
     return text[:_DETAIL_MAX]
 
 
-_ROLLED_BACK_SQLSTATES = frozenset({"40001", "40P01", "55P03"})
-"""PostgreSQL's serialization failure, deadlock and lock timeout: the server rolled the
-transaction back, so sending it again can succeed. asyncpg reports them as generic errors;
-MySQL's deadlock (1213) and lock wait timeout (1205) are already `OperationalError`s."""
+_PASSING_SQLSTATES = frozenset({"25006", "40001", "40P01", "55P03"})
+_PASSING_SQLSTATE_CLASSES = frozenset({"08", "53", "57", "58"})
+"""PostgreSQL errors that pass: read-only during a failover, serialization failure, deadlock,
+lock timeout; and the classes connection exception, insufficient resources, operator
+intervention (a cancelled statement, a statement timeout, a shutdown) and system error.
+Nothing was written, and sending it again can succeed. asyncpg reports them as generic errors;
+MySQL's equivalents (deadlock 1213, lock wait 1205, statement time 1969, read-only 1290) are
+already `OperationalError`s."""
+
+
+def _sqlstate(exc: Exception) -> str:
+    """PostgreSQL's SQLSTATE of a driver error ("" when it has none)."""
+    return str(getattr(getattr(exc, "orig", None), "sqlstate", None) or "")
 
 
 def _is_unavailable(exc: Exception) -> bool:
@@ -201,7 +216,8 @@ def _is_unavailable(exc: Exception) -> bool:
         exc, sa_exc.OperationalError | sa_exc.InterfaceError | sa_exc.TimeoutError | OSError
     ):
         return True
-    if getattr(getattr(exc, "orig", None), "sqlstate", None) in _ROLLED_BACK_SQLSTATES:
+    state = _sqlstate(exc)
+    if state in _PASSING_SQLSTATES or state[:2] in _PASSING_SQLSTATE_CLASSES:
         return True
     # Outside any statement means while connecting (e.g. PostgreSQL's unknown database or
     # role, which asyncpg reports as a generic error) or while committing on a lost link.
@@ -228,10 +244,10 @@ _TOO_LARGE = re.compile(r"\(1153,")
 
 def refused(detail: str, display_url: str) -> StoreError | None:
     """The error for a refusal that trying again cannot mend, from a driver error's text:
-    `SchemaMissing`, or a `StoreError` (not `StoreUnavailable`, which callers wait out and
+    `SchemaMissing`, or `StoreRefused` (not `StoreUnavailable`, which callers wait out and
     retry) for a statement over the server's packet limit; None for any other error."""
     if _TOO_LARGE.search(detail) is not None:
-        return StoreError(
+        return StoreRefused(
             f"store {display_url} refused a statement over its packet limit ({detail})"
         )
     return schema_missing(detail, display_url)
@@ -257,9 +273,11 @@ def translate(exc: Exception, display_url: str) -> StoreError:
     final = refused(_detail(exc), display_url)
     if final is not None:
         return final
-    unavailable = _is_unavailable(exc)
-    if unavailable:
+    if _is_unavailable(exc):
         return StoreUnavailable(f"store {display_url} unavailable: {_detail(exc)}")
+    if isinstance(exc, sa_exc.DataError) or _sqlstate(exc).startswith("22"):
+        # A value the column or encoding cannot hold (PostgreSQL's class 22, data exception).
+        return StoreRefused(f"store {display_url} refused a value: {_detail(exc)}")
     return StoreError(f"store {display_url} failed: {_detail(exc)}")
 
 
