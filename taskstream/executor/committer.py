@@ -70,6 +70,8 @@ class Committer:
         self._final = asyncio.Event()
         """Set by `last_tries`: the process is stopping, so an unavailable store is not
         waited for."""
+        self._batches_done = 0
+        """Batches written (or given up) so far: a stop waits while this moves."""
         self._log = get_logger(role="executor")
 
     def enqueue(self, run: Run, end: RunEnd) -> asyncio.Future[bool]:
@@ -99,6 +101,11 @@ class Committer:
         return item.done
 
     @property
+    def batches_done(self) -> int:
+        """Batches ended so far, committed or not: progress, for a stop to wait on."""
+        return self._batches_done
+
+    @property
     def queued(self) -> int:
         """Ends waiting for a batch (not counting the batch being written)."""
         return len(self._waiting)
@@ -126,6 +133,7 @@ class Committer:
                 await self._commit(batch, stop)
             except Exception as exc:  # the loop must outlive any one batch
                 self._failed(batch, exc)
+            self._batches_done += 1
 
     async def _commit(self, batch: list[_Item], stop: asyncio.Event) -> None:
         try:

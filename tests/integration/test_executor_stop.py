@@ -199,3 +199,40 @@ async def test_a_claim_won_by_a_step_the_stop_cancels_is_released(h: Harness, ho
     attempt = 1 if hold == "reply" else 2
     assert (released.status, last.reason, last.attempt) == (Status.RETRYING, RELEASED, attempt)
     assert (await h.redis.xpending(h.keys.stream(Priority.DEFAULT), GROUP))["pending"] == 0
+
+
+TWO_SLOW = """
+tasks:
+  - id: a
+    agent: slow
+    payload: {seconds: 1.0}
+  - id: b
+    agent: slow
+    payload: {seconds: 1.2}
+"""
+SLOW_COMMIT_S = 0.7
+"""A store under load: every commit lands, each under `STEP_END_S`, the two over it."""
+
+
+async def test_runs_that_end_in_the_grace_are_all_committed_by_a_slow_store(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both runs end well within the grace; their commits, one after the other, take longer
+    than `STEP_END_S` together. The stop waits for them while batches keep landing: neither
+    run is left RUNNING for the sweeper to time out and run again."""
+    await h.apply(TWO_SLOW)
+    a = await h.trigger(TWO_SLOW, "a", fire_ms=T0)
+    b = await h.trigger(TWO_SLOW, "b", fire_ms=T0)
+    finish_many = h.store.finish_many
+
+    async def slow_finish(*args: Any, **kwargs: Any) -> Any:
+        await asyncio.sleep(SLOW_COMMIT_S)
+        return await finish_many(*args, **kwargs)
+
+    monkeypatch.setattr(h.store, "finish_many", slow_finish)
+    ex = Running(h.executor(grace_s=10, concurrency=2))
+    await reach(h, a.id, Status.RUNNING)
+    await reach(h, b.id, Status.RUNNING)
+    await ex.close()
+    ends = {r: await status_of(h, r) for r in (a.id, b.id)}
+    assert ends == {a.id: Status.SUCCESS, b.id: Status.SUCCESS}
