@@ -92,7 +92,7 @@ def decide(
     if row.status is Status.RUNNING and row.attempt == entry.attempt + 1:
         return _running(entry, row, db_now_ms, max_deliveries)
     if row.status in AWAITING_CLAIM and row.attempt == entry.attempt:
-        return _crashes(entry, max_deliveries) or _unclaimed(entry, unclaimed_ms)
+        return _awaiting_claim(entry, max_deliveries, unclaimed_ms)
     if row.status is Status.TIMEOUT and row.attempt == entry.attempt + 1:
         # The run's move into TIMEOUT landed, the move out of it did not (the store failed
         # between the two, or the first one's reply was lost): finish it from the entry, which
@@ -145,12 +145,17 @@ def _crashes(entry: EntryFacts, max_deliveries: int) -> Verdict | None:
     return None
 
 
-def _unclaimed(entry: EntryFacts, unclaimed_ms: int) -> Verdict:
+def _awaiting_claim(entry: EntryFacts, max_deliveries: int, unclaimed_ms: int) -> Verdict:
+    if entry.owner_alive and entry.idle_ms < unclaimed_ms:
+        # The live owner's delivery has not ended: it is no crash (yet), whatever came before
+        # it, and the claim may still land.
+        return Verdict(Action.LEAVE, "owner alive, claim pending")
+    poison = _crashes(entry, max_deliveries)
+    if poison is not None:
+        return poison
     if not entry.owner_alive:
         return Verdict(Action.REDELIVER, "owner gone before claiming")
-    if entry.idle_ms >= unclaimed_ms:
-        return Verdict(Action.REDELIVER, "owner never claimed it")
-    return Verdict(Action.LEAVE, "owner alive, claim pending")
+    return Verdict(Action.REDELIVER, "owner never claimed it")
 
 
 def _running(entry: EntryFacts, row: RowFacts, db_now_ms: int, max_deliveries: int) -> Verdict:

@@ -235,3 +235,29 @@ async def test_a_poison_entry_whose_instance_is_claimed_meanwhile_is_not_dead_le
     assert done is not None and (done.status, done.lease_owner) == (Status.RUNNING, "c9")
     assert (await sweeper.sweep_once()).get("ack") == 1
     assert await h.redis.xlen(h.keys.dead) == 0
+
+
+async def test_a_retry_entry_a_live_executor_has_not_claimed_yet_is_not_poison(
+    h: Harness,
+) -> None:
+    """Two runs lost their executor (two deliveries ended without an outcome, `max_deliveries`
+    2); the retry's entry is then read by a live executor whose claim has not landed when the
+    sweeper looks. That delivery has not ended: the entry is left, not failed as poison."""
+    await h.apply(CRASHY)
+    row = await h.trigger(CRASHY, "crashy")
+    sweeper = h.sweeper(max_deliveries=2, min_idle_ms=0)
+    for n in (0, 1):
+        [d] = await streams.read(h.redis, h.keys, f"gone-{n}", count=1, block_ms=10)
+        claims = [ClaimRequest(row.id, decode(d.fields).attempt, 30)]
+        assert row.id in await h.store.claim_many(claims, owner=f"gone-{n}")
+        assert (await sweeper.sweep_once()).get("timeout") == 1
+        retrying = await h.store.get_instance(row.id)
+        assert retrying is not None and retrying.status is Status.RETRYING
+        assert await h.outbox.publish(retrying, now_ms=h.clock.now_ms()) is None
+    await streams.mark_alive(h.redis, h.keys, "alive-1", ttl_ms=60_000)
+    assert await streams.read(h.redis, h.keys, "alive-1", count=1, block_ms=10)
+    counts = await sweeper.sweep_once()
+    assert counts.get("poison") is None, counts
+    assert (await h.redis.xrange(h.keys.dead)) == []
+    now = await h.store.get_instance(row.id)
+    assert now is not None and now.status is Status.DISPATCHED

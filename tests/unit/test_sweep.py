@@ -45,6 +45,14 @@ POISON = FailClass.POISON
         (EntryFacts(0, 1, False), row(Status.PENDING, 0), Action.REDELIVER),
         (EntryFacts(0, 1, True), row(Status.PENDING, 0), Action.LEAVE),
         (EntryFacts(0, 6, False), row(Status.PENDING, 0), Action.POISON),
+        # A delivery its live owner may still claim has not ended: it is not counted yet.
+        (EntryFacts(3, 1, True, owner_losses=5), row(Status.DISPATCHED, 3), Action.LEAVE),
+        (EntryFacts(0, 6, True), row(Status.DISPATCHED, 0), Action.LEAVE),
+        (
+            EntryFacts(3, 1, True, owner_losses=5, idle_ms=30_000),
+            row(Status.DISPATCHED, 3),
+            Action.POISON,
+        ),
         # Deliveries of the entries this one replaced count: consumers that died unclaimed.
         (
             EntryFacts(0, 1, False, earlier_deliveries=4),
