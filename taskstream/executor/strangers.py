@@ -8,9 +8,12 @@ the first entry was dead-lettered, or ran; claimed by a consumer that knows the 
 second entry; past this attempt) is a duplicate delivery: acked, so one instance has at most
 one dead letter and none beside a run that goes on.
 
-One exception: this consumer's own move to FAILED whose answer was lost (the store failed
-after its COMMIT). The entry is admitted again, its move finds the row FAILED, and the history
-shows the move was this consumer's at this attempt: the entry is that move's letter.
+One exception: an entry whose own move to FAILED landed and whose letter was not written: the
+move's answer was lost (the store failed after its COMMIT), or the letter's XADD failed (Redis).
+The entry is admitted again, its move finds the row FAILED, and the entry is that move's letter.
+Until an entry's letter or ack is written, the consumer remembers what its move answered:
+landed (a letter owed), or the instance moved on without it (an ack owed); with no answer, the
+history tells whether the FAILED is a move of this consumer's at the entry's attempt.
 """
 
 from __future__ import annotations
@@ -25,9 +28,9 @@ from taskstream.core.states import FailClass, Status
 from taskstream.core.store.port import CasResult, Store
 
 UNKNOWN_AGENT: Final = "unknown_agent"
-UNANSWERED_KEPT: Final = 1024
-"""Entries whose move went unanswered that are remembered, newest first (a bound: an entry
-the sweeper took meanwhile is never admitted here again)."""
+OWED_KEPT: Final = 1024
+"""Entries whose letter or ack is owed that are remembered, the oldest forgotten first (a
+bound: an entry the sweeper took meanwhile is never admitted here again)."""
 
 Ack = Callable[[streams.Delivery, str, Status | None], Awaitable[None]]
 DeadLetter = Callable[[streams.Delivery, str, str], Awaitable[None]]
@@ -39,8 +42,10 @@ class Strangers:
     def __init__(self, store: Store, consumer: str, *, ack: Ack, dead: DeadLetter) -> None:
         self._store, self._consumer = store, consumer
         self._ack, self._dead = ack, dead
-        self._unanswered: dict[str, None] = {}
-        """Entry ids whose move to FAILED was sent and not answered (an ordered set)."""
+        self._owed: dict[str, bool | None] = {}
+        """Entry ids whose move to FAILED was sent and whose letter or ack is not written yet
+        (insertion-ordered): True once a move answered that it landed, False once one answered
+        that the instance moved on without it, None while no answer said either."""
 
     async def fail(self, delivery: streams.Delivery, entry: WorkEntry) -> None:
         """Fail the entry's instance as poison and dead-letter the entry (module docstring)."""
@@ -50,12 +55,16 @@ class Strangers:
             moved = await self._move(delivery, entry)
         if not moved.ok and moved.found is not None:
             await self._ack(delivery, entry.instance_id, moved.found)
-            return
-        await self._dead(delivery, UNKNOWN_AGENT, entry.agent)
+        else:
+            await self._dead(delivery, UNKNOWN_AGENT, entry.agent)
+        # Forgotten only now: a letter or ack that failed is owed on the entry's next
+        # admission, whose move finds the row FAILED whichever move it was.
+        self._owed.pop(delivery.entry_id, None)
 
     async def _move(self, delivery: streams.Delivery, entry: WorkEntry) -> CasResult:
-        asked_before = delivery.entry_id in self._unanswered
-        self._remember(delivery.entry_id)
+        key = delivery.entry_id
+        sent_before, landed = key in self._owed, self._owed.get(key)
+        self._remember(key, landed)
         moved = await self._store.transition(
             entry.instance_id,
             Status.DISPATCHED,
@@ -66,9 +75,13 @@ class Strangers:
             fail_class=FailClass.POISON,
             error=f"unknown agent {entry.agent!r}",
         )
-        self._unanswered.pop(delivery.entry_id, None)
-        if not moved.ok and asked_before and moved.found is Status.FAILED:
-            return CasResult(ok=await self._landed(entry))
+        if not moved.ok and moved.found is Status.FAILED and sent_before:
+            landed = await self._landed(entry) if landed is None else landed
+            self._remember(key, landed)
+            return CasResult(ok=True) if landed else moved
+        if moved.ok or moved.found not in (Status.PENDING, Status.RETRYING):
+            # Not yet DISPATCHED is no answer: the move after `seen_on_stream` may land.
+            self._remember(key, moved.ok)
         return moved
 
     async def _landed(self, entry: WorkEntry) -> bool:
@@ -81,7 +94,7 @@ class Strangers:
             for h in await self._store.history(entry.instance_id)
         )
 
-    def _remember(self, entry_id: str) -> None:
-        self._unanswered[entry_id] = None
-        while len(self._unanswered) > UNANSWERED_KEPT:
-            del self._unanswered[next(iter(self._unanswered))]
+    def _remember(self, entry_id: str, landed: bool | None) -> None:
+        self._owed[entry_id] = landed
+        while len(self._owed) > OWED_KEPT:
+            del self._owed[next(iter(self._owed))]
