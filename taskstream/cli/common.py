@@ -8,10 +8,11 @@ import json
 import os
 import sys
 from collections.abc import AsyncIterator, Callable, Coroutine
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from typing import IO, Any, TypeVar, cast
 
+import typer
 from rich.console import Console
 
 from taskstream.cli.shown import ShownStream
@@ -130,13 +131,20 @@ async def open_cluster(
             await redis.aclose()
 
 
+class AgainstNow(typer.BadParameter):
+    """A bad argument as read against one `now` only (`--from` after `--to now`): on the
+    cluster's clock it may be fine, so `checked_now` reports it only if it holds there too."""
+
+
 def checked_now(times: Callable[[int], T]) -> tuple[int, T]:
     """The cluster's now (UTC epoch ms) and `times(now)`, the command's times read against
     it. The cluster's now is the database clock, which every role keeps to: an operator's
     host whose clock is off must not give a run a fire time, deadline or business date off
-    by as much. `times` runs first on the host's clock, so bad input is named before any
-    connection is made."""
-    times(SystemClock().now_ms())
+    by as much. `times` runs first on the host's clock, so input bad at any time (malformed,
+    fixed ends in the wrong order) is named before any connection is made; an `AgainstNow`
+    there is left for the cluster's clock to decide, as this host's may be off."""
+    with suppress(AgainstNow):
+        times(SystemClock().now_ms())
 
     async def go() -> int:
         async with open_cluster(settings(), need_redis=False) as cluster:

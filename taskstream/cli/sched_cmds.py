@@ -20,6 +20,7 @@ from rich.table import Column, Table
 from rich.text import Text
 
 from taskstream.cli.common import (
+    AgainstNow,
     Cluster,
     checked_now,
     console,
@@ -100,10 +101,14 @@ def _at(at: str | None, now_ms: int) -> int | None:
 
 
 def _range(from_: str, to: str, now_ms: int, *, past_only: bool = False) -> tuple[int, int]:
+    """`--from` and `--to` as epoch ms against `now_ms`; `--from` after `--to` is refused, as
+    `AgainstNow` when an end is `now_ms` (`now`, or a backfill's day under way), since the
+    order then depends on whose clock `now_ms` is."""
     from_ms = parse_instant(from_, name="--from", now_ms=now_ms)
     to_ms = range_end(to, now_ms=now_ms, past_only=past_only)
     if from_ms > to_ms:
-        raise typer.BadParameter("--from is after --to", param_hint="--from")
+        error = AgainstNow if now_ms in (from_ms, to_ms) else typer.BadParameter
+        raise error("--from is after --to", param_hint="--from")
     return from_ms, to_ms
 
 

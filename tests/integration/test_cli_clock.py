@@ -1,10 +1,13 @@
 """Operator commands on a host whose clock is off: they take "now" from the database clock
 that every role keeps to, so a run they make gets the fire time, deadline and business date
-the cluster would give it, and `retry` judges deadlines on the cluster's time."""
+the cluster would give it, `retry` judges deadlines on the cluster's time, and a range ending
+(or starting) `now` is judged on the cluster's time too. Input bad at any time is still refused
+before any connection is made."""
 
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -24,7 +27,14 @@ tasks:
     agent: echo
     deadline: 5m
 """
+MINUTELY = """
+tasks:
+  - id: minutely
+    agent: echo
+    schedule: {every: 1m}
+"""
 SKEW_MS = 10 * 60_000
+NO_DATABASE = "mysql://root@127.0.0.1:1/none"  # nothing listens on port 1
 
 
 @pytest.fixture
@@ -75,3 +85,77 @@ async def test_a_retry_from_a_fast_host_judges_the_deadline_on_the_clusters_time
     assert done.exit_code == 0, done.output
     again = await store.get_instance(row.id)
     assert again is not None and again.status in (Status.PENDING, Status.DISPATCHED)
+
+
+def _iso(at_ms: int) -> str:
+    return datetime.fromtimestamp(at_ms / 1000, UTC).isoformat()
+
+
+@pytest.fixture
+async def minutely(store: SqlStore, redis: streams.Redis, keys: Keys) -> None:
+    """The `minutely` task applied."""
+    h = Harness(store, redis, keys)
+    h.clock.set(await store.db_now_ms())
+    await h.apply(MINUTELY)
+
+
+RangeCase = tuple[str, int, int | None, int | None]
+"""The command, the host's step (ms), and `--from` and `--to` as ms from the cluster's now
+(None: `now`)."""
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        ("backfill", -SKEW_MS, -3 * 60_000, None),
+        ("plan", -SKEW_MS, -3 * 60_000, None),
+        ("plan", SKEW_MS, None, 3 * 60_000),
+    ],
+    ids=["backfill-slow-host", "plan-slow-host", "plan-fast-host"],
+)
+@pytest.mark.usefixtures("minutely")
+async def test_a_range_against_now_is_judged_on_the_clusters_time(
+    store: SqlStore, keys: Keys, db_url: str, redis_url: str, host: Any, case: RangeCase
+) -> None:
+    """`--from` minutes before the cluster's now `--to now` (or `--from now` to minutes after
+    it) is a valid range, though on a host 10 min slow (fast) its ends are in the wrong order."""
+    command, step_ms, since_ms, until_ms = case
+    db_now = await store.db_now_ms()
+    since = "now" if since_ms is None else _iso(db_now + since_ms)
+    until = "now" if until_ms is None else _iso(db_now + until_ms)
+    host.step_ms = step_ms
+    done = await _cli(db_url, redis_url, keys, command, "minutely", "--from", since, "--to", until)
+    assert done.exit_code == 0, done.output
+    if command == "backfill":
+        rows, after = await store.list_instances(task_id="minutely"), await store.db_now_ms()
+        assert rows, "the backfill made no run"
+        assert all(db_now - 3 * 60_000 <= (r.scheduled_for_ms or 0) <= after for r in rows)
+
+
+@pytest.mark.usefixtures("minutely")
+async def test_a_range_wrong_on_the_clusters_time_is_still_refused(
+    store: SqlStore, keys: Keys, db_url: str, redis_url: str, host: Any
+) -> None:
+    since = _iso(await store.db_now_ms() + 3 * 60_000)
+    host.step_ms = -SKEW_MS
+    done = await _cli(
+        db_url, redis_url, keys, "backfill", "minutely", "--from", since, "--to", "now"
+    )
+    assert done.exit_code == 2
+    assert "Invalid value for --from: --from is after --to" in done.output
+    assert await store.list_instances(task_id="minutely") == []
+
+
+@pytest.mark.parametrize(
+    ("since", "until", "named"),
+    [
+        ("2026-12-02", "2026-12-01", "--from is after --to"),
+        ("tomorrow", "now", "'tomorrow' is not ISO 8601"),
+    ],
+)
+async def test_input_bad_at_any_time_is_refused_before_connecting(
+    keys: Keys, redis_url: str, since: str, until: str, named: str
+) -> None:
+    done = await _cli(NO_DATABASE, redis_url, keys, "plan", "x", "--from", since, "--to", until)
+    assert done.exit_code == 2, done.output
+    assert f"Invalid value for --from: {named}" in done.output
