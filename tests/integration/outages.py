@@ -74,6 +74,19 @@ async def intake(
     )
 
 
+def intake_of(h: Harness, defs: DefinitionCache) -> Intake:
+    """An intake reading as consumer `c1`, holding no run."""
+    return Intake(
+        h.store,
+        h.redis,
+        h.keys,
+        default_registry(h.registry_modules),
+        defs,
+        "c1",
+        held=lambda _i, _t: False,
+    )
+
+
 async def claimed_unrun(h: Harness, owner: str) -> tuple[str, streams.Delivery]:
     """An instance `owner` read and claimed, as a batch that failed after its claim commit
     leaves it: RUNNING under `owner`, its entry pending, no run."""
