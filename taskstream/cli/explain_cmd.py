@@ -10,7 +10,8 @@ from typing import Any
 import typer
 
 from taskstream.cli.common import Cluster, checked_now, print_json
-from taskstream.cli.sched_cmds import JSON_OPT, TASK_ARG, parse_instant, with_record
+from taskstream.cli.instants import parse_instant
+from taskstream.cli.sched_cmds import JSON_OPT, TASK_ARG, with_record
 from taskstream.core.definitions import from_record
 from taskstream.core.spec import TaskSpec, format_utc_ms
 from taskstream.core.store.port import DecisionRow, DefinitionRecord

@@ -1,9 +1,6 @@
 """Scheduling commands: `plan`, `explain`, `trigger`, `backfill`, `pause`, `resume`, `mark`.
 
-Times (`--from`, `--to`, `--at`) are ISO 8601 with an offset or `Z`
-(`2026-12-01T09:00:00+01:00`), a bare date (`2026-12-01`: midnight UTC, and as `--to` the end
-of that day, so a range of dates holds its last day) or `now`. A time without an offset is
-refused: the host's timezone is never used.
+Their times (`--from`, `--to`, `--at`) are read by `cli.instants`.
 """
 
 from __future__ import annotations
@@ -12,7 +9,7 @@ import re
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
-from datetime import UTC, date, datetime, timedelta
+from datetime import date
 from typing import Any, Final, TypeVar
 
 import typer
@@ -20,7 +17,6 @@ from rich.table import Column, Table
 from rich.text import Text
 
 from taskstream.cli.common import (
-    AgainstNow,
     Cluster,
     checked_now,
     console,
@@ -29,6 +25,7 @@ from taskstream.cli.common import (
     run_async,
     settings,
 )
+from taskstream.cli.instants import at_instant, time_range
 from taskstream.cli.shown import err_line
 from taskstream.core.definitions import from_record, unwaited_marker, valid_specs
 from taskstream.core.errors import TaskstreamError
@@ -41,18 +38,12 @@ from taskstream.executor.reconciler import GRACE_MS
 from taskstream.scheduler import manual
 
 T = TypeVar("T")
-_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
-LATEST: Final = datetime(3000, 1, 1, tzinfo=UTC)
-"""Instants given on the command line lie in [1970-01-01, 3000-01-01) UTC: fire times are
-epoch milliseconds >= 0, and the calendar arithmetic of a plan stays far from year 9999."""
-_DATE: Final = re.compile(r"\d{4}-\d{2}-\d{2}")
 JSON_OPT = typer.Option(False, "--json", help="Machine-readable output.")
 TASK_ARG = typer.Argument(..., help="Task id.")
 UNPUBLISHED_NOTE = (
     "not on a work stream yet (Redis failed); the sweeper's reconciler publishes it once it"
     f" is {GRACE_MS // 1000} s old and Redis answers"
 )
-DAY_MS: Final = 86_400_000
 TIME_HELP: Final = "ISO 8601 with an offset or Z, a date (midnight UTC), or now"
 FROM_OPT = typer.Option(..., "--from", help=f"Range start (inclusive): {TIME_HELP}.")
 TO_OPT = typer.Option(
@@ -61,55 +52,6 @@ TO_OPT = typer.Option(
     help="Range end (inclusive): ISO 8601 with an offset or Z, a date (to the end of that day,"
     " UTC), or now.",
 )
-
-
-def parse_instant(text: str, *, name: str, now_ms: int) -> int:
-    """UTC epoch ms of `text`: `now`, a bare date (midnight UTC), or ISO 8601 with an offset
-    or `Z`. A naive time is a usage error (exit 2) naming the option `name`."""
-    value = text.strip()
-    if value.lower() == "now":
-        return now_ms
-    try:
-        moment = datetime.fromisoformat(value + ("T00:00Z" if _DATE.fullmatch(value) else ""))
-    except ValueError:
-        moment = None
-    if moment is None or moment.utcoffset() is None:
-        why = "is not ISO 8601, a date or now" if moment is None else "has no UTC offset"
-        hint = "add an offset (+01:00) or Z; the host timezone is never used"
-        raise typer.BadParameter(f"{text!r} {why}: {hint}", param_hint=name)
-    if not _EPOCH <= moment < LATEST:
-        raise typer.BadParameter(
-            f"{text!r} is outside 1970-01-01T00:00Z .. 2999-12-31T23:59:59Z", param_hint=name
-        )
-    return (moment - _EPOCH) // timedelta(milliseconds=1)
-
-
-def range_end(text: str, *, now_ms: int, past_only: bool = False) -> int:
-    """`--to` as UTC epoch ms: as `parse_instant`, but a bare date is the last millisecond of
-    that day (UTC), so `--from 2026-12-01 --to 2026-12-31` holds all of December. With
-    `past_only` (backfill), a day that has begun ends at `now_ms`."""
-    at_ms = parse_instant(text, name="--to", now_ms=now_ms)
-    if not _DATE.fullmatch(text.strip()):
-        return at_ms
-    end_ms = at_ms + DAY_MS - 1
-    return min(end_ms, now_ms) if past_only and at_ms <= now_ms else end_ms
-
-
-def _at(at: str | None, now_ms: int) -> int | None:
-    """`--at` as epoch ms against `now_ms`; None when not given."""
-    return None if at is None else parse_instant(at, name="--at", now_ms=now_ms)
-
-
-def _range(from_: str, to: str, now_ms: int, *, past_only: bool = False) -> tuple[int, int]:
-    """`--from` and `--to` as epoch ms against `now_ms`; `--from` after `--to` is refused, as
-    `AgainstNow` when an end is `now_ms` (`now`, or a backfill's day under way), since the
-    order then depends on whose clock `now_ms` is."""
-    from_ms = parse_instant(from_, name="--from", now_ms=now_ms)
-    to_ms = range_end(to, now_ms=now_ms, past_only=past_only)
-    if from_ms > to_ms:
-        error = AgainstNow if now_ms in (from_ms, to_ms) else typer.BadParameter
-        raise error("--from is after --to", param_hint="--from")
-    return from_ms, to_ms
 
 
 async def load_record(cluster: Cluster, task_id: str) -> DefinitionRecord:
@@ -160,7 +102,7 @@ def plan_cmd(
 ) -> None:
     """Preview fire times in a range (UTC and local, DST gaps and folds, calendar exclusions,
     deferrals). Runs nothing and writes nothing."""
-    _, (from_ms, to_ms) = checked_now(lambda now: _range(from_, to, now))
+    _, (from_ms, to_ms) = checked_now(lambda now: time_range(from_, to, now))
     spec = with_spec(task, _spec)
     lines = manual.preview(spec, from_ms=from_ms, to_ms=to_ms, limit=limit + 1)
     rows, truncated = [_plan_row(line) for line in lines[:limit]], len(lines) > limit
@@ -234,7 +176,7 @@ def trigger_cmd(
 ) -> None:
     """Run a task now, through the same dedupe key as scheduled runs."""
     body = _payload(payload, settings().max_payload_bytes)
-    now_ms, at_ms = checked_now(lambda now: _at(at, now))
+    now_ms, at_ms = checked_now(lambda now: at_instant(at, now))
 
     async def go(cluster: Cluster, spec: TaskSpec) -> Emitted:
         outbox = Outbox(cluster.store, cluster.queue, cluster.keys)
@@ -257,7 +199,7 @@ def backfill_cmd(
     ),
 ) -> None:
     """Create instances for the past fire times in a range (refused when over --limit)."""
-    now_ms, (from_ms, to_ms) = checked_now(lambda now: _range(from_, to, now, past_only=True))
+    now_ms, (from_ms, to_ms) = checked_now(lambda now: time_range(from_, to, now, past_only=True))
 
     async def go(cluster: Cluster, spec: TaskSpec) -> manual.BackfillResult:
         outbox = Outbox(cluster.store, cluster.queue, cluster.keys)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import typer
 
-from taskstream.cli.sched_cmds import DAY_MS, parse_instant, range_end
+from taskstream.cli.instants import DAY_MS, parse_instant, range_end
 
 NOW_MS = 1_796_000_000_000
 
