@@ -70,8 +70,9 @@ class Committer:
         self._final = asyncio.Event()
         """Set by `last_tries`: the process is stopping, so an unavailable store is not
         waited for."""
-        self._batches_done = 0
-        """Batches written (or given up) so far: a stop waits while this moves."""
+        self._commits_answered = 0
+        """Commits (a batch, or a run of a refused batch) the store answered: progress, which
+        a stop waits for while it moves."""
         self._log = get_logger(role="executor")
 
     def enqueue(self, run: Run, end: RunEnd) -> asyncio.Future[bool]:
@@ -101,9 +102,9 @@ class Committer:
         return item.done
 
     @property
-    def batches_done(self) -> int:
-        """Batches ended so far, committed or not: progress, for a stop to wait on."""
-        return self._batches_done
+    def commits_answered(self) -> int:
+        """Commits the store has answered so far (landed or fenced, not failed): progress."""
+        return self._commits_answered
 
     @property
     def queued(self) -> int:
@@ -133,7 +134,6 @@ class Committer:
                 await self._commit(batch, stop)
             except Exception as exc:  # the loop must outlive any one batch
                 self._failed(batch, exc)
-            self._batches_done += 1
 
     async def _commit(self, batch: list[_Item], stop: asyncio.Event) -> None:
         try:
@@ -197,11 +197,14 @@ class Committer:
         while True:
             stopping = stop.is_set() or self._final.is_set()
             try:
-                return await self._store.finish_many(requests), retried
+                results = await self._store.finish_many(requests)
             except StoreUnavailable as exc:
                 if stopping:
                     raise
                 self._log.warning("commit.retrying", error=str(exc)[:300], runs=len(batch))
+            else:
+                self._commits_answered += 1
+                return results, retried
             retried = True
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._final.wait(), timeout=RETRY_PAUSE_S)

@@ -256,13 +256,14 @@ class Executor:
         )
 
     async def _last_commits(self, commits: asyncio.Task[None]) -> None:
-        """Let the committer write what is queued, for as long as batches keep landing (a slow
-        store still commits them all). A commit the store holds up past `STEP_END_S` with no
-        batch ending (a row lock, a server that stopped answering) is cancelled like a stopped
-        step: its runs stay RUNNING, recovered by the sweeper once the liveness key is gone."""
+        """Let the committer write what is queued, for as long as the store keeps answering
+        its commits (a slow store still commits them all). A commit the store holds up past
+        `STEP_END_S` with no answer (a row lock, a server that stopped answering) is cancelled
+        like a stopped step: its runs stay RUNNING, recovered by the sweeper once the
+        liveness key is gone."""
         seen = -1
-        while not commits.done() and self._committer.batches_done != seen:
-            seen = self._committer.batches_done
+        while not commits.done() and self._committer.commits_answered != seen:
+            seen = self._committer.commits_answered
             await asyncio.wait({commits}, timeout=STEP_END_S)
         if not commits.done():
             self._log.warning("executor.commits_abandoned", queued=self._committer.queued)

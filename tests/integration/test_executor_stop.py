@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from taskstream.core import streams
+from taskstream.core.errors import StoreRefused
 from taskstream.core.protocol import GROUP, Keys, Priority
 from taskstream.core.reasons import RELEASED
 from taskstream.core.states import Status
@@ -236,3 +237,34 @@ async def test_runs_that_end_in_the_grace_are_all_committed_by_a_slow_store(
     await ex.close()
     ends = {r: await status_of(h, r) for r in (a.id, b.id)}
     assert ends == {a.id: Status.SUCCESS, b.id: Status.SUCCESS}
+
+
+SEVEN = "tasks:\n" + "".join(
+    f"  - id: t{i}\n    agent: slow\n    payload: {{seconds: 1.0}}\n" for i in range(7)
+)
+ALONE_COMMIT_S = 0.4
+"""Each single-run commit lands well under `STEP_END_S`; the seven take longer together."""
+
+
+async def test_runs_of_a_refused_batch_written_one_by_one_at_stop_are_all_committed(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store refuses the last batch for a value in it, so each run is written on its own:
+    every one of those commits is progress, and none is cut off by the stop."""
+    await h.apply(SEVEN)
+    rows = [await h.trigger(SEVEN, f"t{i}", fire_ms=T0) for i in range(7)]
+    finish_many = h.store.finish_many
+
+    async def refusing_batches(requests: list[Any]) -> Any:
+        if len(requests) > 1:  # a batch holding a value the store will not take
+            raise StoreRefused("store: value refused")
+        await asyncio.sleep(ALONE_COMMIT_S)
+        return await finish_many(requests)
+
+    monkeypatch.setattr(h.store, "finish_many", refusing_batches)
+    ex = Running(h.executor(grace_s=10, concurrency=7))
+    for row in rows:
+        await reach(h, row.id, Status.RUNNING)
+    await ex.close()
+    ends = {row.id: await status_of(h, row.id) for row in rows}
+    assert ends == {row.id: Status.SUCCESS for row in rows}
