@@ -96,10 +96,10 @@ class AgentContext:
 def effect_key(idempotency_key: str, name: str) -> str:
     """The stored key of the side effect `name` of the instance with `idempotency_key`: the
     two joined by `:`, or `sha256:` and its digest when that is longer than the store keeps
-    (`KEY_LEN`) or is not UTF-8 (a lone surrogate, from bytes decoded with
-    `surrogateescape`), which MariaDB would refuse at the commit, after the effect."""
+    (`KEY_LEN`), is not UTF-8 (a lone surrogate, from bytes decoded with `surrogateescape`)
+    or holds a NUL, which MariaDB or PostgreSQL would refuse at the commit, after the effect."""
     full = f"{idempotency_key}:{name}"
-    if len(full) <= KEY_LEN and _is_utf8(full):
+    if len(full) <= KEY_LEN and "\x00" not in full and _is_utf8(full):
         return full
     return "sha256:" + hashlib.sha256(full.encode("utf-8", "surrogatepass")).hexdigest()
 

@@ -219,3 +219,45 @@ async def test_side_effect_keys_differing_only_by_trailing_spaces_are_distinct(
     assert results == {a: CasResult(ok=True), b: CasResult(ok=True)}
     done = [await store.side_effect_done(k) for k in ("k", "k ", "k  ", "k   ")]
     assert done == [True, True, True, False]
+
+
+async def test_texts_holding_a_nul_are_stored_with_it_replaced_not_refused(
+    store: SqlStore, make_new: MakeNew, advance: Advance
+) -> None:
+    """An agent's error text or review reason holding a NUL (binary data in a message), which
+    PostgreSQL's text refuses: the run's end is stored on every kind, the NUL as U+FFFD,
+    rather than refused and the run failed `commit_refused`."""
+    failed, failed_t = await _running(store, make_new, advance, "nul-error")
+    review, review_t = await _running(store, make_new, advance, "nul-review")
+    requests = [
+        FinishRequest(
+            failed,
+            failed_t,
+            Status.RETRYING,
+            "error",
+            error="bad byte \x00 in input",
+            next_attempt_at_ms=9,
+            owner="exec-1",
+        ),
+        FinishRequest(
+            review,
+            review_t,
+            Status.FAILED,
+            "needs_review",
+            fail_class=FailClass.MANUAL_REVIEW,
+            owner="exec-1",
+            review="odd \x00 output",
+        ),
+    ]
+    assert await store.finish_many(requests) == {
+        failed: CasResult(ok=True),
+        review: CasResult(ok=True),
+    }
+    row = await store.get_instance(failed)
+    assert row is not None and (row.status, row.last_error) == (
+        Status.RETRYING,
+        "bad byte \ufffd in input",
+    )
+    async with store.engine.connect() as conn:
+        stmt = select(review_queue.c.reason).where(review_queue.c.instance_id == review)
+        assert (await conn.execute(stmt)).scalar_one() == "odd \ufffd output"

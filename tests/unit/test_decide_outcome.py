@@ -180,6 +180,9 @@ def test_side_effect_keys_fit_the_store() -> None:
     odd_a, odd_b = effect_key("daily", "upload-\udcff"), effect_key("daily", "upload-\udcfe")
     assert odd_a.startswith("sha256:") and odd_a != odd_b
     odd_a.encode("utf-8")
+    # A NUL, which PostgreSQL's text refuses: digested too.
+    nul = effect_key("daily", "upload-\x00")
+    assert nul.startswith("sha256:") and nul != effect_key("daily", "upload-")
     assert effect_key("daily", "résumé-📄") == "daily:résumé-📄"
 
 

@@ -51,12 +51,14 @@ def note(text: str | None) -> str | None:
 
 
 def _encodable(text: str) -> str:
-    return text.encode("utf-8", "replace").decode("utf-8")
+    """`text` with what UTF-8 cannot encode (a lone surrogate) replaced by `?` and NUL, which
+    PostgreSQL's text refuses, by U+FFFD: every database kind stores the same text."""
+    return text.encode("utf-8", "replace").decode("utf-8").replace("\x00", "\ufffd")
 
 
 def error_text(text: str | None) -> str | None:
-    """An error message, cut to `ERROR_MAX_CHARS`, with what UTF-8 cannot encode (a lone
-    surrogate in an exception's text) replaced: it must never make its write fail."""
+    """An error message, cut to `ERROR_MAX_CHARS`, with what a store cannot hold (a lone
+    surrogate or a NUL in an exception's text) replaced: it must never make its write fail."""
     if text is None:
         return None
     return _encodable(text[:ERROR_MAX_CHARS])
