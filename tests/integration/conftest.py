@@ -4,6 +4,7 @@ deleted afterwards; nothing else is touched) and a real store on a fresh databas
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import pytest
 
@@ -12,7 +13,7 @@ from taskstream.core.protocol import Keys
 from taskstream.core.store.sql import SqlStore
 from tests.integration import outages
 from tests.integration.harness import Harness
-from tests.support.databases import temp_database
+from tests.support.databases import available_kinds, temp_database
 from tests.support.keyspace import drop_keys
 
 
@@ -52,7 +53,22 @@ async def outage(store: SqlStore, redis: streams.Redis, keys: Keys) -> Harness:
 async def outage_server(redis: streams.Redis, keys: Keys) -> AsyncIterator[Harness]:
     """The outage tests' harness on MariaDB only, for outages that kill the executor's
     server connections."""
-    async with temp_database("mariadb") as url:
+    async with _outage_on("mariadb", redis, keys) as h:
+        yield h
+
+
+@pytest.fixture
+async def outage_pg(redis: streams.Redis, keys: Keys) -> AsyncIterator[Harness]:
+    """The outage tests' harness on PostgreSQL (the test skips when it does not answer)."""
+    if "postgres" not in available_kinds():
+        pytest.skip("no PostgreSQL")
+    async with _outage_on("postgres", redis, keys) as h:
+        yield h
+
+
+@asynccontextmanager
+async def _outage_on(kind: str, redis: streams.Redis, keys: Keys) -> AsyncIterator[Harness]:
+    async with temp_database(kind) as url:
         store = await SqlStore.connect(url)
         try:
             yield await outages.harness(store, redis, keys)
