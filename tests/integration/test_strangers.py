@@ -4,6 +4,7 @@ Redis failures at every step."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -118,53 +119,51 @@ def _fails_once(monkeypatch: pytest.MonkeyPatch, owner: Any, name: str, exc: Exc
     monkeypatch.setattr(owner, name, fails)
 
 
-async def test_an_unknown_agent_entry_whose_own_move_went_unanswered_is_dead_lettered(
-    outage: Harness, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Intake's DISPATCHED -> FAILED commits, and its answer is lost (the link dropped after
-    the server's COMMIT): the admission fails and the same entry is admitted again. Its move
-    then finds FAILED, its own by the history: the entry goes to the dead-letter stream, as
-    it would have, not acked as a duplicate that leaves a poison instance with no letter."""
-    h = outage
-    row, deliveries = await _dispatched_stranger(h)
-    intake = intake_of(h, DefinitionCache(h.store))
+Fault = Callable[[Harness, pytest.MonkeyPatch], type[Exception]]
+"""Installs one failure for the next admission; returns the error that admission raises."""
+
+
+def _move_answer_lost(h: Harness, monkeypatch: pytest.MonkeyPatch) -> type[Exception]:
     _answer_lost(h, monkeypatch, commit=True)
-    with pytest.raises(StoreUnavailable):
-        await intake.admit(deliveries)
-    assert await intake.admit(deliveries) == []
-    await _assert_poison_with_letter(h, row.id, deliveries[0])
+    return StoreUnavailable
 
 
-async def test_redis_failing_on_the_dead_letter_after_the_move_still_gives_a_letter(
-    outage: Harness, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The move to FAILED answers, then the XADD of the letter fails (a Redis blip): the same
-    entry, admitted again, finds the row FAILED by its own move and is dead-lettered then, not
-    acked as a duplicate."""
-    h = outage
-    row, deliveries = await _dispatched_stranger(h)
-    intake = intake_of(h, DefinitionCache(h.store))
+def _letter_fails(_h: Harness, monkeypatch: pytest.MonkeyPatch) -> type[Exception]:
     _fails_once(monkeypatch, streams, "dead_letter", RedisConnectionError("reset by peer"))
-    with pytest.raises(RedisConnectionError):
-        await intake.admit(deliveries)
-    assert await intake.admit(deliveries) == []
-    await _assert_poison_with_letter(h, row.id, deliveries[0])
+    return RedisConnectionError
 
 
-async def test_the_store_failing_on_the_history_read_still_gives_a_letter(
-    outage: Harness, monkeypatch: pytest.MonkeyPatch
+def _history_fails(h: Harness, monkeypatch: pytest.MonkeyPatch) -> type[Exception]:
+    _fails_once(monkeypatch, h.store, "history", StoreUnavailable("store: down again"))
+    return StoreUnavailable
+
+
+@pytest.mark.parametrize(
+    "faults",
+    [
+        # The move to FAILED commits and its answer is lost (the link dropped after the
+        # server's COMMIT): its move then finds FAILED, its own by the history.
+        [_move_answer_lost],
+        # The move answers, then the XADD of the letter fails (a Redis blip).
+        [_letter_fails],
+        # The answer is lost, and on the next admission the history read that tells whose
+        # move the FAILED is fails too.
+        [_move_answer_lost, _history_fails],
+    ],
+    ids=["answer-lost", "letter-failed", "answer-lost-then-history-failed"],
+)
+async def test_an_unknown_agent_entry_whose_move_landed_gets_its_letter_through_failures(
+    outage: Harness, monkeypatch: pytest.MonkeyPatch, faults: list[Fault]
 ) -> None:
-    """The move's answer is lost after its COMMIT, and on the second admission the history read
-    that tells whose move the FAILED is fails too: the third admission still dead-letters."""
+    """Each admission of the entry fails after its move to FAILED landed; the next one
+    dead-letters the entry, as the first would have, rather than acking it as a duplicate and
+    leaving a poison instance with no letter."""
     h = outage
     row, deliveries = await _dispatched_stranger(h)
     intake = intake_of(h, DefinitionCache(h.store))
-    _answer_lost(h, monkeypatch, commit=True)
-    with pytest.raises(StoreUnavailable):
-        await intake.admit(deliveries)
-    _fails_once(monkeypatch, h.store, "history", StoreUnavailable("store: down again"))
-    with pytest.raises(StoreUnavailable):
-        await intake.admit(deliveries)
+    for fault in faults:
+        with pytest.raises(fault(h, monkeypatch)):
+            await intake.admit(deliveries)
     assert await intake.admit(deliveries) == []
     await _assert_poison_with_letter(h, row.id, deliveries[0])
 
