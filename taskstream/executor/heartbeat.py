@@ -93,8 +93,15 @@ class Heartbeat:
         return max(0.2, third_s)
 
     def track(self, run: Run, task: asyncio.Task[None]) -> None:
+        """Extend `run`'s lease with the others from now on. A lease with less than two
+        thirds of its length left (a claim adopted after an outage, whose reply was lost) is
+        extended at the next beat: the next scheduled one may come after it lapses."""
         self._runs[(run.row.id, run.token)] = (run, task)
-        if max(0.2, _lease_s(run) / 3) < self._waiting_s:
+        lease_ms = _lease_s(run) * 1000
+        if run.claimed.lease_expires_at_ms - self._clock.now_ms() < lease_ms * 2 / 3:
+            self._last_extend_ms = 0
+            self._sooner.set()
+        elif max(0.2, _lease_s(run) / 3) < self._waiting_s:
             self._sooner.set()  # the lease loop sleeps longer than this run's lease allows
 
     def untrack(self, run: Run) -> None:
