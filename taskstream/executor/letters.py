@@ -8,6 +8,9 @@ from structlog.typing import FilteringBoundLogger
 
 from taskstream.core import streams
 from taskstream.core.protocol import Keys
+from taskstream.core.states import Status
+from taskstream.core.store.port import Store
+from taskstream.executor.sweep import poison_reason
 
 
 async def dead_letter(
@@ -37,3 +40,11 @@ async def dead_letter(
 def moved_meanwhile(log: FilteringBoundLogger, delivery: streams.Delivery) -> None:
     """Log that another mover acked or moved `delivery` after this process read it."""
     log.info("entry.moved_meanwhile", entry_id=delivery.entry_id, stream=delivery.stream)
+
+
+async def owed_reason(store: Store, instance_id: str) -> str:
+    """The dead-letter reason of an entry whose instance FAILED as poison before its mover
+    moved it (`sweep.poison_reason` of the reason recorded with the last move to FAILED)."""
+    history = await store.history(instance_id)
+    failed = next((h.reason for h in reversed(history) if h.to_status is Status.FAILED), None)
+    return poison_reason(failed)

@@ -33,7 +33,6 @@ from taskstream.executor.sweep import (
     Verdict,
     decide,
     liveness_trusted,
-    poison_reason,
 )
 
 
@@ -210,7 +209,7 @@ class Sweeper:
         elif verdict.action is Action.DEAD_LETTER:
             reason = verdict.reason
             if reason == "poison" and instance is not None:
-                reason = poison_reason(await self._failed_with(instance.id))
+                reason = await letters.owed_reason(self._store, instance.id)
             if not await self._dead(d, reason):
                 return Action.LEAVE
         elif verdict.action is Action.TIMEOUT and instance is not None:
@@ -258,11 +257,6 @@ class Sweeper:
             lease_until=row.lease_expires_at_ms if status is Status.RUNNING else None,
         )
         return moved.ok
-
-    async def _failed_with(self, instance_id: str) -> str | None:
-        """The reason recorded with the instance's last move to FAILED."""
-        history = await self._store.history(instance_id)
-        return next((h.reason for h in reversed(history) if h.to_status is Status.FAILED), None)
 
     async def _dead(self, d: streams.Delivery, reason: str) -> bool:
         """Dead-letter the entry; False when another mover took it first."""

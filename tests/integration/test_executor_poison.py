@@ -10,11 +10,12 @@ from random import Random
 from typing import Any
 
 import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from taskstream.core import streams
 from taskstream.core.definitions import DefinitionCache
 from taskstream.core.operations import requeue
-from taskstream.core.protocol import Keys, Priority, decode
+from taskstream.core.protocol import GROUP, Keys, Priority, decode
 from taskstream.core.reasons import OWNER_LOST, SEEN_ON_STREAM
 from taskstream.core.states import FailClass, Status
 from taskstream.core.store.port import CasResult, ClaimRequest, InstanceRow
@@ -23,6 +24,7 @@ from taskstream.executor.recovery import Recovery
 from taskstream.executor.sweeper import Sweeper
 from tests.integration.executor_cases import TASKS, harness, reach
 from tests.integration.harness import Harness, Running, until
+from tests.integration.outages import intake
 
 
 @pytest.fixture
@@ -261,3 +263,30 @@ async def test_a_retry_entry_a_live_executor_has_not_claimed_yet_is_not_poison(
     assert (await h.redis.xrange(h.keys.dead)) == []
     now = await h.store.get_instance(row.id)
     assert now is not None and now.status is Status.DISPATCHED
+
+
+async def test_a_poisoned_entry_whose_letter_failed_is_dead_lettered_by_its_waking_consumer(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """c1 reads an entry and pauses before claiming. The sweeper fails the instance as poison,
+    then Redis fails on the dead letter. c1 wakes and admits its batch: its claim loses to the
+    FAILED row, and the entry is the letter the sweeper owed, not a duplicate to ack, which
+    would leave a poison instance that `dead list` and `dead replay` never show."""
+    row = await h.trigger(TASKS, "slow")
+    [delivery] = await streams.read(h.redis, h.keys, "c1", count=1, block_ms=10)
+    dead_letter = streams.dead_letter
+
+    async def letter_fails_once(*args: Any, **kwargs: Any) -> Any:
+        monkeypatch.setattr(streams, "dead_letter", dead_letter)
+        raise RedisConnectionError("redis: connection reset")
+
+    monkeypatch.setattr(streams, "dead_letter", letter_fails_once)
+    with pytest.raises(RedisConnectionError):
+        await h.sweeper(max_deliveries=0).sweep_once()  # 1 delivery > 0: poison
+    failed = await h.store.get_instance(row.id)
+    assert failed is not None
+    assert (failed.status, failed.fail_class) == (Status.FAILED, FailClass.POISON)
+    assert await (await intake(h, "c1")).admit([delivery]) == []  # c1 wakes
+    dead: Any = await h.redis.xrange(h.keys.dead)
+    assert [f[b"reason"] for _, f in dead] == [b"poison"]
+    assert (await h.redis.xpending(delivery.stream, GROUP))["pending"] == 0
