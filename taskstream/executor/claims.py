@@ -11,7 +11,7 @@ out, which spends an attempt.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar
 
 from taskstream.core.futures import mark_retrieved
@@ -23,14 +23,20 @@ C = TypeVar("C")
 class WonClaims(Generic[C]):
     """The batch being admitted (its candidates, of type `C`) and the claims won for it."""
 
-    def __init__(self) -> None:
+    def __init__(self, instance_of: Callable[[C], str]) -> None:
+        """`instance_of(candidate)` is the id of the instance a candidate claims."""
         self.batch: list[C] = []
         self.won: dict[str, Claimed] = {}
+        self._instance_of = instance_of
         self._calls: set[asyncio.Future[dict[str, Claimed]]] = set()
 
     def start(self, batch: list[C]) -> dict[str, Claimed]:
-        """Begin recording for `batch`; returns the dict the claims of the batch go into."""
-        self.batch, self.won = batch, {}
+        """Begin recording for `batch`; returns the dict the claims of the batch go into. The
+        claims of an admission that ended without `done` (it failed after winning them, and
+        the store may still be away) are kept, with their candidates, until one is done."""
+        kept = [c for c in self.batch if self._instance_of(c) in self.won]
+        self.won = {self._instance_of(c): self.won[self._instance_of(c)] for c in kept}
+        self.batch = [*kept, *batch]
         return self.won
 
     async def call(self, claim: Awaitable[dict[str, Claimed]]) -> dict[str, Claimed]:

@@ -125,7 +125,7 @@ class Intake:
         self._store, self._redis, self._keys = store, redis, keys
         self._registry, self._defs, self._consumer = registry, defs, consumer
         self._held = held
-        self._claims: WonClaims[_Candidate] = WonClaims()
+        self._claims: WonClaims[_Candidate] = WonClaims(lambda c: c.entry.instance_id)
         self._strangers = Strangers(store, consumer, ack=self._ack_duplicate, dead=self.dead)
         self._log = get_logger(role="executor", consumer=consumer)
 
@@ -143,8 +143,7 @@ class Intake:
         won.update(await self._claim(candidates))
         lost = [c for c in candidates if c.entry.instance_id not in won]
         if lost:
-            retried, adopted = await self._after_lost(lost)
-            won.update(adopted)
+            retried = await self._after_lost(lost, won)
             won.update(await self._claim(retried) if retried else {})
         runs = self._runs(candidates, won)
         # An entry of another attempt of an instance claimed in this batch (a stale one read
@@ -210,17 +209,17 @@ class Intake:
         return spec.effective_lease_s if spec else DEFAULT_LEASE_S
 
     async def _after_lost(
-        self, lost: list[_Candidate]
-    ) -> tuple[list[_Candidate], dict[str, Claimed]]:
-        """Settle lost claims; return those worth claiming again, and our own claims to adopt."""
+        self, lost: list[_Candidate], won: dict[str, Claimed]
+    ) -> list[_Candidate]:
+        """Settle lost claims; return those worth claiming again. Our own claims are adopted
+        into `won` as each is found, so a stop cancelling this still hands them back."""
         again: list[_Candidate] = []
-        adopted: dict[str, Claimed] = {}
         for c in lost:
             row = await self._store.get_instance(c.entry.instance_id)
             if row is None:
                 await self.dead(c.delivery, "unknown_instance", c.entry.instance_id)
             elif (claim := self._ours(row, c.entry)) is not None:
-                adopted[row.id] = claim
+                won[row.id] = claim
                 self._log.warning("instance.adopted", instance_id=row.id, attempt=row.attempt)
             elif _claimable(row, c.entry):
                 again.append(c)  # the claim itself completes a dispatch still to land
@@ -237,7 +236,7 @@ class Intake:
                     status=row.status,
                     attempt=row.attempt,
                 )
-        return again, adopted
+        return again
 
     def _ours(self, row: InstanceRow, entry: WorkEntry) -> Claimed | None:
         """The claim to adopt when the entry's attempt is RUNNING under a claim of this

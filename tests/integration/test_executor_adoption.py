@@ -15,11 +15,13 @@ from taskstream.core import streams
 from taskstream.core.definitions import to_records
 from taskstream.core.errors import StoreUnavailable
 from taskstream.core.protocol import Keys
+from taskstream.core.reasons import RELEASED
 from taskstream.core.specfile import parse_task_file_text
+from taskstream.core.states import Status
 from taskstream.core.store.sql import SqlStore
 from taskstream.executor.service import Executor, ExecutorConfig, ExecutorDeps
 from tests.agents import Params
-from tests.integration.executor_cases import harness
+from tests.integration.executor_cases import TASKS, harness, reach
 from tests.integration.harness import Harness, Running, until
 from tests.integration.outages import lease_end
 
@@ -27,6 +29,48 @@ from tests.integration.outages import lease_end
 @pytest.fixture
 async def h(store: SqlStore, redis: streams.Redis, keys: Keys) -> Harness:
     return await harness(store, redis, keys)
+
+
+async def test_a_claim_won_before_the_store_failed_is_handed_back_at_a_stop_in_the_outage(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The admission's claim commits and answers, then the store fails (the history read for
+    the retry's budget). The executor admits the batch again while the store is still down
+    (that claim fails too), and is stopped. The claim won first is this process's and never
+    ran: it is handed back (RETRYING, released, not counted), not left RUNNING for the
+    sweeper to time out, which would fail this one-attempt task as poison unrun."""
+    row = await h.trigger(TASKS, "slow-once")
+    first = Running(h.executor(grace_s=0.05))  # a released first attempt, so that the retry
+    await reach(h, row.id, Status.RUNNING)  # reads its history when it is claimed
+    await first.close()
+    await h.scheduler().run_pass()
+
+    down = asyncio.Event()
+    claim_tried_in_outage = asyncio.Event()
+    histories, claim_many = h.store.histories, h.store.claim_many
+
+    async def failing_histories(*args: Any, **kwargs: Any) -> Any:
+        down.set()  # the store goes away right after the claim's commit
+        raise StoreUnavailable("store: gone")
+
+    async def claim_while_down(*args: Any, **kwargs: Any) -> Any:
+        if down.is_set():
+            claim_tried_in_outage.set()
+            raise StoreUnavailable("store: gone")
+        return await claim_many(*args, **kwargs)
+
+    monkeypatch.setattr(h.store, "histories", failing_histories)
+    monkeypatch.setattr(h.store, "claim_many", claim_while_down)
+    ex = Running(h.executor(grace_s=5))
+    await asyncio.wait_for(claim_tried_in_outage.wait(), timeout=20)
+    monkeypatch.setattr(h.store, "histories", histories)  # the store answers again
+    monkeypatch.setattr(h.store, "claim_many", claim_many)
+    await ex.close()
+
+    after = await h.store.get_instance(row.id)
+    assert after is not None
+    last = (await h.store.history(row.id))[-1]
+    assert (after.status, last.reason) == (Status.RETRYING, RELEASED), (after.status, last)
 
 
 HELD = """
