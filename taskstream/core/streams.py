@@ -120,8 +120,13 @@ async def read(
     count: int,
     block_ms: int,
     order: tuple[Priority, ...] = PRIORITY_ORDER,
+    alive_ttl_ms: int | None = None,
 ) -> list[Delivery]:
     """Read up to `count` new entries, walking the streams in `order` (see `read_order`).
+
+    With `alive_ttl_ms`, the consumer's liveness key is set (that TTL) in the first read's
+    round trip: a consumer holding an entry always has its key, even right after Redis lost
+    it (FLUSHDB, a restart empty), when a sweeper would otherwise take the consumer for dead.
 
     Non-blocking reads walk the priorities in order; only when all are empty does one blocking
     read wait on every stream (COUNT 1 each). That read can return one entry per stream, more
@@ -130,25 +135,33 @@ async def read(
     to `consumer` all the same, and the caller must leave them pending and offer them later.
     """
     out: list[Delivery] = []
+    alive = None if alive_ttl_ms is None else (keys.alive(consumer), alive_ttl_ms)
     for stream in keys.streams(order):
         if len(out) >= count:
             return out
-        out += await _xreadgroup(redis, {stream: ">"}, consumer, count - len(out), None)
+        out += await _xreadgroup(redis, {stream: ">"}, consumer, count - len(out), None, alive)
+        alive = None
     if out:
         return out
     return await _xreadgroup(redis, dict.fromkeys(keys.streams(), ">"), consumer, 1, block_ms)
 
 
 async def _xreadgroup(
-    redis: Redis, streams: dict[str, str], consumer: str, count: int, block_ms: int | None
+    redis: Redis,
+    streams: dict[str, str],
+    consumer: str,
+    count: int,
+    block_ms: int | None,
+    alive: tuple[str, int] | None = None,
 ) -> list[Delivery]:
-    reply: Any = await redis.xreadgroup(
-        GROUP,
-        consumer,
-        streams,  # type: ignore[arg-type]
-        count=count,
-        block=block_ms,
-    )
+    reply: Any
+    if alive is None:
+        reply = await redis.xreadgroup(GROUP, consumer, streams, count=count, block=block_ms)  # type: ignore[arg-type]
+    else:
+        async with redis.pipeline(transaction=False) as pipe:
+            pipe.set(alive[0], b"1", px=alive[1])
+            pipe.xreadgroup(GROUP, consumer, streams, count=count, block=block_ms)  # type: ignore[arg-type]
+            _, reply = await pipe.execute()
     out: list[Delivery] = []
     for stream, entries in reply or []:
         for entry_id, fields in entries:

@@ -31,9 +31,12 @@ class Reader:
         block_ms: int,
         held: Callable[[], set[Entry]],
         log: FilteringBoundLogger,
+        alive_ttl_ms: int,
     ) -> None:
+        """`alive_ttl_ms`: the liveness key's TTL, set again with every read of new entries."""
         self._redis, self._keys, self._consumer = redis, keys, consumer
         self._block_ms, self._held, self._log = block_ms, held, log
+        self._alive_ttl_ms = alive_ttl_ms
         self.unadmitted: list[streams.Delivery] = []
         """Entries read but not yet admitted: the batch whose intake failed."""
         self._recheck = False
@@ -69,6 +72,7 @@ class Reader:
             count=free,
             block_ms=self._block_ms,
             order=read_order(self._turn),
+            alive_ttl_ms=self._alive_ttl_ms,
         )
         if len(read) > free:
             # A blocking read woke on several streams: the surplus stays in our pending list

@@ -121,6 +121,7 @@ class Executor:
             config.block_ms,
             self._heartbeat.entries,
             self._log,
+            round(config.liveness_ttl_s * 1000),
         )
         self._env = RunEnv(
             deps.store,
