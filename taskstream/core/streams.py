@@ -79,7 +79,15 @@ def group_missing(exc: ResponseError) -> bool:
     deleted meanwhile (Redis 7; Valkey answers that read `NOGROUP`). `ensure_groups` mends it.
     Looked for anywhere in the message: redis-py puts a pipeline's command before it."""
     text = str(exc)
-    return "NOGROUP" in text or "UNBLOCKED" in text
+    return "NOGROUP" in text or ("UNBLOCKED" in text and not role_changed(exc))
+
+
+def role_changed(exc: ResponseError) -> bool:
+    """The reply ends a blocked read because the server changed role (`UNBLOCKED ...
+    instance state changed (master -> replica?)`: a failover demoted it). An outage, to be
+    waited out like `READONLY`, not a missing group."""
+    text = str(exc)
+    return "UNBLOCKED" in text and "instance state changed" in text
 
 
 async def ensure_groups(redis: Redis, keys: Keys) -> None:

@@ -180,27 +180,37 @@ class Executor:
             self._reader.admitted()
         except (StoreUnavailable, *streams.DRIVER_ERRORS) as exc:
             # Before ResponseError: a refusal such as READONLY is one, and is an outage here.
-            self._log.warning(
-                "executor.dependency_down",
-                error=str(exc)[:300],
-                unadmitted=len(self._reader.unadmitted),
-            )
-            if isinstance(exc, streams.DRIVER_ERRORS):
-                self._reader.redis_failed()
-            await asyncio.sleep(ERROR_PAUSE_S)
+            await self._outage(exc)
             return
         except ResponseError as exc:
+            if streams.role_changed(exc):
+                await self._outage(exc)
+                return
             if not streams.group_missing(exc):
                 raise
             self._log.warning("executor.group_missing")
             self._reader.admitted()  # a group made anew has no pending entries to ack
-            await streams.ensure_groups(self._deps.redis, self._deps.keys)
+            try:
+                await streams.ensure_groups(self._deps.redis, self._deps.keys)
+            except streams.DRIVER_ERRORS as again:
+                await self._outage(again)
             return
         for run in runs:
             task = asyncio.create_task(self._execute(run))
             self._running.add(task)
             self._heartbeat.track(run, task)
             task.add_done_callback(self._running.discard)
+
+    async def _outage(self, exc: Exception) -> None:
+        """The store or Redis did not answer: log it and pause before the next step."""
+        self._log.warning(
+            "executor.dependency_down",
+            error=str(exc)[:300],
+            unadmitted=len(self._reader.unadmitted),
+        )
+        if not isinstance(exc, StoreUnavailable):
+            self._reader.redis_failed()
+        await asyncio.sleep(ERROR_PAUSE_S)
 
     async def _execute(self, run: Run) -> None:
         queued = False

@@ -9,14 +9,18 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from pathlib import Path
+from random import Random
+from typing import Any
 
 import pytest
 
+from taskstream.agents.registry import default_registry
 from taskstream.core import streams
 from taskstream.core.states import Status
+from taskstream.executor.service import Executor, ExecutorConfig, ExecutorDeps
 from taskstream.runtime.embedded import EmbeddedValkey
-from tests.integration.harness import T0, Harness, until
-from tests.integration.outages import GATED, Gate, gated_executor
+from tests.integration.harness import T0, Harness, Running, until
+from tests.integration.outages import GATED, TASKS, Gate, gated_executor
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +88,44 @@ async def test_a_run_read_from_a_group_the_sweeper_made_again_is_not_taken_for_l
     finally:
         gate.release.set()
         await ex.close()
+
+
+async def test_an_idle_executor_waits_out_its_redis_turning_replica(
+    outage: Harness, monkeypatch: pytest.MonkeyPatch, redis_url: str
+) -> None:
+    """A failover demotes the executor's Redis while the executor waits in a blocking read:
+    Redis ends the read with `UNBLOCKED ... instance state changed (master -> replica?)`
+    and refuses writes from then on. That is an outage: the executor does not exit, and runs
+    new work once the server takes writes again."""
+    h = outage
+    read, failed_reads = streams.read, []
+
+    async def counted_read(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return await read(*args, **kwargs)
+        except Exception as exc:
+            failed_reads.append(exc)
+            raise
+
+    monkeypatch.setattr(streams, "read", counted_read)
+    registry = default_registry(h.registry_modules)
+    deps = ExecutorDeps(h.store, h.redis, h.keys, registry, h.clock, Random(7))
+    running = Running(Executor(deps, ExecutorConfig(consumer="c1", block_ms=1000)))
+    admin = streams.connect(redis_url)
+    try:
+        await until(lambda: _blocked(admin))
+        await admin.replicaof("127.0.0.1", 1)
+        # The unblocked read, then a read refused by the replica (or the executor's exit).
+        await until(lambda: _true(running.task.done() or len(failed_reads) >= 2))
+        await _replicaof_no_one(admin)
+        assert not running.task.done(), repr(running.task.exception())
+        row = await h.trigger(TASKS, "quick")
+        await until(lambda: _is(h, row.id, Status.SUCCESS))
+    finally:
+        await _replicaof_no_one(admin)
+        await admin.aclose()
+        if not running.task.done():
+            await running.close()
 
 
 async def _blocked(admin: streams.Redis) -> bool:
