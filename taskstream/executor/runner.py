@@ -231,6 +231,7 @@ async def _call(run: Run, ctx: AgentContext, params: BaseModel, limit: TimeLimit
         # asyncio's own TimeoutError says nothing; name the limit the attempt ran past.
         return timed_out(limit.expired()) if timer.expired() else failed(exc)
     except UpstreamDeferred as exc:  # a call refused by its limiter or breaker: not an attempt
+        _raise_if_cut_short(exc)
         ctx.log.info("instance.upstream_deferred", upstream=exc.upstream)
         return deferred(exc.retry_after_ms)
     except asyncio.CancelledError as exc:
@@ -241,9 +242,22 @@ async def _call(run: Run, ctx: AgentContext, params: BaseModel, limit: TimeLimit
         ctx.log.warning("instance.run_failed", error_type="CancelledError")
         return failed(exc)
     except AGENT_FAILURES as exc:  # every failure of agent code becomes an outcome
+        _raise_if_cut_short(exc)
+        if timer.expired():  # it raised something else on its way out of the time limit
+            ctx.log.warning("instance.run_failed", error_type="TimeoutError")
+            return timed_out(limit.expired())
         ctx.log.warning("instance.run_failed", error_type=type(exc).__name__)
         return failed(exc)
     return succeeded(result)
+
+
+def _raise_if_cut_short(exc: BaseException) -> None:
+    """A cancellation when the run itself is being cancelled (a stop, a fence) and its agent
+    let out something else on the way (a cleanup that failed, a wrapper of every error): the
+    run was cut short, to be released or dropped, not failed as an attempt."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError from exc
 
 
 async def _give_back(access: RunUpstreams, log: FilteringBoundLogger) -> None:
