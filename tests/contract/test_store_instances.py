@@ -8,6 +8,7 @@ import dataclasses
 
 from sqlalchemy import func, select, update
 
+from taskstream.core.errors import StoreRefused
 from taskstream.core.states import Status
 from taskstream.core.store.port import CreateResult, InstanceRow
 from taskstream.core.store.sql import SqlStore
@@ -234,3 +235,15 @@ async def test_update_that_changes_no_value_still_counts_as_matched(
         result = await conn.execute(noop)
 
     assert result.rowcount == 1
+
+
+async def test_an_id_no_store_can_hold_is_not_found_or_refused_never_a_driver_error(
+    store: SqlStore,
+) -> None:
+    """A lone surrogate (bytes that are not UTF-8, from a command line): MariaDB finds no
+    such instance; SQLite's driver and PostgreSQL refuse the text, as `StoreRefused`."""
+    try:
+        found = await store.get_instance("a\udcffb")
+    except StoreRefused:
+        return
+    assert found is None

@@ -109,3 +109,19 @@ def test_a_task_file_error_shows_control_characters_escaped(tmp_path: Path) -> N
     assert out.returncode == 2, out
     assert "\x1b" not in out.stderr
     assert "unknown agent 'x\\x1b]0;owned\\x07'" in out.stderr
+
+
+def test_an_instance_id_that_is_not_utf8_is_refused_without_a_traceback(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """An id argument holding bytes that are not UTF-8 (the shell passes them through): on the
+    embedded SQLite store too, a clear refusal (exit 1), not the driver's encoding error."""
+    with applied(tmp_path, redis_url, {}) as cli:
+        outs = [
+            run_cli("inspect", "a\udcffb", env=cli.env, cwd=cli.cwd),
+            run_cli("retry", "a\udcffb", "--reason", "x", env=cli.env, cwd=cli.cwd),
+        ]
+    for out in outs:
+        assert out.returncode == 1, out.stderr[-300:]
+        assert "Traceback" not in out.stderr
+        assert out.stderr.startswith("error: "), out.stderr[-300:]

@@ -283,8 +283,12 @@ def translate(exc: Exception, display_url: str) -> StoreError:
 
 @asynccontextmanager
 async def translate_errors(display_url: str) -> AsyncIterator[None]:
-    """Re-raise driver errors (SQLAlchemy, DBAPI, socket) from the body as store errors."""
+    """Re-raise driver errors (SQLAlchemy, DBAPI, socket) from the body as store errors, and
+    text a driver cannot encode (a lone surrogate, which SQLite's driver raises on) as
+    `StoreRefused`, as PostgreSQL's server refuses it."""
     try:
         yield
     except (sa_exc.SQLAlchemyError, OSError) as exc:
         raise translate(exc, display_url) from exc
+    except UnicodeEncodeError as exc:
+        raise StoreRefused(f"store {display_url} refused a value: {_detail(exc)}") from exc
