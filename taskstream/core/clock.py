@@ -56,10 +56,19 @@ class OffsetClock:
     def now_ms(self) -> int:
         return self.host_ms() + self.offset_ms
 
-    def sync(self, db_now_ms: int, host_before_ms: int, host_after_ms: int) -> None:
-        """Set the offset from one database read bracketed by two `host_ms()` readings."""
+    def sync(
+        self, db_now_ms: int, host_before_ms: int, host_after_ms: int, wall_at: int | None = None
+    ) -> None:
+        """Set the offset from one database read bracketed by two `host_ms()` readings.
+        `wall_at` is `wall_baseline()` taken before the read, so that a wall step during a
+        slow read is still seen as one afterwards (None: now)."""
         self.offset_ms = db_now_ms - (host_before_ms + host_after_ms) // 2
-        self._wall_at_sync = _wall_minus_host()
+        self._wall_at_sync = _wall_minus_host() if wall_at is None else wall_at
+
+    @staticmethod
+    def wall_baseline() -> int:
+        """The reading `wall_step_ms` measures steps from (wall minus monotonic, ms)."""
+        return _wall_minus_host()
 
     def rebase_wall(self) -> None:
         """Take the wall clock as it is now as the one steps are measured from, without a

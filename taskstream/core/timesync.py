@@ -23,11 +23,22 @@ WALL_STEP_MS = 500
 clock stepped with it."""
 
 
+SAMPLES = 3
+"""Database clock reads per sync; the one with the shortest round trip sets the offset."""
+
+
 async def sync(store: Store, clock: OffsetClock) -> None:
-    """Measure the offset once (host readings bracket the database read)."""
-    before = clock.host_ms()
-    db_now = await store.db_now_ms()
-    clock.sync(db_now, before, clock.host_ms())
+    """Measure the offset: of `SAMPLES` reads of the database clock, each bracketed by host
+    readings around its statement alone, the one with the shortest round trip, whose error
+    is at most half of it (a read the server held up says little of when it read its
+    clock). Steps of the wall clock are measured from before the reads."""
+    wall_at = clock.wall_baseline()
+    best = await store.clock_sample(clock.host_ms)
+    for _ in range(SAMPLES - 1):
+        sample = await store.clock_sample(clock.host_ms)
+        if sample[2] - sample[1] < best[2] - best[1]:
+            best = sample
+    clock.sync(*best, wall_at=wall_at)
 
 
 async def synced_clock(store: Store) -> OffsetClock:

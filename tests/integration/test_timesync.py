@@ -5,8 +5,11 @@ database clock (a database that stopped answering would hold the exit up)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 
 import pytest
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from taskstream.core import clock as clock_module
 from taskstream.core import streams, timesync
@@ -72,6 +75,10 @@ class _SameHost(SqlStore):
     async def db_now_ms(self) -> int:
         return await super().db_now_ms() + self.host.step_ms
 
+    async def clock_sample(self, host_ms: Callable[[], int]) -> tuple[int, int, int]:
+        now, before, after = await super().clock_sample(host_ms)
+        return now + self.host.step_ms, before, after
+
 
 async def test_a_step_of_the_database_hosts_clock_is_followed_within_seconds(
     db_url: str, host: SteppedTime
@@ -103,7 +110,7 @@ class _Down(SqlStore):
 
     reads = 0
 
-    async def db_now_ms(self) -> int:
+    async def clock_sample(self, host_ms: Callable[[], int]) -> tuple[int, int, int]:
         self.reads += 1
         raise StoreUnavailable("store: down")
 
@@ -144,9 +151,9 @@ class _Counting(SqlStore):
 
     reads = 0
 
-    async def db_now_ms(self) -> int:
+    async def clock_sample(self, host_ms: Callable[[], int]) -> tuple[int, int, int]:
         self.reads += 1
-        return await super().db_now_ms()
+        return await super().clock_sample(host_ms)
 
 
 async def test_a_stop_ends_the_resync_without_reading_the_database_clock(db_url: str) -> None:
@@ -160,5 +167,51 @@ async def test_a_stop_ends_the_resync_without_reading_the_database_clock(db_url:
         stop.set()
         await asyncio.wait_for(syncing, timeout=5)
         assert store.reads == 0
+    finally:
+        await store.close()
+
+
+WAIT_S = 1.0
+
+
+class _SlowToAnswer(SqlStore):
+    """The real store, slow to answer: with `pool_wait`, every connection is handed out
+    `WAIT_S` late (every pooled one busy); `stalls` reads of its clock are held up by the
+    server after the database read its clock."""
+
+    pool_wait = False
+    stalls = 0
+
+    @asynccontextmanager
+    async def _read(self) -> AsyncIterator[AsyncConnection]:
+        if self.pool_wait:
+            await asyncio.sleep(WAIT_S)
+        async with super()._read() as conn:
+            yield conn
+
+    async def clock_sample(self, host_ms: Callable[[], int]) -> tuple[int, int, int]:
+        now, before, after = await super().clock_sample(host_ms)
+        if self.stalls:
+            self.stalls -= 1
+            await asyncio.sleep(WAIT_S)  # the reply is late: the bracket ends later
+            after = host_ms()
+        return now, before, after
+
+
+@pytest.mark.parametrize("slow", ["pool-wait", "server-stall"])
+async def test_a_sync_whose_read_waited_does_not_put_the_clock_off(db_url: str, slow: str) -> None:
+    """A read that waited for a connection, or one the server held up, would put the clock a
+    second off (half the wait) for a minute, and due retries and ticks would go out early:
+    the wait for a connection is outside the bracket, and of three reads the one with the
+    shortest round trip sets the offset."""
+    store = await _SlowToAnswer.connect(db_url)
+    try:
+        store.pool_wait, store.stalls = slow == "pool-wait", 1 if slow == "server-stall" else 0
+        clock = await synced_clock(store)
+        store.pool_wait = False
+        before = await store.db_now_ms()
+        now = clock.now_ms()
+        after = await store.db_now_ms()
+        assert before - 100 <= now <= after + 100, (before, now, after)
     finally:
         await store.close()

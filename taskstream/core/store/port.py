@@ -11,7 +11,7 @@ Invariants every adapter keeps:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from taskstream.core.states import FailClass, Status
@@ -55,6 +55,11 @@ class Store(Protocol):
     async def ping(self) -> None: ...
 
     async def db_now_ms(self) -> int: ...
+
+    async def clock_sample(self, host_ms: Callable[[], int]) -> tuple[int, int, int]:
+        """(database now, `host_ms()` just before, just after) around the clock's statement
+        alone: a wait for a pooled connection is outside the bracket. Ms."""
+        ...
 
     # definitions
     async def upsert_definitions(

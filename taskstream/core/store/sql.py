@@ -118,6 +118,12 @@ class SqlStore(ReadMethods, DefinitionMethods, OutboxMethods, SchedulingMethods)
         async with self._read() as conn:
             return int((await conn.execute(select(db_now_ms()))).scalar_one())
 
+    async def clock_sample(self, host_ms: Callable[[], int]) -> tuple[int, int, int]:
+        async with self._read() as conn:
+            before = host_ms()
+            now = int((await conn.execute(select(db_now_ms()))).scalar_one())
+            return now, before, host_ms()
+
     async def transition(
         self,
         instance_id: str,
