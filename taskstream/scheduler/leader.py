@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from taskstream.core import streams
+from taskstream.core import notify, streams
 from taskstream.core.errors import TaskstreamError
 from taskstream.core.protocol import Keys
 
@@ -86,10 +86,15 @@ class LeaderLease:
         return self.token
 
     async def release(self) -> None:
-        """Give the lease up now (if still ours) so a standby takes over without waiting."""
+        """Give the lease up now (if still ours), and wake the standbys (a hint on the control
+        channel) so one takes over without waiting for its next try."""
+        released = 0
         if self.token is not None:
-            await self._release(keys=[self._keys.leader], args=[f"{self.owner}|{self.token}"])
+            held = f"{self.owner}|{self.token}"
+            released = int(await self._release(keys=[self._keys.leader], args=[held]))
         self.token = None
+        if released:
+            await notify.hint(self._redis, self._keys, "leader")
 
     async def holder(self) -> tuple[str, int] | None:
         """Who holds the lease now, and with which token."""

@@ -11,13 +11,14 @@ from typing import Any
 
 import pytest
 
-from taskstream.core import streams
-from taskstream.core.clock import FixedClock
+from taskstream.core import notify, streams
+from taskstream.core.clock import FixedClock, SystemClock
 from taskstream.core.protocol import Keys
 from taskstream.core.states import Status
 from taskstream.core.store.port import ClaimRequest, FinishRequest
 from taskstream.core.store.sql import SqlStore
 from taskstream.scheduler.instances import new_instance
+from taskstream.scheduler.leader import LeaderLease
 from taskstream.scheduler.service import Scheduler, SchedulerConfig
 from tests.integration.harness import T0, Harness, until
 from tests.integration.scheduler_cases import M0, make
@@ -181,3 +182,41 @@ async def test_a_tick_whose_instance_a_dead_leader_made_is_recorded_as_run(
     assert row is not None
     keys_made = {r.dedupe_key for r in await store.list_instances(limit=1000)}
     assert f"missed:{row.dedupe_key}" not in keys_made
+
+
+async def test_a_standby_takes_over_at_once_when_the_leader_stops_cleanly(
+    store: SqlStore, redis: streams.Redis, keys: Keys
+) -> None:
+    """The leader releases its 60 s lease as it stops and wakes the standby, which would
+    otherwise try again only when its own wait (a third of the lease, 20 s) ends: due
+    retries and ticks would wait that long in a rolling restart."""
+    h = Harness(store, redis, keys)
+
+    def scheduler(owner: str) -> Scheduler:
+        lease = LeaderLease(redis, keys, owner, lease_ms=60_000)
+        wakeups = notify.Wakeups(redis, keys)
+        return Scheduler(
+            store, h.outbox, SystemClock(), SchedulerConfig(), leader=lease, wakeups=wakeups
+        )
+
+    async def leads(owner: str) -> bool:
+        held: Any = await redis.get(keys.leader)
+        return streams.as_text(held or b"").startswith(owner + "|")
+
+    async def both_listen() -> bool:
+        [(_, listeners)] = await redis.pubsub_numsub(keys.control)
+        return int(listeners) >= 2
+
+    stop_a, stop_b = asyncio.Event(), asyncio.Event()
+    task_a = asyncio.create_task(scheduler("a").run(stop_a))
+    await until(lambda: leads("a"))
+    task_b = asyncio.create_task(scheduler("b").run(stop_b))
+    try:
+        await until(both_listen)
+        stop_a.set()
+        await asyncio.wait_for(task_a, timeout=10)
+        await until(lambda: leads("b"), timeout_s=10)
+    finally:
+        stop_a.set()
+        stop_b.set()
+        await asyncio.wait_for(asyncio.gather(task_a, task_b, return_exceptions=True), 20)
