@@ -16,7 +16,7 @@ from taskstream.core import streams
 from taskstream.core.errors import TaskstreamError
 from taskstream.core.outbox import Outbox, placed_entry, why_refused
 from taskstream.core.reasons import REQUEUED
-from taskstream.core.states import Status, poisoned_by
+from taskstream.core.states import FailClass, Status, poisoned_by
 from taskstream.core.store.port import InstanceRow, Store
 
 
@@ -84,16 +84,30 @@ async def requeue(
 async def _failed_by(store: Store, letter: DeadLetter, row: InstanceRow) -> bool:
     """The FAILED `row` failed as the letter says: as poison, at the letter's attempt (its
     entry's, or the run that entry started: not an attempt a requeue made, whose own entry
-    may have been poisoned too). A letter without a readable attempt is taken at its word."""
-    attempt = letter.fields.get("orig.attempt", "")
-    if not attempt.isdigit():
-        return True
-    if not poisoned_by(int(attempt), row.status, row.fail_class, row.attempt):
+    may have been poisoned too). A letter without a readable attempt is taken at its word
+    only for a row that FAILED as poison: never over a `fatal` or `manual_review` verdict."""
+    attempt = _letter_attempt(letter)
+    if attempt is None:
+        return row.fail_class is FailClass.POISON
+    if not poisoned_by(attempt, row.status, row.fail_class, row.attempt):
         return False
-    if row.attempt == int(attempt):
+    if row.attempt == attempt:
         return True
     history = await store.history(row.id)
     return not any(h.reason == REQUEUED and h.attempt == row.attempt for h in history)
+
+
+def _letter_attempt(letter: DeadLetter) -> int | None:
+    """The letter's `orig.attempt`, None when it is missing or not a number: ASCII digits
+    only (`isdigit` also takes "²", which `int` refuses), and few enough for `int`."""
+    text = letter.fields.get("orig.attempt", "")
+    if not (text.isascii() and text.isdigit()) or len(text) > ATTEMPT_DIGITS:
+        return None
+    return int(text)
+
+
+ATTEMPT_DIGITS = 20
+"""Digits of the largest attempt a letter is read with (a 64-bit counter's)."""
 
 
 def _utc(epoch_ms: int) -> str:

@@ -1,0 +1,59 @@
+"""`dead replay` against letters it cannot read."""
+
+from __future__ import annotations
+
+import pytest
+
+from taskstream.cli import ops_cmds
+from taskstream.core import operations
+from taskstream.core.errors import TaskstreamError
+from taskstream.core.states import FailClass, Status
+from taskstream.core.store.port import ClaimRequest, InstanceRow
+from tests.integration.harness import Harness
+from tests.integration.test_operations import TASKS, _Cluster, _poisoned_unclaimed, h
+
+__all__ = ["h"]  # the fixture, shared with test_operations
+
+
+async def _failed_fatal(h: Harness, row: InstanceRow, *, attempt: int, token: int) -> None:
+    assert row.id in await h.store.claim_many([ClaimRequest(row.id, attempt, 60)], owner="c2")
+    failed = await h.store.finish(
+        row.id, token=token, dst=Status.FAILED, reason="failed", fail_class=FailClass.FATAL
+    )
+    assert failed.ok
+
+
+@pytest.mark.parametrize("attempt", ["²", "0" * 5000])
+async def test_a_letter_whose_attempt_is_not_a_number_is_no_crash(h: Harness, attempt: str) -> None:
+    """`str.isdigit` takes "²", and a string of 5,000 digits, that `int` refuses: such a
+    letter is read as one without an attempt, and `--all` goes on past it."""
+    row = await h.trigger(TASKS, "once-fails")
+    await _poisoned_unclaimed(h, row.id, attempt=0)
+    [genuine] = await operations.dead_letters(h.redis, h.keys.dead, limit=10)
+    await h.redis.xdel(h.keys.dead, genuine.dead_id)
+    await h.redis.xadd(
+        h.keys.dead, {"reason": "bad_field", "orig.instance_id": row.id, "orig.attempt": attempt}
+    )
+    await h.redis.xadd(h.keys.dead, {"reason": "poison", "orig.instance_id": "nobody"})
+    cluster = _Cluster(h.store, h.redis, h.keys)
+    with pytest.raises(TaskstreamError, match=r"^1 of 2 dead letters not replayed"):
+        await ops_cmds._replay_all(cluster)  # type: ignore[arg-type]
+    after = await h.store.get_instance(row.id)
+    assert after is not None and after.status is not Status.FAILED
+
+
+async def test_a_letter_without_a_readable_attempt_does_not_override_a_fatal_verdict(
+    h: Harness,
+) -> None:
+    row = await h.trigger(TASKS, "once-fails")
+    await _failed_fatal(h, row, attempt=0, token=1)
+    await h.redis.xadd(
+        h.keys.dead,
+        {"reason": "bad_field", "orig.v": "1", "orig.instance_id": row.id, "orig.attempt": "x"},
+    )
+    [letter] = await operations.dead_letters(h.redis, h.keys.dead, limit=10)
+    done = await operations.replay(h.outbox, letter, who="ops", now_ms=h.clock.now_ms())
+    assert done.startswith("failed since, not by this letter"), done
+    after = await h.store.get_instance(row.id)
+    assert after is not None
+    assert (after.status, after.fail_class) == (Status.FAILED, FailClass.FATAL)
