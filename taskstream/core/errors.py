@@ -69,3 +69,8 @@ class ProtocolError(TaskstreamError):
 
 class ClusterNotFound(TaskstreamError):
     """No URLs were given and no running cluster was found in the working directory."""
+
+
+class ChangedMeanwhile(TaskstreamError):
+    """An operator's compare-and-set found the instance moved on since it was looked at
+    (another operator, or its own run, got there first). Nothing was written."""

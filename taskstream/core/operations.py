@@ -13,7 +13,7 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from taskstream.core import streams
-from taskstream.core.errors import TaskstreamError
+from taskstream.core.errors import ChangedMeanwhile, TaskstreamError
 from taskstream.core.outbox import Outbox, placed_entry, why_refused
 from taskstream.core.reasons import REQUEUED
 from taskstream.core.states import FailClass, Status, poisoned_by
@@ -33,18 +33,49 @@ class DeadLetter:
 
 
 async def requeue(
-    outbox: Outbox, instance_id: str, *, who: str, why: str, now_ms: int
+    outbox: Outbox,
+    instance_id: str,
+    *,
+    who: str,
+    why: str,
+    now_ms: int,
+    judged: InstanceRow | None = None,
 ) -> str | None:
     """FAILED -> PENDING (recorded with who and why), then publish it. The attempt budget
     starts again from this point; the attempt counter (fencing token) moves on by one, so
     entries of the failed attempts left on a stream are acked as older ones.
 
+    With `judged` (the FAILED row as the caller read and judged it), only that failure is
+    requeued: `ChangedMeanwhile` when the instance has moved on since, nothing written.
     Refused (`TaskstreamError`, the row left FAILED) when the instance's deadline has passed
     at `now_ms` (epoch ms): its new attempt would fail before it starts.
 
     Returns None when published, else why it was not (Redis down): the requeue stands, and
     the reconciler publishes the PENDING row once Redis is back."""
-    row = await outbox.store.get_instance(instance_id)
+    row = _requeueable(judged or await outbox.store.get_instance(instance_id), instance_id, now_ms)
+    cas = await outbox.store.transition(
+        instance_id,
+        Status.FAILED,
+        Status.PENDING,
+        reason=REQUEUED,
+        attempt=row.attempt,
+        owner=who,
+        error=f"requeued by {who}: {why}",
+        note=why,
+    )
+    if not cas.ok:
+        raise ChangedMeanwhile(f"instance {instance_id} changed meanwhile (now {cas.found})")
+    fresh = await outbox.store.get_instance(instance_id)
+    try:
+        refused = None if fresh is None else await outbox.publish(fresh, now_ms=now_ms)
+    except streams.DRIVER_ERRORS as exc:
+        down = type(exc).__name__
+        return f"not published yet (redis unavailable: {down}); the reconciler publishes it"
+    return None if refused is None else f"not published: the row cannot be an entry ({refused})"
+
+
+def _requeueable(row: InstanceRow | None, instance_id: str, now_ms: int) -> InstanceRow:
+    """`row`, FAILED and able to be requeued at `now_ms`; else `TaskstreamError`."""
     if row is None:
         raise TaskstreamError(f"no instance with id {instance_id!r}")
     if row.status is not Status.FAILED:
@@ -60,25 +91,7 @@ async def requeue(
         raise TaskstreamError(
             f"instance {instance_id} cannot be published ({why_refused(exc)}); left FAILED"
         ) from exc
-    cas = await outbox.store.transition(
-        instance_id,
-        Status.FAILED,
-        Status.PENDING,
-        reason=REQUEUED,
-        attempt=row.attempt,
-        owner=who,
-        error=f"requeued by {who}: {why}",
-        note=why,
-    )
-    if not cas.ok:
-        raise TaskstreamError(f"instance {instance_id} changed meanwhile (now {cas.found})")
-    fresh = await outbox.store.get_instance(instance_id)
-    try:
-        refused = None if fresh is None else await outbox.publish(fresh, now_ms=now_ms)
-    except streams.DRIVER_ERRORS as exc:
-        down = type(exc).__name__
-        return f"not published yet (redis unavailable: {down}); the reconciler publishes it"
-    return None if refused is None else f"not published: the row cannot be an entry ({refused})"
+    return row
 
 
 async def _failed_by(store: Store, letter: DeadLetter, row: InstanceRow) -> bool:
@@ -184,23 +197,17 @@ async def replay(outbox: Outbox, letter: DeadLetter, *, who: str, now_ms: int) -
 
     A FAILED instance is requeued, when its failure is the letter's (`poison`, at the
     letter's attempt): one requeued since and failed again otherwise (`fatal`, a manual
-    review) is left as it is. One waiting for a claim (PENDING, DISPATCHED) is published
-    again; one further on (RUNNING, TIMEOUT, RETRYING) is left to the executors, sweeper and
-    scheduler: an entry for its current attempt would later let its retry start at once,
-    skipping the backoff. A letter with no instance (it never decoded), or whose waiting
-    instance no entry can be made of, cannot be replayed and is kept.
+    review) is left as it is. Only the failure judged is requeued: when the instance moved
+    on meanwhile (another replay or `retry` got there first), what it found is reported
+    instead. One waiting for a claim (PENDING, DISPATCHED) is published again; one further
+    on (RUNNING, TIMEOUT, RETRYING) is left to the executors, sweeper and scheduler: an
+    entry for its current attempt would later let its retry start at once, skipping the
+    backoff. A letter with no instance (it never decoded), or whose instance cannot be
+    requeued or published, cannot be replayed and is kept (`TaskstreamError`).
     """
-    row = await outbox.store.get_instance(letter.instance_id) if letter.instance_id else None
-    if row is None:
-        raise TaskstreamError(f"dead letter {letter.dead_id} names no instance; kept")
-    if row.status is Status.FAILED and not await _failed_by(outbox.store, letter, row):
-        done = f"failed since, not by this letter ({row.fail_class}), left as it is"
-    elif row.status is Status.FAILED:
-        why = f"replay of {letter.dead_id}"
-        late = await requeue(outbox, row.id, who=who, why=why, now_ms=now_ms)
-        done = "requeued" if late is None else f"requeued, {late}"
-    elif row.status in (Status.SUCCESS, Status.SKIPPED):
-        done = f"already {row.status}"
+    row = await _named(outbox.store, letter)
+    if row.status is Status.FAILED and await _failed_by(outbox.store, letter, row):
+        done = await _requeue_judged(outbox, letter, row, who=who, now_ms=now_ms)
     elif row.status in (Status.PENDING, Status.DISPATCHED):
         refused = await outbox.publish(row, now_ms=now_ms)
         if refused is not None:
@@ -210,6 +217,38 @@ async def replay(outbox: Outbox, letter: DeadLetter, *, who: str, now_ms: int) -
             )
         done = "published"
     else:
-        done = f"in flight ({row.status}), left as it is"
+        done = _left(row)
     await outbox.redis.xdel(outbox.keys.dead, letter.dead_id)
     return done
+
+
+async def _named(store: Store, letter: DeadLetter) -> InstanceRow:
+    """The letter's instance; `TaskstreamError` (the letter kept) when there is none."""
+    row = await store.get_instance(letter.instance_id) if letter.instance_id else None
+    if row is None:
+        raise TaskstreamError(f"dead letter {letter.dead_id} names no instance; kept")
+    return row
+
+
+async def _requeue_judged(
+    outbox: Outbox, letter: DeadLetter, row: InstanceRow, *, who: str, now_ms: int
+) -> str:
+    """Requeue `row`'s failure, the one judged the letter's; when the instance moved on
+    meanwhile, what it is now, left as it is."""
+    why = f"replay of {letter.dead_id}"
+    try:
+        late = await requeue(outbox, row.id, who=who, why=why, now_ms=now_ms, judged=row)
+    except ChangedMeanwhile:
+        return _left(await _named(outbox.store, letter))
+    return "requeued" if late is None else f"requeued, {late}"
+
+
+def _left(row: InstanceRow) -> str:
+    """What a replay that leaves `row` as it is says about it."""
+    if row.status is Status.FAILED:
+        return f"failed since, not by this letter ({row.fail_class}), left as it is"
+    if row.status in (Status.SUCCESS, Status.SKIPPED):
+        return f"already {row.status}"
+    if row.status in (Status.PENDING, Status.DISPATCHED):
+        return f"requeued meanwhile ({row.status}), left as it is"
+    return f"in flight ({row.status}), left as it is"

@@ -1,6 +1,9 @@
-"""`dead replay` against letters it cannot read."""
+"""`dead replay` against letters it cannot read, verdicts reached while it looks, and another
+replay or `retry` at the same time."""
 
 from __future__ import annotations
+
+import asyncio
 
 import pytest
 
@@ -57,3 +60,71 @@ async def test_a_letter_without_a_readable_attempt_does_not_override_a_fatal_ver
     after = await h.store.get_instance(row.id)
     assert after is not None
     assert (after.status, after.fail_class) == (Status.FAILED, FailClass.FATAL)
+
+
+async def test_replay_does_not_requeue_a_fatal_verdict_reached_while_it_looked(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between the replay's look at the row and its requeue, another operator retried the
+    instance and its new run failed as fatal: the replay requeues the failure it judged, or
+    nothing, and says what it found."""
+    row = await h.trigger(TASKS, "once-fails")
+    await _poisoned_unclaimed(h, row.id, attempt=0)
+    [letter] = await operations.dead_letters(h.redis, h.keys.dead, limit=10)
+    now_ms = h.clock.now_ms()
+    real = operations._failed_by
+
+    async def meanwhile(store: object, letter: operations.DeadLetter, row: InstanceRow) -> bool:
+        verdict = await real(h.store, letter, row)
+        await operations.requeue(h.outbox, row.id, who="bob", why="fixed", now_ms=now_ms)
+        await _failed_fatal(h, row, attempt=1, token=2)
+        return verdict
+
+    monkeypatch.setattr(operations, "_failed_by", meanwhile)
+    done = await operations.replay(h.outbox, letter, who="alice", now_ms=now_ms)
+    assert done.startswith("failed since, not by this letter"), done
+    after = await h.store.get_instance(row.id)
+    assert after is not None
+    assert (after.status, after.fail_class) == (Status.FAILED, FailClass.FATAL)
+    assert await h.redis.xlen(h.keys.dead) == 0
+
+
+async def test_a_replay_that_loses_its_requeue_to_a_retry_says_so(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    row = await h.trigger(TASKS, "once-fails")
+    await _poisoned_unclaimed(h, row.id, attempt=0)
+    [letter] = await operations.dead_letters(h.redis, h.keys.dead, limit=10)
+    now_ms = h.clock.now_ms()
+    real = operations._failed_by
+
+    async def meanwhile(store: object, letter: operations.DeadLetter, row: InstanceRow) -> bool:
+        verdict = await real(h.store, letter, row)
+        await operations.requeue(h.outbox, row.id, who="bob", why="fixed", now_ms=now_ms)
+        return verdict
+
+    monkeypatch.setattr(operations, "_failed_by", meanwhile)
+    done = await operations.replay(h.outbox, letter, who="alice", now_ms=now_ms)
+    assert done == "requeued meanwhile (DISPATCHED), left as it is"
+    history = await h.store.history(row.id)
+    assert [x.owner for x in history if x.reason == "requeued"] == ["bob"]
+    assert await h.redis.xlen(h.keys.dead) == 0
+
+
+async def test_two_replay_alls_at_once_report_what_happened(h: Harness) -> None:
+    rows = []
+    for n in range(3):
+        fire_ms = h.clock.now_ms() - n * 60_000
+        rows.append(await h.trigger(TASKS, "once-fails", fire_ms=fire_ms))
+    for row in rows:
+        await _poisoned_unclaimed(h, row.id, attempt=0)
+    cluster = _Cluster(h.store, h.redis, h.keys)
+    said = await asyncio.gather(
+        ops_cmds._replay_all(cluster),  # type: ignore[arg-type]
+        ops_cmds._replay_all(cluster),  # type: ignore[arg-type]
+        return_exceptions=True,
+    )
+    assert await h.redis.xlen(h.keys.dead) == 0
+    history = [x for row in rows for x in await h.store.history(row.id)]
+    assert sum(1 for x in history if x.reason == "requeued") == 3
+    assert list(said) == [None, None], said
