@@ -19,7 +19,7 @@ from taskstream.cli.common import (
     settings,
 )
 from taskstream.core import operations
-from taskstream.core.errors import StoreUnavailable, TaskstreamError
+from taskstream.core.errors import LetterKept, QueueUnavailable, StoreUnavailable, TaskstreamError
 from taskstream.core.outbox import Outbox
 from taskstream.core.spec import INSTANCE_ID_LENGTH
 
@@ -111,7 +111,12 @@ def dead_replay_cmd(
             letter = await operations.dead_letter(cluster.queue, cluster.keys.dead, dead_id)
             if letter is None:
                 raise TaskstreamError(f"no dead letter with id {dead_id!r} (see `dead list`)")
-            _say(f"{letter.dead_id}: {await _replay_one(cluster, letter)}")
+            try:
+                done = await _replay_one(cluster, letter)
+            except LetterKept as exc:
+                _say(f"{letter.dead_id}: {exc}")
+                raise QueueUnavailable(f"redis unavailable: dead letter {dead_id} kept") from exc
+            _say(f"{letter.dead_id}: {done}")
 
     run_async(go())
 
@@ -123,7 +128,8 @@ async def _replay_all(cluster: Cluster) -> None:
     """Every dead letter there was when it started, oldest first, a page at a time. Letters
     kept (not replayable) are passed over and letters written meanwhile are left (a replayed
     instance can be dead-lettered again at once), so each is looked at once. Raises
-    `TaskstreamError` at the end when some were kept, and at once when the store is down."""
+    `TaskstreamError` at the end when some were kept, and at once when the store is down or
+    Redis fails after a letter's replay was done (that letter's line says what was done)."""
     dead = cluster.keys.dead
     newest = await operations.newest_dead_id(cluster.queue, dead)
     after: str | None = None
@@ -138,6 +144,11 @@ async def _replay_all(cluster: Cluster) -> None:
                 done = await _replay_one(cluster, letter)
             except StoreUnavailable:
                 raise
+            except LetterKept as exc:
+                _say(f"{letter.dead_id}: {exc}")
+                raise QueueUnavailable(
+                    f"redis unavailable: stopped at dead letter {letter.dead_id} (kept)"
+                ) from exc
             except TaskstreamError as exc:
                 kept, done = kept + 1, f"not replayed: {exc}"
             _say(f"{letter.dead_id}: {done}")

@@ -74,3 +74,8 @@ class ClusterNotFound(TaskstreamError):
 class ChangedMeanwhile(TaskstreamError):
     """An operator's compare-and-set found the instance moved on since it was looked at
     (another operator, or its own run, got there first). Nothing was written."""
+
+
+class LetterKept(TaskstreamError):
+    """A dead letter's replay was done (its message says what) but Redis failed before the
+    letter was dropped: it stays on the dead-letter stream."""

@@ -13,7 +13,7 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from taskstream.core import streams
-from taskstream.core.errors import ChangedMeanwhile, TaskstreamError
+from taskstream.core.errors import ChangedMeanwhile, LetterKept, TaskstreamError
 from taskstream.core.outbox import Outbox, placed_entry, why_refused
 from taskstream.core.reasons import REQUEUED
 from taskstream.core.states import FailClass, Status, poisoned_by
@@ -203,7 +203,9 @@ async def replay(outbox: Outbox, letter: DeadLetter, *, who: str, now_ms: int) -
     on (RUNNING, TIMEOUT, RETRYING) is left to the executors, sweeper and scheduler: an
     entry for its current attempt would later let its retry start at once, skipping the
     backoff. A letter with no instance (it never decoded), or whose instance cannot be
-    requeued or published, cannot be replayed and is kept (`TaskstreamError`).
+    requeued or published, cannot be replayed and is kept (`TaskstreamError`). When Redis
+    fails after the replay was done, before the letter is dropped: `LetterKept`, saying what
+    was done.
     """
     row = await _named(outbox.store, letter)
     if row.status is Status.FAILED and await _failed_by(outbox.store, letter, row):
@@ -218,7 +220,11 @@ async def replay(outbox: Outbox, letter: DeadLetter, *, who: str, now_ms: int) -
         done = "published"
     else:
         done = _left(row)
-    await outbox.redis.xdel(outbox.keys.dead, letter.dead_id)
+    try:
+        await outbox.redis.xdel(outbox.keys.dead, letter.dead_id)
+    except streams.DRIVER_ERRORS as exc:  # what was done stands: say it, not just "down"
+        down = type(exc).__name__
+        raise LetterKept(f"{done}; letter kept (redis unavailable: {down})") from exc
     return done
 
 

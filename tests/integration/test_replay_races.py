@@ -1,5 +1,5 @@
-"""`dead replay` against letters it cannot read, verdicts reached while it looks, and another
-replay or `retry` at the same time."""
+"""`dead replay` against letters it cannot read, verdicts reached while it looks, another
+replay or `retry` at the same time, and Redis failing after its store write."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import asyncio
 import pytest
 
 from taskstream.cli import ops_cmds
-from taskstream.core import operations
-from taskstream.core.errors import TaskstreamError
+from taskstream.core import operations, streams
+from taskstream.core.errors import LetterKept, TaskstreamError
+from taskstream.core.outbox import Outbox
 from taskstream.core.states import FailClass, Status
 from taskstream.core.store.port import ClaimRequest, InstanceRow
 from tests.integration.harness import Harness
@@ -128,3 +129,24 @@ async def test_two_replay_alls_at_once_report_what_happened(h: Harness) -> None:
     history = [x for row in rows for x in await h.store.history(row.id)]
     assert sum(1 for x in history if x.reason == "requeued") == 3
     assert list(said) == [None, None], said
+
+
+async def test_a_replay_whose_redis_fails_after_the_requeue_says_what_it_did(
+    h: Harness,
+) -> None:
+    row = await h.trigger(TASKS, "once-fails")
+    await _poisoned_unclaimed(h, row.id, attempt=0)
+    [letter] = await operations.dead_letters(h.redis, h.keys.dead, limit=10)
+    down = streams.connect("redis://127.0.0.1:1/0")  # nothing listens on port 1
+    try:
+        outbox = Outbox(h.store, down, h.keys)
+        with pytest.raises(LetterKept) as kept:
+            await operations.replay(outbox, letter, who="ops", now_ms=h.clock.now_ms())
+    finally:
+        await down.aclose()
+    after = await h.store.get_instance(row.id)
+    assert after is not None and after.status is Status.PENDING
+    assert await h.redis.xlen(h.keys.dead) == 1
+    said = str(kept.value)
+    assert said.startswith("requeued, not published yet (redis unavailable"), said
+    assert said.endswith("; letter kept (redis unavailable: ConnectionError)"), said
