@@ -67,18 +67,28 @@ def dead_list_cmd(
     if as_json:
         print_json([_row(letter) for letter in letters])
         return
-    table = Table("dead_id", "reason", "detail")
+    table = Table()
+    table.add_column("dead_id", no_wrap=True)
+    table.add_column("reason")
+    table.add_column("detail")
     table.add_column("instance_id", no_wrap=True, min_width=INSTANCE_ID_LENGTH)
     table.add_column("source")
     for letter in letters:
         table.add_row(
             letter.dead_id,
-            letter.reason,
-            letter.detail[:60],
-            letter.instance_id or "",
-            letter.source_stream,
+            _cut(letter.reason, 40),
+            _cut(letter.detail, 60),
+            _cut(letter.instance_id or "", 40),
+            _cut(letter.source_stream, 60),
         )
     console.print(table)
+
+
+def _cut(text: str, width: int) -> str:
+    """`text` to at most `width` characters, an ellipsis marking a cut: a letter another
+    program wrote may carry fields of any length, which would squeeze every other column
+    (the dead ids `dead replay ID` needs among them) to nothing."""
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _row(letter: operations.DeadLetter) -> dict[str, object]:

@@ -125,3 +125,22 @@ def test_an_instance_id_that_is_not_utf8_is_refused_without_a_traceback(
         assert out.returncode == 1, out.stderr[-300:]
         assert "Traceback" not in out.stderr
         assert out.stderr.startswith("error: "), out.stderr[-300:]
+
+
+def test_one_overlong_letter_does_not_hide_every_dead_id(tmp_path: Path, redis_url: str) -> None:
+    """A letter another program wrote may carry fields of any length: they are cut, so the
+    ids `dead replay ID` needs stay readable on every row."""
+    with applied(tmp_path, redis_url, {}) as cli:
+        client = redis.Redis.from_url(redis_url, decode_responses=True)
+        try:
+            good = str(client.xadd(cli.keys.dead, {"reason": "poison", "orig.instance_id": "i_1"}))
+            client.xadd(
+                cli.keys.dead,
+                {"reason": "R" * 400, "orig.instance_id": "I" * 400, "source_stream": "S" * 400},
+            )
+        finally:
+            client.close()
+        table = cli("dead", "list")
+    assert good in table and "poison" in table
+    assert "I" * 39 + "…" in table and "I" * 60 not in table
+    assert "R" * 60 not in table and "S" * 60 not in table
