@@ -4,6 +4,7 @@ replay or `retry` at the same time, and Redis failing after its store write."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -63,26 +64,44 @@ async def test_a_letter_without_a_readable_attempt_does_not_override_a_fatal_ver
     assert (after.status, after.fail_class) == (Status.FAILED, FailClass.FATAL)
 
 
+Meanwhile = Callable[[InstanceRow], Awaitable[None]]
+
+
+async def _replay_racing(
+    h: Harness, monkeypatch: pytest.MonkeyPatch, meanwhile: Meanwhile
+) -> tuple[InstanceRow, str]:
+    """Replay the letter of a poisoned instance, running `meanwhile(row)` between the
+    replay's judgement of the row and its requeue; the row and what the replay said."""
+    row = await h.trigger(TASKS, "once-fails")
+    await _poisoned_unclaimed(h, row.id, attempt=0)
+    [letter] = await operations.dead_letters(h.redis, h.keys.dead, limit=10)
+    real = operations._failed_by
+
+    async def judged(store: object, letter: operations.DeadLetter, row: InstanceRow) -> bool:
+        verdict = await real(h.store, letter, row)
+        await meanwhile(row)
+        return verdict
+
+    monkeypatch.setattr(operations, "_failed_by", judged)
+    return row, await operations.replay(h.outbox, letter, who="alice", now_ms=h.clock.now_ms())
+
+
+async def _retried_by_bob(h: Harness, row: InstanceRow) -> None:
+    await operations.requeue(h.outbox, row.id, who="bob", why="fixed", now_ms=h.clock.now_ms())
+
+
 async def test_replay_does_not_requeue_a_fatal_verdict_reached_while_it_looked(
     h: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Between the replay's look at the row and its requeue, another operator retried the
     instance and its new run failed as fatal: the replay requeues the failure it judged, or
     nothing, and says what it found."""
-    row = await h.trigger(TASKS, "once-fails")
-    await _poisoned_unclaimed(h, row.id, attempt=0)
-    [letter] = await operations.dead_letters(h.redis, h.keys.dead, limit=10)
-    now_ms = h.clock.now_ms()
-    real = operations._failed_by
 
-    async def meanwhile(store: object, letter: operations.DeadLetter, row: InstanceRow) -> bool:
-        verdict = await real(h.store, letter, row)
-        await operations.requeue(h.outbox, row.id, who="bob", why="fixed", now_ms=now_ms)
+    async def retried_then_fatal(row: InstanceRow) -> None:
+        await _retried_by_bob(h, row)
         await _failed_fatal(h, row, attempt=1, token=2)
-        return verdict
 
-    monkeypatch.setattr(operations, "_failed_by", meanwhile)
-    done = await operations.replay(h.outbox, letter, who="alice", now_ms=now_ms)
+    row, done = await _replay_racing(h, monkeypatch, retried_then_fatal)
     assert done.startswith("failed since, not by this letter"), done
     after = await h.store.get_instance(row.id)
     assert after is not None
@@ -93,19 +112,7 @@ async def test_replay_does_not_requeue_a_fatal_verdict_reached_while_it_looked(
 async def test_a_replay_that_loses_its_requeue_to_a_retry_says_so(
     h: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    row = await h.trigger(TASKS, "once-fails")
-    await _poisoned_unclaimed(h, row.id, attempt=0)
-    [letter] = await operations.dead_letters(h.redis, h.keys.dead, limit=10)
-    now_ms = h.clock.now_ms()
-    real = operations._failed_by
-
-    async def meanwhile(store: object, letter: operations.DeadLetter, row: InstanceRow) -> bool:
-        verdict = await real(h.store, letter, row)
-        await operations.requeue(h.outbox, row.id, who="bob", why="fixed", now_ms=now_ms)
-        return verdict
-
-    monkeypatch.setattr(operations, "_failed_by", meanwhile)
-    done = await operations.replay(h.outbox, letter, who="alice", now_ms=now_ms)
+    row, done = await _replay_racing(h, monkeypatch, lambda row: _retried_by_bob(h, row))
     assert done == "requeued meanwhile (DISPATCHED), left as it is"
     history = await h.store.history(row.id)
     assert [x.owner for x in history if x.reason == "requeued"] == ["bob"]
