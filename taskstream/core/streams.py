@@ -140,7 +140,7 @@ async def read(
     read wait on every stream (COUNT 1 each). That read can return one entry per stream, more
     than `count` when `count` is below the number of streams (Valkey and Redis 7.2+ answer a
     wake-up with every stream that has entries by then): those beyond `count` are delivered
-    to `consumer` all the same, and the caller must leave them pending and offer them later.
+    to `consumer` all the same, and the caller must put them back (`move`) or run them.
     """
     out: list[Delivery] = []
     alive = None if alive_ttl_ms is None else (keys.alive(consumer), alive_ttl_ms)

@@ -3,7 +3,8 @@
 In order: the batch whose intake failed (the store or Redis did not answer), as far as it is
 still pending for this consumer, so an outage delays it by the outage and not by the
 sweeper's unclaimed timeout; after a Redis error, this consumer's own pending entries that no
-run holds (a read's reply may have been lost after Redis delivered them); else new entries.
+run holds (a read's reply may have been lost after Redis delivered them); else new entries,
+never more than the free slots (a surplus a blocking read returned goes back to its stream).
 """
 
 from __future__ import annotations
@@ -74,10 +75,12 @@ class Reader:
             order=read_order(self._turn),
             alive_ttl_ms=self._alive_ttl_ms,
         )
-        if len(read) > free:
-            # A blocking read woke on several streams: the surplus stays in our pending list
-            # and is offered from there as slots free, so no more than `free` runs start.
-            self._recheck = True
+        for surplus in read[free:]:
+            # A blocking read woke on several streams: the surplus goes back to the tail of
+            # its stream at once (a move: no delivery counted), for whichever consumer has a
+            # slot. Left in our pending list it would wait untouched by the heartbeat, and the
+            # sweeper would take it for a delivery never claimed, or a stop would leave it.
+            await streams.move(self._redis, surplus, surplus.stream, surplus.fields)
         return read[:free]
 
     async def _unseen(self, free: int) -> list[streams.Delivery]:

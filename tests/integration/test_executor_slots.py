@@ -2,7 +2,8 @@
 it meets (the shared Redis and the embedded Valkey of `taskstream up`): not even when its
 blocking read, which waits on every priority stream at once, wakes with an entry on each
 (Valkey answers such a wake-up with every stream that has entries). The entries beyond its
-free slots stay pending for it and run, one by one, as slots free up."""
+free slots go back to their streams at once, not left pending for it, and run, one by one,
+as slots free up."""
 
 from __future__ import annotations
 
@@ -108,6 +109,11 @@ async def test_a_read_that_wakes_on_every_stream_starts_no_more_runs_than_free_s
                 pipe.xadd(h.keys.stream(priority), encode(entry))  # type: ignore[arg-type]
             await pipe.execute()
 
+        await until(lambda: _is(agent.inside > 0))
+        # Only the running entry is this consumer's: the surplus is back on its streams,
+        # readable by any consumer, neither idling towards the sweeper's unclaimed timeout
+        # nor left behind by a stop.
+        assert await _pending_for(h, "c1") == 1
         for ended in range(1, 4):  # each run, then the next, one at a time
             await until(lambda: _is(agent.inside > 0))
             # Intake claims a read's entries in one transaction, before any of them runs.
@@ -133,3 +139,12 @@ async def _count(h: Harness, status: Status) -> int:
 
 async def _is_count(h: Harness, status: Status, n: int) -> bool:
     return await _count(h, status) == n
+
+
+async def _pending_for(h: Harness, consumer: str) -> int:
+    total = 0
+    for priority in Priority:
+        summary: Any = await h.redis.xpending(h.keys.stream(priority), GROUP)
+        for c in summary["consumers"]:
+            total += int(c["pending"]) if streams.as_text(c["name"]) == consumer else 0
+    return total
