@@ -104,7 +104,7 @@ class EmbeddedValkey:
                 try:
                     await asyncio.to_thread(self._spawn, 15.0)
                     log.info("valkey.restarted", restarts=restarts)
-                except QueueUnavailable as exc:
+                except (QueueUnavailable, OSError) as exc:  # tried again after the next delay
                     log.error("valkey.restart_failed", error=str(exc)[-300:])
             await _stopped_within(stop, WATCH_S)
 

@@ -34,7 +34,7 @@ def guarded(argv: list[str]) -> list[str]:
     """The command line running `argv` so that it gets SIGTERM when this process dies."""
     if not sys.platform.startswith("linux"):
         return argv
-    return [sys.executable, "-m", __name__, str(os.getpid()), *argv]
+    return [sys.executable, "-P", "-m", __name__, str(os.getpid()), *argv]
 
 
 def _arm_and_exec(parent: int, argv: list[str]) -> None:

@@ -46,8 +46,10 @@ def restart_delay_s(restarts: int) -> float:
 
 
 def role_argv(role: str, *extra: str) -> list[str]:
-    """Command line of a role process: this interpreter running the taskstream CLI."""
-    return [sys.executable, "-m", "taskstream", role, *extra]
+    """Command line of a role process: this interpreter running the taskstream CLI. `-P`: the
+    working folder is not put on the import path (a `queue.py` there must not replace the
+    standard library's, nor a source tree the installed package)."""
+    return [sys.executable, "-P", "-m", "taskstream", role, *extra]
 
 
 class Supervisor:
@@ -77,11 +79,18 @@ class Supervisor:
 
     async def _watch(self, child: Child, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            child.proc = await asyncio.create_subprocess_exec(*guarded(child.argv), env=self._env)
-            self._log.info("child.started", child=child.name, pid=child.proc.pid)
-            if stop.is_set():
-                return  # started as the stop arrived: `run` stops it after the others
-            code = await child.proc.wait()
+            try:
+                child.proc = await asyncio.create_subprocess_exec(
+                    *guarded(child.argv), env=self._env
+                )
+            except OSError as exc:  # EAGAIN, EMFILE, ENOMEM: tried again after the delay
+                child.proc = None
+                code: int | str = f"start failed: {exc}"
+            else:
+                self._log.info("child.started", child=child.name, pid=child.proc.pid)
+                if stop.is_set():
+                    return  # started as the stop arrived: `run` stops it after the others
+                code = await child.proc.wait()
             if stop.is_set() or child.stopping:
                 return
             child.restarts += 1
@@ -115,7 +124,8 @@ class Supervisor:
 
 
 def install_stop_signals(stop: asyncio.Event) -> None:
-    """SIGINT and SIGTERM set `stop` (once; a second signal changes nothing)."""
+    """SIGINT, SIGTERM and SIGHUP (a closed terminal, a dropped SSH session) set `stop`
+    (once; a second signal changes nothing): each is a clean stop, runs released."""
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         loop.add_signal_handler(sig, stop.set)

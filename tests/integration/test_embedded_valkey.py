@@ -3,7 +3,12 @@ when it cannot start, the error says what the server said."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
+import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -11,6 +16,7 @@ import redis
 from taskstream.core.errors import QueueUnavailable
 from taskstream.runtime import embedded
 from taskstream.runtime.embedded import EmbeddedValkey
+from tests.integration.harness import until
 
 
 def test_it_starts_in_a_home_whose_path_holds_a_space(tmp_path: Path) -> None:
@@ -35,3 +41,48 @@ def test_a_server_that_exits_at_start_is_named_with_what_it_said(
     message = str(caught.value)
     assert message.startswith("embedded valkey exited at start (code 1):"), message
     assert "no-such-directive" in message
+
+
+async def test_the_keeper_tries_again_after_a_restart_that_failed_to_spawn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server dies and its first restart cannot even spawn (EAGAIN under pressure): the
+    keeper logs it and tries again, instead of ending, which left every role waiting for a
+    server that never came back and made the next Ctrl-C of `up` a traceback."""
+    monkeypatch.setattr(embedded, "restart_delay_s", lambda _n: 0.05)
+    monkeypatch.setattr(embedded, "WATCH_S", 0.05)
+    server = EmbeddedValkey(tmp_path)
+    url = server.start()
+    real_popen = subprocess.Popen
+    spawns: list[int] = []
+
+    def flaky(*args: Any, **kwargs: Any) -> Any:
+        spawns.append(1)
+        if len(spawns) == 1:
+            raise BlockingIOError(11, "Resource temporarily unavailable")
+        return real_popen(*args, **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", flaky)
+    stop = asyncio.Event()
+    keeper = asyncio.create_task(server.keep(stop))
+    try:
+        client = redis.Redis.from_url(url)
+        pid = int(client.info("server")["process_id"])
+        client.close()
+        os.kill(pid, signal.SIGKILL)  # the OOM killer
+        await until(lambda: _answers(url))
+    finally:
+        stop.set()
+        await asyncio.wait_for(keeper, timeout=10)
+        server.stop()
+    assert len(spawns) >= 2
+
+
+async def _answers(url: str) -> bool:
+    client = redis.Redis.from_url(url, socket_connect_timeout=0.2)
+    try:
+        return bool(client.ping())
+    except redis.exceptions.ConnectionError:
+        return False
+    finally:
+        client.close()
