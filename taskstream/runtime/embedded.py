@@ -21,7 +21,7 @@ from pathlib import Path
 
 import redis
 
-from taskstream.core.errors import QueueUnavailable
+from taskstream.core.errors import ConfigError, QueueUnavailable
 from taskstream.core.logging import get_logger
 from taskstream.runtime.lifetime import guarded
 from taskstream.runtime.supervisor import restart_delay_s
@@ -149,11 +149,15 @@ async def _stopped_within(stop: asyncio.Event, seconds: float) -> bool:
 
 
 def _write_private(path: Path, text: str) -> None:
-    """Write `path` readable by its owner only, from its first byte on."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        os.fchmod(f.fileno(), 0o600)  # a file left by an older version keeps its old mode
-        f.write(text)
+    """Write `path` readable by its owner only, from its first byte on; `ConfigError` naming
+    the file when it cannot be written (a full disk, a read-only folder)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            os.fchmod(f.fileno(), 0o600)  # a file left by an older version keeps its old mode
+            f.write(text)
+    except OSError as exc:
+        raise ConfigError([f"cannot write {path}: {exc.strerror or exc}"]) from exc
 
 
 def _server_binary() -> Path:

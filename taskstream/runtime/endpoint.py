@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import quote
 
-from taskstream.core.errors import ClusterNotFound
+from taskstream.core.errors import ClusterNotFound, ConfigError
 from taskstream.core.settings import Settings
 
 ENDPOINT_FILE = "endpoint.json"
@@ -50,15 +50,18 @@ def private_sqlite(home: Path) -> str:
 
 def write(home: Path, endpoints: Endpoints, pid: int) -> Path:
     """Write the endpoint file atomically, readable by its owner only from its first byte on
-    (it holds the URLs' credentials)."""
-    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    (it holds the URLs' credentials); `ConfigError` naming it when it cannot be written."""
     path = home / ENDPOINT_FILE
     tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        os.fchmod(f.fileno(), 0o600)  # a leftover temporary file keeps the mode it had
-        f.write(json.dumps({**asdict(endpoints), "pid": pid}, indent=2))
-    tmp.replace(path)
+    try:
+        home.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            os.fchmod(f.fileno(), 0o600)  # a leftover temporary file keeps the mode it had
+            f.write(json.dumps({**asdict(endpoints), "pid": pid}, indent=2))
+        tmp.replace(path)
+    except OSError as exc:  # a full disk, a read-only folder: a clear error, not a traceback
+        raise ConfigError([f"cannot write {path}: {exc.strerror or exc}"]) from exc
     return path
 
 

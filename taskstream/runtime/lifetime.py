@@ -76,8 +76,12 @@ class HomeLock:
                 f"taskstream up is already running in {self._path.parent} (pid {holder}); "
                 "stop it first, or set TASKSTREAM_HOME to another folder"
             ) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, str(os.getpid()).encode())
+        except OSError as exc:  # a full disk: a clear error, not a traceback
+            os.close(fd)
+            raise ConfigError([f"cannot write {self._path}: {exc.strerror or exc}"]) from exc
         self._fd = fd
         return self
 
