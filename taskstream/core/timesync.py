@@ -33,12 +33,9 @@ async def sync(store: Store, clock: OffsetClock) -> None:
     is at most half of it (a read the server held up says little of when it read its
     clock). Steps of the wall clock are measured from before the reads."""
     wall_at = clock.wall_baseline()
-    best = await store.clock_sample(clock.host_ms)
-    for _ in range(SAMPLES - 1):
-        sample = await store.clock_sample(clock.host_ms)
-        if sample[2] - sample[1] < best[2] - best[1]:
-            best = sample
-    clock.sync(*best, wall_at=wall_at)
+    samples = [await store.clock_sample(clock.host_ms) for _ in range(SAMPLES)]
+    db_now, before, after = min(samples, key=lambda s: s[2] - s[1])
+    clock.sync(db_now, before, after, wall_at=wall_at)
 
 
 async def synced_clock(store: Store) -> OffsetClock:
