@@ -34,9 +34,9 @@ class WonClaims(Generic[C]):
         """Begin recording for `batch`; returns the dict the claims of the batch go into. The
         claims of an admission that ended without `done` (it failed after winning them, and
         the store may still be away) are kept, with their candidates, until one is done."""
-        kept = [c for c in self.batch if self._instance_of(c) in self.won]
-        self.won = {self._instance_of(c): self.won[self._instance_of(c)] for c in kept}
-        self.batch = [*kept, *batch]
+        kept = {self._instance_of(c): c for c in self.batch if self._instance_of(c) in self.won}
+        self.won = {instance_id: self.won[instance_id] for instance_id in kept}
+        self.batch = [*kept.values(), *batch]
         return self.won
 
     async def call(self, claim: Awaitable[dict[str, Claimed]]) -> dict[str, Claimed]:
