@@ -116,13 +116,12 @@ class SqlStore(ReadMethods, DefinitionMethods, OutboxMethods, SchedulingMethods)
     async def db_now_ms(self) -> int:
         """The database clock, UTC epoch milliseconds."""
         async with self._read() as conn:
-            return int((await conn.execute(select(db_now_ms()))).scalar_one())
+            return await _db_now(conn)
 
     async def clock_sample(self, host_ms: Callable[[], int]) -> tuple[int, int, int]:
         async with self._read() as conn:
             before = host_ms()
-            now = int((await conn.execute(select(db_now_ms()))).scalar_one())
-            return now, before, host_ms()
+            return await _db_now(conn), before, host_ms()
 
     async def transition(
         self,
@@ -276,3 +275,8 @@ class SqlStore(ReadMethods, DefinitionMethods, OutboxMethods, SchedulingMethods)
         entry, another add is a no-op."""
         async with self._write() as conn:
             await queries.add_review(conn, instance_id, reason)
+
+
+async def _db_now(conn: AsyncConnection) -> int:
+    """The database clock, UTC epoch milliseconds, read on `conn`."""
+    return int((await conn.execute(select(db_now_ms()))).scalar_one())
