@@ -30,11 +30,18 @@ from taskstream.core.errors import ConfigError, TaskstreamError
 _PR_SET_PDEATHSIG = 1
 
 
+def python_module(module: str, *args: str) -> list[str]:
+    """Command line running `module` with this interpreter. `-P`: the working folder is not
+    put on the import path (a `queue.py` there must not replace the standard library's, nor
+    a source tree the installed package)."""
+    return [sys.executable, "-P", "-m", module, *args]
+
+
 def guarded(argv: list[str]) -> list[str]:
     """The command line running `argv` so that it gets SIGTERM when this process dies."""
     if not sys.platform.startswith("linux"):
         return argv
-    return [sys.executable, "-P", "-m", __name__, str(os.getpid()), *argv]
+    return python_module(__name__, str(os.getpid()), *argv)
 
 
 def _arm_and_exec(parent: int, argv: list[str]) -> None:

@@ -16,12 +16,11 @@ import asyncio
 import contextlib
 import os
 import signal
-import sys
 from dataclasses import dataclass, field
 
 from taskstream.core.logging import get_logger
 from taskstream.runtime.endpoint import Endpoints
-from taskstream.runtime.lifetime import guarded
+from taskstream.runtime.lifetime import guarded, python_module
 
 MAX_RESTART_DELAY_S = 16.0
 KILL_MARGIN_S = 2.0
@@ -46,10 +45,8 @@ def restart_delay_s(restarts: int) -> float:
 
 
 def role_argv(role: str, *extra: str) -> list[str]:
-    """Command line of a role process: this interpreter running the taskstream CLI. `-P`: the
-    working folder is not put on the import path (a `queue.py` there must not replace the
-    standard library's, nor a source tree the installed package)."""
-    return [sys.executable, "-P", "-m", "taskstream", role, *extra]
+    """Command line of a role process: this interpreter running the taskstream CLI."""
+    return python_module("taskstream", role, *extra)
 
 
 class Supervisor:
