@@ -16,7 +16,7 @@ from taskstream.agents.errors import UpstreamDeferred
 from taskstream.agents.upstream import UpstreamClient
 from taskstream.core import streams
 from taskstream.core.clock import Clock
-from taskstream.core.errors import ClaimLost, QueueUnavailable, StoreUnavailable
+from taskstream.core.errors import QueueUnavailable, StoreUnavailable
 from taskstream.core.futures import mark_retrieved
 from taskstream.core.logging import get_logger
 from taskstream.core.states import FailClass
@@ -26,6 +26,7 @@ from taskstream.executor.admission import UpstreamGate
 from taskstream.executor.intake import Run
 from taskstream.executor.outcome import RunEnd, deferred, failed, final, succeeded, timed_out
 from taskstream.executor.retry import Failure
+from taskstream.executor.run_context import agent_context
 from taskstream.executor.run_upstreams import RunUpstreams
 from taskstream.ratelimit.breaker import Outcome
 
@@ -106,26 +107,6 @@ def time_limit(timeout_s: float, deadline_ms: int | None, now_ms: int) -> TimeLi
     return TimeLimit(timeout_s, "timeout")
 
 
-def _context(
-    run: Run, env: RunEnv, log: FilteringBoundLogger, http: UpstreamClient
-) -> AgentContext:
-    row, store = run.row, env.store
-    return AgentContext(
-        instance_id=row.id,
-        task_id=row.task_id,
-        attempt=run.token,
-        idempotency_key=row.dedupe_key,
-        scheduled_for_ms=row.scheduled_for_ms,
-        log=log,
-        side_effects=run.side_effects,
-        effect_done=_effect_checker(run, store),
-        business_date=row.business_date,
-        set_marker=_marker_setter(store, env.on_marker, (row.id, run.token)),
-        upstreams=run.upstreams,
-        http=http,
-    )
-
-
 async def _admitted_call(
     run: Run,
     log: FilteringBoundLogger,
@@ -143,7 +124,7 @@ async def _admitted_call(
             return admitted
         access = admitted
     http = UpstreamClient(access, http=env.http, log=log, clock=env.clock)
-    ctx = _context(run, env, log, http)
+    ctx = agent_context(run, env.store, env.on_marker, log, http)
     # From here the agent's own timer runs: time spent in admission is not time it overran.
     run.ends_by_ms = env.clock.now_ms() + math.ceil(limit.seconds * 1000)
     try:
@@ -279,39 +260,3 @@ def _breaker_outcome(end: RunEnd) -> Outcome:
     if end.failure in (Failure.RETRIABLE, Failure.TIMEOUT):
         return Outcome.FAILURE
     return Outcome.IGNORE
-
-
-def _effect_checker(run: Run, store: Store) -> Callable[[str], Awaitable[bool]]:
-    """`once`'s check of a side effect key, refused (`ClaimLost`, ending the agent) once the
-    run's attempt has ended without it: fenced, or past its time limit with its end already
-    committed. An effect it started then would be committed by no one, and done again."""
-
-    def refuse_when_ended() -> None:
-        if run.fenced or run.overran:
-            raise ClaimLost(
-                f"instance {run.row.id} attempt {run.token} has ended"
-                f" ({'fenced' if run.fenced else 'past its time limit'}): no side effect may start"
-            )
-
-    async def done(key: str) -> bool:
-        refuse_when_ended()
-        found = await store.side_effect_done(key)
-        refuse_when_ended()  # it may have ended while the store answered
-        return found
-
-    return done
-
-
-def _marker_setter(
-    store: Store, on_marker: Callable[[], Awaitable[None]] | None, claim: tuple[str, int]
-) -> Callable[[str, str], Awaitable[bool]]:
-    """Markers fenced by the run's claim: a run whose lease lapsed and whose instance moved
-    on (a zombie) releases no dependent task (`ClaimLost` ends its agent)."""
-
-    async def mark(name: str, business_date: str) -> bool:
-        marked = await store.mark_ready(name, business_date, claim=claim)
-        if on_marker is not None:
-            await on_marker()
-        return marked
-
-    return mark
