@@ -150,6 +150,14 @@ class Gate:
         return {"attempt": ctx.attempt}
 
 
+def gated_runner(h: Harness, gate: Gate, consumer: str = "c1", **config: Any) -> Running:
+    """An executor `consumer` whose `gated` agent runs with `gate`."""
+    registry = default_registry(h.registry_modules)
+    registry.register(FunctionAgent(name="gated", params_model=Params, fn=gate.run))
+    deps = ExecutorDeps(h.store, h.redis, h.keys, registry, h.clock, Random(7))
+    return Running(Executor(deps, ExecutorConfig(consumer=consumer, block_ms=20, **config)))
+
+
 async def gated_executor(h: Harness, gate: Gate, **config: Any) -> tuple[str, Running]:
     """One `gated` instance and an executor `c1` that runs it with `gate`."""
     registry = default_registry(h.registry_modules)
@@ -157,9 +165,38 @@ async def gated_executor(h: Harness, gate: Gate, **config: Any) -> tuple[str, Ru
     taskfile = parse_task_file_text(GATED, "gated.yaml", known_agents=registry.names())
     await h.store.upsert_definitions(to_records(taskfile))
     row = await h.trigger(GATED, "gated")
-    deps = ExecutorDeps(h.store, h.redis, h.keys, registry, h.clock, Random(7))
-    executor = Executor(deps, ExecutorConfig(consumer="c1", block_ms=20, **config))
-    return row.id, Running(executor)
+    return row.id, gated_runner(h, gate, **config)
+
+
+async def stopped_with_release_refused(h: Harness, gate: Gate) -> str:
+    """A `gated` run on executor `c1` whose stop comes while the run is past the grace (0.1 s):
+    the run is cancelled and its release (RETRYING, due now) queued, but the store fails that
+    write (its connection is killed while it waits for a row lock the test holds). Returns
+    the instance id once the executor has exited; the row is still RUNNING under `c1`."""
+    instance_id, ex = await gated_executor(h, gate, grace_s=0.1, liveness_ttl_s=0.6)
+    try:
+        await asyncio.wait_for(gate.started.wait(), timeout=20)
+        claimed = await lease_end(h, instance_id)
+
+        async def extended() -> bool:
+            # An extension in the claim's own millisecond changes nothing, and the test's
+            # clock would then never make another due: move it a third of the 30 s lease on
+            # until one lands, then let it stand still.
+            if await lease_end(h, instance_id) > claimed:
+                return True
+            h.clock.advance(10_000)
+            return False
+
+        await until(extended)
+        async with h.store.engine.connect() as conn:
+            await lock(conn, instance_id)
+            ex.stop.set()
+            await kill_waiter(conn, FINISH_UPDATE, release=False)
+            await asyncio.wait_for(asyncio.shield(ex.task), timeout=20)
+            await conn.rollback()
+    finally:
+        await ex.close()
+    return instance_id
 
 
 async def lease_end(h: Harness, instance_id: str) -> int:

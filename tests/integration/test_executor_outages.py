@@ -37,11 +37,9 @@ from tests.integration.outages import (
     Gate,
     claimed_unrun,
     finishing_under_lock,
-    gated_executor,
     intake,
     kill_blocked,
     kill_waiter,
-    lease_end,
     lock,
     settled,
     waiting,
@@ -230,30 +228,7 @@ async def test_a_release_at_stop_that_the_store_keeps_refusing_does_not_hold_the
     retried until the store answers: the executor exits, and the run stays RUNNING for the
     sweeper to recover."""
     h = outage_server
-    gate = Gate()
-    instance_id, ex = await gated_executor(h, gate, grace_s=0.1, liveness_ttl_s=0.6)
-    try:
-        await asyncio.wait_for(gate.started.wait(), timeout=20)
-        claimed = await lease_end(h, instance_id)
-
-        async def extended() -> bool:
-            # An extension in the claim's own millisecond changes nothing, and the test's
-            # clock would then never make another due: move it a third of the 30 s lease on
-            # until one lands, then let it stand still.
-            if await lease_end(h, instance_id) > claimed:
-                return True
-            h.clock.advance(10_000)
-            return False
-
-        await until(extended)
-        async with h.store.engine.connect() as conn:
-            await lock(conn, instance_id)
-            ex.stop.set()
-            await kill_waiter(conn, FINISH_UPDATE, release=False)
-            await asyncio.wait_for(asyncio.shield(ex.task), timeout=20)
-            await conn.rollback()
-    finally:
-        await ex.close()
+    instance_id = await outages.stopped_with_release_refused(h, Gate())
     row = await h.store.get_instance(instance_id)
     assert row is not None and (row.status, row.attempt) == (Status.RUNNING, 1)
 
