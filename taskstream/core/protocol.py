@@ -7,6 +7,11 @@ Keys (all share one hash tag so a namespace lives in one Redis Cluster slot)::
     {prefix}:{{{namespace}}}:leader                    scheduler leader lease ("owner|token")
     {prefix}:{{{namespace}}}:leader:epoch              fencing token counter of the lease
     {prefix}:{{{namespace}}}:alive:{consumer}          executor liveness (short TTL)
+    {prefix}:{{{namespace}}}:released:{instance}:{attempt}
+                                                       a stopping executor's release of that
+                                                       run, which the store could not take:
+                                                       the lease owner's consumer name (a
+                                                       day's TTL; the sweeper makes it)
     {prefix}:{{{namespace}}}:limit:{upstream}          sliding-window limiter (sorted set)
     {prefix}:{{{namespace}}}:breaker:{upstream}        circuit breaker state (hash)
     {prefix}:{{{namespace}}}:control                   pub/sub channel: "something changed,
@@ -47,6 +52,10 @@ PROTOCOL_VERSION: Final = "1"
 GROUP: Final = "executors"
 MAX_ENTRY_BYTES: Final = 4096
 """An entry larger than this is not ours: entries are ids and numbers only."""
+RELEASED_TTL_S: Final = 86_400
+"""How long a `Keys.released` note lives (s): a sweeper needs it from the stopped executor's
+exit until the store answers again, so it outlasts any store outage worth waiting out; after
+it, the run is timed out as a lost owner's."""
 
 
 class Priority(StrEnum):
@@ -123,6 +132,11 @@ class Keys:
 
     def alive(self, consumer: str) -> str:
         return f"{self.base}:alive:{consumer}"
+
+    def released(self, instance_id: str, attempt: int) -> str:
+        """A stopping executor's note that it released the run of `instance_id` at `attempt`
+        (its fencing token) while the store could not take the release."""
+        return f"{self.base}:released:{instance_id}:{attempt}"
 
     def limiter(self, upstream: str) -> str:
         return f"{self.base}:limit:{upstream}"

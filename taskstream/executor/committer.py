@@ -90,12 +90,9 @@ class Committer:
         self._put(item)
         return item.done
 
-    async def submit_plan(self, run: Run, p: Plan) -> bool:
-        """Queue an explicit plan (e.g. a lease release at shutdown) and wait for its commit."""
-        return await asyncio.shield(self.put_plan(run, p))
-
     def put_plan(self, run: Run, p: Plan) -> asyncio.Future[bool]:
-        """Queue an explicit plan without waiting; the future is `enqueue`'s."""
+        """Queue an explicit plan (e.g. a lease release at shutdown) without waiting; the
+        future is `enqueue`'s."""
         item = _Item(run, _with_effects(p, run.side_effects))
         item.done.add_done_callback(mark_retrieved)
         self._put(item)

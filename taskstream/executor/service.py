@@ -10,7 +10,8 @@ On stop: reading stops, in-flight runs get `grace_s` to finish, the rest are can
 released (RETRYING, due now, so another executor picks them up at once), pending commits are
 written, the liveness key is removed. After the grace, a commit or release the store cannot
 take (it is unavailable) gets one more try, then is given up: the sweeper recovers those runs
-and the process exits.
+and the process exits. Releases given up are noted in Redis first, so that the sweeper makes
+them instead of timing the runs out (`handover`).
 """
 
 from __future__ import annotations
@@ -29,18 +30,17 @@ from taskstream.agents.registry import Registry
 from taskstream.core import notify, streams
 from taskstream.core.clock import Clock, SystemClock
 from taskstream.core.definitions import DefinitionCache
-from taskstream.core.errors import StoreUnavailable
+from taskstream.core.errors import StoreError, StoreUnavailable
 from taskstream.core.futures import CANCEL_WAIT_S, STEP_END_S, unless_stopped
 from taskstream.core.logging import get_logger
 from taskstream.core.protocol import Keys
-from taskstream.core.reasons import RELEASED
-from taskstream.core.states import Status
-from taskstream.core.store.port import FinishRequest, Store
+from taskstream.core.store.port import Store
 from taskstream.executor.admission import UpstreamGate
 from taskstream.executor.committer import Committer
+from taskstream.executor.handover import Releases
 from taskstream.executor.heartbeat import OVERRUN_S, Heartbeat
 from taskstream.executor.intake import Intake, Run
-from taskstream.executor.outcome import Plan, failed, timed_out
+from taskstream.executor.outcome import failed, timed_out
 from taskstream.executor.reader import Reader
 from taskstream.executor.runner import AGENT_FAILURES, RunEnv, execute
 
@@ -111,6 +111,9 @@ class Executor:
         self._committer = Committer(
             deps.store, deps.redis, deps.keys, deps.clock, deps.rng, self._intake.dead
         )
+        self._releases = Releases(
+            self._committer, deps.redis, deps.keys, deps.clock, config.consumer
+        )
         self._running: set[asyncio.Task[None]] = set()
         self._stopping = False
         self._log = get_logger(role="executor", consumer=config.consumer)
@@ -160,6 +163,7 @@ class Executor:
             background.set()
             beat, commits = helpers
             await self._last_commits(commits)
+            await self._releases.note_unwritten()
             # Every end is written or given up: no lease needs extending any more, and a beat
             # waiting for a row lock (held by a stuck transaction) must not hold the exit up.
             beat.cancel()
@@ -236,7 +240,8 @@ class Executor:
         except asyncio.CancelledError:
             if run.fenced or run.overran or not self._stopping:
                 raise
-            await self._committer.submit_plan(run, self._release(run))
+            with contextlib.suppress(StoreError):  # noted at exit (`Releases.note_unwritten`)
+                await asyncio.shield(self._releases.release(run))
         finally:
             if not queued:
                 self._heartbeat.untrack(run)
@@ -251,20 +256,6 @@ class Executor:
 
     async def _marker_set(self) -> None:
         await notify.hint(self._deps.redis, self._deps.keys, "marker")
-
-    def _release(self, run: Run) -> Plan:
-        """Hand an unfinished run back: RETRYING, due now."""
-        self._log.info("instance.released", instance_id=run.row.id, attempt=run.token)
-        return Plan(
-            FinishRequest(
-                run.row.id,
-                run.token,
-                Status.RETRYING,
-                RELEASED,
-                next_attempt_at_ms=self._deps.clock.now_ms(),
-                owner=run.row.lease_owner,
-            )
-        )
 
     async def _last_commits(self, commits: asyncio.Task[None]) -> None:
         """Let the committer write what is queued, for as long as the store keeps answering
@@ -286,7 +277,7 @@ class Executor:
     async def _hand_back(self) -> None:
         """Release the claims of an admission the stop cancelled before they became runs."""
         for run in await self._intake.unstarted(STEP_END_S):
-            self._committer.put_plan(run, self._release(run))
+            self._releases.release(run)
 
     async def _drain(self) -> None:
         self._stopping = True

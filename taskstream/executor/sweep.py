@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from taskstream.core.reasons import AFTER, LEASE_EXPIRED, OWNER_LOST
+from taskstream.core.reasons import AFTER, LEASE_EXPIRED, OWNER_LOST, RELEASED
 from taskstream.core.states import AWAITING_CLAIM, SETTLED, FailClass, Status, poisoned_by
 
 LEFT_IN_TIMEOUT = "left_in_timeout"
@@ -30,6 +30,10 @@ class Action(StrEnum):
     TIMEOUT = "timeout"
     """Its run lost its owner or its lease: CAS RUNNING -> TIMEOUT, then retry or fail (only
     the second move for a run already in TIMEOUT, `LEFT_IN_TIMEOUT`)."""
+    RELEASE = "release"
+    """Its run's owner stopped and released it, but the store could not take the release, so
+    the owner noted it in Redis (`ReleaseNote`): CAS RUNNING -> RETRYING, due now, not an
+    attempt, as that release would have."""
     DEAD_LETTER = "dead_letter"
     """It cannot be handled: move it to the dead-letter stream."""
     POISON = "poison"
@@ -48,13 +52,23 @@ class RowFacts:
 
 
 @dataclass(frozen=True, slots=True)
+class ReleaseNote:
+    """A stopping executor's note (in Redis) that it released the run at `attempt` (the
+    fencing token), as its lease owner `owner`, while the store could not take the release."""
+
+    attempt: int
+    owner: str
+
+
+@dataclass(frozen=True, slots=True)
 class EntryFacts:
     """What Redis says about the entry. `attempt` is None when the entry does not decode;
     `owner_alive` is whether `consumer` (whose pending list holds it) is alive;
     `owner_losses` how many earlier runs of this instance already lost their owner (since
     its last manual requeue);
     `earlier_deliveries` how often the entries this one replaced (`Action.REDELIVER`) were
-    delivered, so that consumers dying before their claim are counted too."""
+    delivered, so that consumers dying before their claim are counted too;
+    `released` the release noted for the row's attempt, if any."""
 
     attempt: int | None
     deliveries: int
@@ -63,6 +77,7 @@ class EntryFacts:
     idle_ms: int = 0
     consumer: str | None = None
     earlier_deliveries: int = 0
+    released: ReleaseNote | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,7 +182,15 @@ def _running(entry: EntryFacts, row: RowFacts, db_now_ms: int, max_deliveries: i
     expired = row.lease_expires_at_ms is None or row.lease_expires_at_ms <= db_now_ms
     if entry.owner_alive and not expired:
         return Verdict(Action.LEAVE, "owner alive, lease held")
+    if _released_by_owner(entry.released, row):
+        # Handed back, not lost: no crash to count, and no attempt spent.
+        return Verdict(Action.RELEASE, RELEASED)
     poison = _crashes(entry, max_deliveries)
     if poison is not None:
         return poison
     return Verdict(Action.TIMEOUT, OWNER_LOST if not entry.owner_alive else LEASE_EXPIRED)
+
+
+def _released_by_owner(note: ReleaseNote | None, row: RowFacts) -> bool:
+    """The note is the release of the run the row holds: its attempt and its lease owner."""
+    return note is not None and note.attempt == row.attempt and note.owner == row.lease_owner

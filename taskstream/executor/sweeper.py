@@ -21,7 +21,7 @@ from taskstream.core.outbox import seen_on_stream
 from taskstream.core.protocol import Keys, WorkEntry, decode
 from taskstream.core.states import AWAITING_CLAIM, FailClass, Status, can_transition
 from taskstream.core.store.port import InstanceRow, Store
-from taskstream.executor import letters
+from taskstream.executor import handover, letters
 from taskstream.executor.reconciler import Reconciler
 from taskstream.executor.recovery import Recovery
 from taskstream.executor.retry import owner_losses
@@ -107,7 +107,8 @@ class Sweeper:
             )
             await admin.trim(self._redis, stream)
         counts["republished"] = await self._reconciler.reconcile()
-        if counts.get(Action.TIMEOUT.value) or counts["republished"]:
+        handed_back = counts.get(Action.TIMEOUT.value) or counts.get(Action.RELEASE.value)
+        if handed_back or counts["republished"]:
             await notify.hint(self._redis, self._keys, "retry")
         return counts
 
@@ -181,10 +182,12 @@ class Sweeper:
     async def _entry_facts(
         self, p: admin.Pending, entry: WorkEntry, row: InstanceRow | None, alive: bool
     ) -> EntryFacts:
-        losses = 0
+        losses, note = 0, None
         awaiting = row is not None and row.status in AWAITING_CLAIM
         if row is not None and (awaiting or (row.status is Status.RUNNING and not alive)):
             losses = owner_losses(await self._store.history(row.id))
+        if row is not None and row.status is Status.RUNNING and not self._held(row, alive):
+            note = await handover.noted(self._redis, self._keys, row)
         return EntryFacts(
             entry.attempt,
             p.deliveries,
@@ -193,14 +196,20 @@ class Sweeper:
             p.idle_ms,
             p.consumer,
             earlier_deliveries=entry.redeliveries,
+            released=note,
         )
+
+    def _held(self, row: InstanceRow, alive: bool) -> bool:
+        """The run's owner is alive and its lease not expired: no release note is looked up."""
+        expires = row.lease_expires_at_ms
+        return alive and expires is not None and expires > self._clock.now_ms()
 
     async def _act(
         self, verdict: Verdict, d: streams.Delivery, instance: InstanceRow | None
     ) -> Action:
-        """Carry the verdict out; returns the action taken: LEAVE when a poison move lost its
-        CAS (the next pass decides again from the row as it is then) or another mover took
-        the entry first."""
+        """Carry the verdict out; returns the action taken: LEAVE when a poison move or a
+        release lost its CAS (the next pass decides again from the row as it is then) or
+        another mover took the entry first."""
         if verdict.action is Action.POISON and instance is not None:
             failed = await self._poison(d, instance, verdict.reason)
             return Action.POISON if failed else Action.LEAVE
@@ -213,16 +222,28 @@ class Sweeper:
             if not await self._dead(d, reason):
                 return Action.LEAVE
         elif verdict.action is Action.TIMEOUT and instance is not None:
-            now_ms = self._clock.now_ms()
-            if verdict.reason == LEFT_IN_TIMEOUT:
-                done = await self._recovery.leave_timeout(instance, now_ms=now_ms)
-            else:
-                done = await self._recovery.time_out(instance, reason=verdict.reason, now_ms=now_ms)
-            if done.ok and done.decision and done.decision.fail_class is FailClass.POISON:
-                await self._dead(d, "poison")
-            elif done.ok:
-                await streams.ack(self._redis, d.stream, d.entry_id)
+            await self._time_out(verdict, d, instance)
+        elif verdict.action is Action.RELEASE and instance is not None:
+            released = await handover.make_release(
+                self._store, self._redis, self._keys, instance, now_ms=self._clock.now_ms()
+            )
+            if not released:
+                return Action.LEAVE  # the row moved on: the next pass decides from it
+            await streams.ack(self._redis, d.stream, d.entry_id)
         return verdict.action
+
+    async def _time_out(self, verdict: Verdict, d: streams.Delivery, row: InstanceRow) -> None:
+        """Time the run out (or finish its move out of TIMEOUT), then ack its entry, or
+        dead-letter it when that move is FAILED `poison`."""
+        now_ms = self._clock.now_ms()
+        if verdict.reason == LEFT_IN_TIMEOUT:
+            done = await self._recovery.leave_timeout(row, now_ms=now_ms)
+        else:
+            done = await self._recovery.time_out(row, reason=verdict.reason, now_ms=now_ms)
+        if done.ok and done.decision and done.decision.fail_class is FailClass.POISON:
+            await self._dead(d, "poison")
+        elif done.ok:
+            await streams.ack(self._redis, d.stream, d.entry_id)
 
     async def _poison(self, d: streams.Delivery, row: InstanceRow, reason: str) -> bool:
         """Fail the instance as poison and dead-letter the entry. When the move to FAILED

@@ -37,6 +37,7 @@ def test_keys_share_one_hash_tag() -> None:
         keys.dead,
         keys.leader,
         keys.alive("h:1:2"),
+        keys.released("i_1", 3),
         keys.limiter("llm"),
         keys.breaker("llm"),
     ]

@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from taskstream.core.states import FailClass, Status
-from taskstream.executor.sweep import Action, EntryFacts, RowFacts, decide, poison_reason
+from taskstream.executor.sweep import (
+    Action,
+    EntryFacts,
+    ReleaseNote,
+    RowFacts,
+    decide,
+    poison_reason,
+)
 
 NOW = 1_000_000
 
@@ -114,6 +121,40 @@ def test_a_duplicate_in_a_dead_consumers_list_does_not_end_the_run_it_duplicates
         )
     own = EntryFacts(0, 1, False, consumer="a")
     assert decide(own, running, db_now_ms=NOW, max_deliveries=5).action is Action.TIMEOUT
+
+
+HELD_BY_A = RowFacts(Status.RUNNING, 3, NOW + 60_000, lease_owner="a")
+EXPIRED_A = RowFacts(Status.RUNNING, 3, NOW, lease_owner="a")
+
+
+@pytest.mark.parametrize(
+    ("entry", "facts", "action"),
+    [
+        # Its owner stopped and noted the release the store did not take: released, not
+        # timed out, and not counted as a crash however often the entry was delivered.
+        (EntryFacts(2, 1, False, released=ReleaseNote(3, "a")), HELD_BY_A, Action.RELEASE),
+        (EntryFacts(2, 5, False, released=ReleaseNote(3, "a")), HELD_BY_A, Action.RELEASE),
+        (EntryFacts(2, 1, True, released=ReleaseNote(3, "a")), EXPIRED_A, Action.RELEASE),
+        # A note of another attempt or another owner is not this run's release.
+        (EntryFacts(2, 1, False, released=ReleaseNote(2, "a")), HELD_BY_A, Action.TIMEOUT),
+        (EntryFacts(2, 1, False, released=ReleaseNote(3, "b")), HELD_BY_A, Action.TIMEOUT),
+        (EntryFacts(2, 9, False, released=ReleaseNote(3, "b")), HELD_BY_A, Action.POISON),
+        # A live owner holding its lease keeps the run, note or not.
+        (EntryFacts(2, 1, True, released=ReleaseNote(3, "a")), HELD_BY_A, Action.LEAVE),
+        # The entry of an older attempt is acked; the run is another entry's.
+        (EntryFacts(1, 1, False, released=ReleaseNote(3, "a")), HELD_BY_A, Action.ACK),
+    ],
+)
+def test_a_noted_release_of_the_rows_run_is_made(
+    entry: EntryFacts, facts: RowFacts, action: Action
+) -> None:
+    assert decide(entry, facts, db_now_ms=NOW, max_deliveries=5).action is action
+
+
+def test_a_note_does_not_release_a_row_without_a_lease_owner() -> None:
+    ownerless = RowFacts(Status.RUNNING, 3, NOW, lease_owner=None)
+    entry = EntryFacts(2, 1, False, released=ReleaseNote(3, "a"))
+    assert decide(entry, ownerless, db_now_ms=NOW, max_deliveries=5).action is Action.TIMEOUT
 
 
 def test_settled_wins_over_delivery_count() -> None:
