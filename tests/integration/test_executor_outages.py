@@ -226,11 +226,12 @@ async def test_a_release_at_stop_that_the_store_keeps_refusing_does_not_hold_the
     """Stop is asked while a run is past the grace: it is cancelled and its release (RETRYING,
     due now) is queued after the grace, but the store fails that write. The release is not
     retried until the store answers: the executor exits, and the run stays RUNNING for the
-    sweeper to recover."""
+    sweeper to release, as the executor noted in Redis."""
     h = outage_server
     instance_id = await outages.stopped_with_release_refused(h, Gate())
     row = await h.store.get_instance(instance_id)
     assert row is not None and (row.status, row.attempt) == (Status.RUNNING, 1)
+    assert await h.redis.get(h.keys.released(instance_id, 1)) == b"c1"
 
 
 class _AnswerLost(SqlStore):
