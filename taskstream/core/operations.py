@@ -16,7 +16,7 @@ from taskstream.core import streams
 from taskstream.core.errors import ChangedMeanwhile, LetterKept, TaskstreamError
 from taskstream.core.outbox import Outbox, placed_entry, why_refused
 from taskstream.core.reasons import REQUEUED
-from taskstream.core.states import FailClass, Status, poisoned_by
+from taskstream.core.states import FailClass, Status, failed_as_poison, life_began, poisoned_by
 from taskstream.core.store.port import InstanceRow, Store
 
 
@@ -97,17 +97,16 @@ def _requeueable(row: InstanceRow | None, instance_id: str, now_ms: int) -> Inst
 async def _failed_by(store: Store, letter: DeadLetter, row: InstanceRow) -> bool:
     """The FAILED `row` failed as the letter says: as poison, at the letter's attempt (its
     entry's, or the run that entry started: not an attempt a requeue made, whose own entry
-    may have been poisoned too). A letter without a readable attempt is taken at its word
-    only for a row that FAILED as poison: never over a `fatal` or `manual_review` verdict."""
+    may have been poisoned too; `poisoned_by`). A letter without a readable attempt is taken
+    at its word only for a row that FAILED as poison: never over a `fatal` or
+    `manual_review` verdict."""
     attempt = _letter_attempt(letter)
     if attempt is None:
         return row.fail_class is FailClass.POISON
-    if not poisoned_by(attempt, row.status, row.fail_class, row.attempt):
+    if not failed_as_poison(row.status, row.fail_class):
         return False
-    if row.attempt == attempt:
-        return True
-    history = await store.history(row.id)
-    return not any(h.reason == REQUEUED and h.attempt == row.attempt for h in history)
+    began = life_began((h.reason, h.attempt) for h in await store.history(row.id))
+    return poisoned_by(attempt, row.status, row.fail_class, row.attempt, life_began=began)
 
 
 def _letter_attempt(letter: DeadLetter) -> int | None:

@@ -5,9 +5,11 @@ Every store write goes through `check_transition`; terminal states have no exits
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import StrEnum
 
 from taskstream.core.errors import InvalidTransition
+from taskstream.core.reasons import REQUEUED
 
 
 class Status(StrEnum):
@@ -62,13 +64,42 @@ IN_FLIGHT: tuple[Status, ...] = tuple(sorted(set(Status) - SETTLED, key=lambda s
 """States with automatic work left (the rest of `SETTLED`), in name order."""
 
 
+def failed_as_poison(status: Status, fail_class: FailClass | None) -> bool:
+    """FAILED with the fail class `poison`: the only failure an entry can still owe a dead
+    letter for (its mover failed between the store's commit and the letter)."""
+    return status is Status.FAILED and fail_class is FailClass.POISON
+
+
 def poisoned_by(
-    entry_attempt: int, status: Status, fail_class: FailClass | None, attempt: int
+    entry_attempt: int,
+    status: Status,
+    fail_class: FailClass | None,
+    attempt: int,
+    *,
+    life_began: int,
 ) -> bool:
     """An instance at `status`, `fail_class` and `attempt` FAILED as poison by the entry of
-    `entry_attempt`: unclaimed (the same attempt) or in the run that entry started (+1)."""
-    poisoned = status is Status.FAILED and fail_class is FailClass.POISON
-    return poisoned and attempt in (entry_attempt, entry_attempt + 1)
+    `entry_attempt`: unclaimed (the same attempt) or in the run that entry started (+1).
+
+    `life_began` is the attempt the instance's current life began at (`life_began`). The
+    attempt after an entry's is also the one a manual requeue moves a FAILED row to, and the
+    new life's own entry may fail as poison before any claim: an entry of an earlier life
+    started no run of this one, and poisoned nothing in it."""
+    in_life = entry_attempt >= life_began
+    same_run = attempt in (entry_attempt, entry_attempt + 1)
+    return failed_as_poison(status, fail_class) and in_life and same_run
+
+
+def life_began(history: Iterable[tuple[str, int]]) -> int:
+    """The attempt an instance's current life began at, given its history as (reason,
+    attempt) pairs, oldest first: that of its last manual requeue (FAILED -> PENDING moves to
+    attempt + 1, and the history row carries the new attempt), else 0. Attempts only grow, so
+    every entry and run of an earlier life is of an attempt below it."""
+    began = 0
+    for reason, attempt in history:
+        if reason == REQUEUED:
+            began = attempt
+    return began
 
 
 def can_transition(src: Status, dst: Status) -> bool:

@@ -24,11 +24,11 @@ from taskstream.core.logging import get_logger
 from taskstream.core.protocol import Keys, WorkEntry, decode
 from taskstream.core.spec import TaskSpec
 from taskstream.core.spec_parts import RetryPolicy
-from taskstream.core.states import AWAITING_CLAIM, SETTLED, Status, poisoned_by
+from taskstream.core.states import AWAITING_CLAIM, SETTLED, Status
 from taskstream.core.store.port import Claimed, ClaimRequest, InstanceRow, Store
 from taskstream.executor import letters
 from taskstream.executor.claims import WonClaims
-from taskstream.executor.letters import owed_reason
+from taskstream.executor.letters import owed_letter
 from taskstream.executor.retry import attempts_used, policy_of
 from taskstream.executor.strangers import Strangers
 
@@ -223,10 +223,10 @@ class Intake:
                 self._log.warning("instance.adopted", instance_id=row.id, attempt=row.attempt)
             elif _claimable(row, c.entry):
                 again.append(c)  # the claim itself completes a dispatch still to land
-            elif poisoned_by(c.entry.attempt, row.status, row.fail_class, row.attempt):
+            elif (owed := await owed_letter(self._store, c.entry.attempt, row)) is not None:
                 # Failed as poison by the sweeper, whose move of this entry to the dead-letter
                 # stream did not happen (Redis failed): the entry is still that letter.
-                await self.dead(c.delivery, await owed_reason(self._store, row.id), "swept")
+                await self.dead(c.delivery, owed, "swept")
             elif _done_with(row, c.entry):
                 await self._ack_duplicate(c.delivery, row.id, row.status)
             else:

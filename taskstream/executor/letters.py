@@ -8,8 +8,8 @@ from structlog.typing import FilteringBoundLogger
 
 from taskstream.core import streams
 from taskstream.core.protocol import Keys
-from taskstream.core.states import Status
-from taskstream.core.store.port import Store
+from taskstream.core.states import Status, failed_as_poison, life_began, poisoned_by
+from taskstream.core.store.port import HistoryRow, InstanceRow, Store
 from taskstream.executor.sweep import poison_reason
 
 
@@ -45,6 +45,24 @@ def moved_meanwhile(log: FilteringBoundLogger, delivery: streams.Delivery) -> No
 async def owed_reason(store: Store, instance_id: str) -> str:
     """The dead-letter reason of an entry whose instance FAILED as poison before its mover
     moved it (`sweep.poison_reason` of the reason recorded with the last move to FAILED)."""
-    history = await store.history(instance_id)
+    return _failed_reason(await store.history(instance_id))
+
+
+async def owed_letter(store: Store, entry_attempt: int, row: InstanceRow) -> str | None:
+    """The dead-letter reason an entry of `entry_attempt` still owes when `row` FAILED as
+    poison by it (`states.poisoned_by`) and its mover failed before moving it; None when it
+    owes none: the row did not fail as poison (no history is read then), or not by this
+    entry (another attempt, or a later life: the attempt a requeue made is no run of an
+    entry from before it)."""
+    if not failed_as_poison(row.status, row.fail_class):
+        return None
+    history = await store.history(row.id)
+    began = life_began((h.reason, h.attempt) for h in history)
+    if not poisoned_by(entry_attempt, row.status, row.fail_class, row.attempt, life_began=began):
+        return None
+    return _failed_reason(history)
+
+
+def _failed_reason(history: list[HistoryRow]) -> str:
     failed = next((h.reason for h in reversed(history) if h.to_status is Status.FAILED), None)
     return poison_reason(failed)

@@ -42,13 +42,16 @@ class Action(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class RowFacts:
-    """What the store says about the entry's instance."""
+    """What the store says about the entry's instance. `life_began`: the attempt its
+    current life began at (`states.life_began` of its history; 0 when never requeued), needed
+    only for a row that FAILED as poison."""
 
     status: Status
     attempt: int
     lease_expires_at_ms: int | None
     fail_class: FailClass | None = None
     lease_owner: str | None = None
+    life_began: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,9 +145,12 @@ def _gate(entry: EntryFacts, row: RowFacts | None) -> Verdict | None:
     if row is None:
         return Verdict(Action.DEAD_LETTER, "unknown_instance")
     if row.status in SETTLED:
-        if poisoned_by(entry.attempt, row.status, row.fail_class, row.attempt):
+        if poisoned_by(
+            entry.attempt, row.status, row.fail_class, row.attempt, life_began=row.life_began
+        ):
             # Failed as poison, but the move to the dead-letter stream did not happen (Redis
-            # failed after the store's commit): the entry still belongs there.
+            # failed after the store's commit): the entry still belongs there. One from before
+            # a requeue is acked, as every entry of a failure the requeue took back is.
             return Verdict(Action.DEAD_LETTER, "poison")
         return Verdict(Action.ACK, f"instance is {row.status}")
     return None

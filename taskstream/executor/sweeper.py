@@ -19,8 +19,15 @@ from taskstream.core.futures import unless_stopped
 from taskstream.core.logging import get_logger
 from taskstream.core.outbox import seen_on_stream
 from taskstream.core.protocol import Keys, WorkEntry, decode
-from taskstream.core.states import AWAITING_CLAIM, FailClass, Status, can_transition
-from taskstream.core.store.port import InstanceRow, Store
+from taskstream.core.states import (
+    AWAITING_CLAIM,
+    FailClass,
+    Status,
+    can_transition,
+    failed_as_poison,
+    life_began,
+)
+from taskstream.core.store.port import HistoryRow, InstanceRow, Store
 from taskstream.executor import handover, letters
 from taskstream.executor.reconciler import Reconciler
 from taskstream.executor.recovery import Recovery
@@ -29,6 +36,7 @@ from taskstream.executor.sweep import (
     LEFT_IN_TIMEOUT,
     Action,
     EntryFacts,
+    ReleaseNote,
     RowFacts,
     Verdict,
     decide,
@@ -157,9 +165,10 @@ class Sweeper:
             moved = await self._dead(d, exc.reason)
             return (Action.DEAD_LETTER if moved else Action.LEAVE).value
         row = await self._store.get_instance(entry.instance_id)
+        history = await self._history(row, alive)
         verdict = decide(
-            await self._entry_facts(p, entry, row, alive),
-            _row_facts(row),
+            _entry_facts(p, entry, history, alive, await self._release_note(row, alive)),
+            _row_facts(row, history),
             db_now_ms=self._clock.now_ms(),
             max_deliveries=self._config.max_deliveries,
             unclaimed_ms=self._config.unclaimed_ms,
@@ -179,30 +188,27 @@ class Sweeper:
             return (Action.REDELIVER if moved else Action.LEAVE).value
         return (await self._act(verdict, d, row)).value
 
-    async def _entry_facts(
-        self, p: admin.Pending, entry: WorkEntry, row: InstanceRow | None, alive: bool
-    ) -> EntryFacts:
-        losses, note = 0, None
-        awaiting = row is not None and row.status in AWAITING_CLAIM
-        if row is not None and (awaiting or (row.status is Status.RUNNING and not alive)):
-            losses = owner_losses(await self._store.history(row.id))
-        if row is not None and row.status is Status.RUNNING and not self._held(row, alive):
-            note = await handover.noted(self._redis, self._keys, row)
-        return EntryFacts(
-            entry.attempt,
-            p.deliveries,
-            alive,
-            losses,
-            p.idle_ms,
-            p.consumer,
-            earlier_deliveries=entry.redeliveries,
-            released=note,
-        )
+    async def _history(self, row: InstanceRow | None, alive: bool) -> list[HistoryRow]:
+        """The instance's history where the verdict depends on it, else none (not read): the
+        runs that lost their owner, for an entry awaiting its claim or a run whose owner is
+        gone; the life the row is in, for a row that FAILED as poison."""
+        if row is None:
+            return []
+        awaiting = row.status in AWAITING_CLAIM
+        orphaned = row.status is Status.RUNNING and not alive
+        if awaiting or orphaned or failed_as_poison(row.status, row.fail_class):
+            return await self._store.history(row.id)
+        return []
 
-    def _held(self, row: InstanceRow, alive: bool) -> bool:
-        """The run's owner is alive and its lease not expired: no release note is looked up."""
+    async def _release_note(self, row: InstanceRow | None, alive: bool) -> ReleaseNote | None:
+        """The release a stopped owner noted for a RUNNING row it no longer holds (owner gone
+        or lease expired); not looked up for a held run, so healthy runs cost no read."""
+        if row is None or row.status is not Status.RUNNING:
+            return None
         expires = row.lease_expires_at_ms
-        return alive and expires is not None and expires > self._clock.now_ms()
+        if alive and expires is not None and expires > self._clock.now_ms():
+            return None
+        return await handover.noted(self._redis, self._keys, row)
 
     async def _act(
         self, verdict: Verdict, d: streams.Delivery, instance: InstanceRow | None
@@ -284,9 +290,33 @@ class Sweeper:
         return await letters.dead_letter(self._redis, self._keys, self._log, d, reason, "swept")
 
 
-def _row_facts(row: InstanceRow | None) -> RowFacts | None:
+def _entry_facts(
+    p: admin.Pending,
+    entry: WorkEntry,
+    history: list[HistoryRow],
+    alive: bool,
+    note: ReleaseNote | None,
+) -> EntryFacts:
+    return EntryFacts(
+        entry.attempt,
+        p.deliveries,
+        alive,
+        owner_losses(history),
+        p.idle_ms,
+        p.consumer,
+        earlier_deliveries=entry.redeliveries,
+        released=note,
+    )
+
+
+def _row_facts(row: InstanceRow | None, history: list[HistoryRow]) -> RowFacts | None:
     if row is None:
         return None
     return RowFacts(
-        row.status, row.attempt, row.lease_expires_at_ms, row.fail_class, row.lease_owner
+        row.status,
+        row.attempt,
+        row.lease_expires_at_ms,
+        row.fail_class,
+        row.lease_owner,
+        life_began=life_began((h.reason, h.attempt) for h in history),
     )

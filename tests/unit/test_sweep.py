@@ -18,9 +18,15 @@ NOW = 1_000_000
 
 
 def row(
-    status: Status, attempt: int, lease: int | None = None, fail: FailClass | None = None
+    status: Status,
+    attempt: int,
+    lease: int | None = None,
+    fail: FailClass | None = None,
+    began: int = 0,
 ) -> RowFacts:
-    return RowFacts(status=status, attempt=attempt, lease_expires_at_ms=lease, fail_class=fail)
+    return RowFacts(
+        status=status, attempt=attempt, lease_expires_at_ms=lease, fail_class=fail, life_began=began
+    )
 
 
 POISON = FailClass.POISON
@@ -39,6 +45,11 @@ POISON = FailClass.POISON
         (EntryFacts(0, 1, True), row(Status.FAILED, 1, fail=POISON), Action.DEAD_LETTER),
         (EntryFacts(0, 1, True), row(Status.FAILED, 0, fail=POISON), Action.DEAD_LETTER),
         (EntryFacts(0, 1, False), row(Status.FAILED, 3, fail=POISON), Action.ACK),
+        # A requeue moved the row from attempt 0 to 1 (a new life), whose own entry failed as
+        # poison unclaimed: an entry of attempt 0 started no run of it, and owes no letter.
+        (EntryFacts(0, 1, False), row(Status.FAILED, 1, fail=POISON, began=1), Action.ACK),
+        (EntryFacts(1, 1, False), row(Status.FAILED, 1, fail=POISON, began=1), Action.DEAD_LETTER),
+        (EntryFacts(1, 1, False), row(Status.FAILED, 2, fail=POISON, began=1), Action.DEAD_LETTER),
         (EntryFacts(0, 1, True), row(Status.RUNNING, 1, NOW + 1), Action.LEAVE),
         (EntryFacts(0, 1, True), row(Status.RUNNING, 1, NOW), Action.TIMEOUT),
         (EntryFacts(0, 1, False), row(Status.RUNNING, 1, NOW + 10_000), Action.TIMEOUT),
