@@ -13,7 +13,8 @@ move's answer was lost (the store failed after its COMMIT), or the letter's XADD
 The entry is admitted again, its move finds the row FAILED, and the entry is that move's letter.
 Until an entry's letter or ack is written, the consumer remembers what its move answered:
 landed (a letter owed), or the instance moved on without it (an ack owed); with no answer, the
-history tells whether the FAILED is a move of this consumer's at the entry's attempt.
+history tells whether the FAILED is a move of this consumer's at the entry's attempt. Either
+way, a move that a manual requeue has taken back since owes no letter: that entry is acked.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Final
 from taskstream.core import streams
 from taskstream.core.outbox import seen_on_stream
 from taskstream.core.protocol import WorkEntry
-from taskstream.core.states import FailClass, Status
+from taskstream.core.states import FailClass, Status, life_began
 from taskstream.core.store.port import CasResult, Store
 
 UNKNOWN_AGENT: Final = "unknown_agent"
@@ -76,7 +77,7 @@ class Strangers:
             error=f"unknown agent {entry.agent!r}",
         )
         if not moved.ok and moved.found is Status.FAILED and sent_before:
-            landed = await self._landed(entry) if landed is None else landed
+            landed = landed is not False and await self._landed(entry, answered=landed)
             self._remember(key, landed)
             return CasResult(ok=True) if landed else moved
         if moved.ok or moved.found not in (Status.PENDING, Status.RETRYING):
@@ -84,14 +85,22 @@ class Strangers:
             self._remember(key, moved.ok)
         return moved
 
-    async def _landed(self, entry: WorkEntry) -> bool:
-        """Whether the row's move to FAILED is this consumer's own, at the entry's attempt."""
+    async def _landed(self, entry: WorkEntry, *, answered: bool | None) -> bool:
+        """Whether the row's FAILED is this consumer's move for the entry, in the instance's
+        current life: as the move answered (`answered`), else as the history shows (a move
+        of this consumer's at the entry's attempt). A move a manual requeue has taken back
+        since owes no letter: the entry is acked, as every entry from before a requeue is."""
+        history = await self._store.history(entry.instance_id)
+        if life_began((h.reason, h.attempt) for h in history) > entry.attempt:
+            return False
+        if answered is not None:
+            return answered
         return any(
             h.to_status is Status.FAILED
             and h.reason == UNKNOWN_AGENT
             and h.attempt == entry.attempt
             and h.owner == self._consumer
-            for h in await self._store.history(entry.instance_id)
+            for h in history
         )
 
     def _remember(self, entry_id: str, landed: bool | None) -> None:

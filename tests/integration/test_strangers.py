@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from taskstream.core import streams
+from taskstream.core import operations, streams
 from taskstream.core.definitions import DefinitionCache
 from taskstream.core.errors import StoreUnavailable
 from taskstream.core.outbox import row_entry
@@ -231,3 +231,31 @@ async def test_an_unknown_agent_entry_of_a_run_another_consumer_holds_is_acked(
     assert await h.redis.xlen(h.keys.dead) == 0
     [d] = deliveries
     assert (await h.redis.xpending(d.stream, GROUP))["pending"] == 0
+
+
+@pytest.mark.parametrize(
+    "fault", [_move_answer_lost, _letter_fails], ids=["answer-lost", "letter-failed"]
+)
+async def test_an_unknown_agent_entry_whose_move_a_requeue_took_back_is_acked(
+    outage: Harness, monkeypatch: pytest.MonkeyPatch, fault: Fault
+) -> None:
+    """The entry's move to FAILED commits, and its answer or its letter is lost. The operator
+    deploys the agent elsewhere and retries the instance (a new life, attempt 1), whose run
+    then fails (fatal). The entry, admitted again, finds FAILED and its own move landed, but
+    in the earlier life: the requeue took that failure back, so the entry is acked, as the
+    sweeper acks any entry from before a requeue, not dead-lettered for a failure handled."""
+    h = outage
+    row, deliveries = await _dispatched_stranger(h)
+    intake = intake_of(h, DefinitionCache(h.store))
+    with pytest.raises(fault(h, monkeypatch)):
+        await intake.admit(deliveries)
+    said = await operations.requeue(h.outbox, row.id, who="ops", why="deployed", now_ms=0)
+    assert said is None
+    assert row.id in await h.store.claim_many([ClaimRequest(row.id, 1, 60)], owner="c9")
+    ran = await h.store.finish(
+        row.id, token=2, dst=Status.FAILED, reason="fatal", fail_class=FailClass.FATAL
+    )
+    assert ran.ok
+    assert await intake.admit(deliveries) == []
+    assert await h.redis.xlen(h.keys.dead) == 0
+    assert (await h.redis.xpending(deliveries[0].stream, GROUP))["pending"] == 0
