@@ -18,30 +18,24 @@ from taskstream.core.errors import ProtocolError, StoreUnavailable
 from taskstream.core.futures import unless_stopped
 from taskstream.core.logging import get_logger
 from taskstream.core.outbox import seen_on_stream
-from taskstream.core.protocol import Keys, WorkEntry, decode
+from taskstream.core.protocol import Keys, decode
 from taskstream.core.states import (
-    AWAITING_CLAIM,
     FailClass,
     Status,
     can_transition,
-    failed_as_poison,
-    life_began,
 )
-from taskstream.core.store.port import HistoryRow, InstanceRow, Store
+from taskstream.core.store.port import InstanceRow, Store
 from taskstream.executor import handover, letters
 from taskstream.executor.reconciler import Reconciler
 from taskstream.executor.recovery import Recovery
-from taskstream.executor.retry import owner_losses
 from taskstream.executor.sweep import (
     LEFT_IN_TIMEOUT,
     Action,
-    EntryFacts,
-    ReleaseNote,
-    RowFacts,
     Verdict,
     decide,
     liveness_trusted,
 )
+from taskstream.executor.sweep_facts import SweepFacts
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,10 +159,11 @@ class Sweeper:
             moved = await self._dead(d, exc.reason)
             return (Action.DEAD_LETTER if moved else Action.LEAVE).value
         row = await self._store.get_instance(entry.instance_id)
-        history = await self._history(row, alive)
+        facts = SweepFacts(self._store, self._redis, self._keys, self._clock.now_ms())
+        entry_facts, row_facts = await facts.gather(p, entry, row, alive)
         verdict = decide(
-            _entry_facts(p, entry, history, alive, await self._release_note(row, alive)),
-            _row_facts(row, history),
+            entry_facts,
+            row_facts,
             db_now_ms=self._clock.now_ms(),
             max_deliveries=self._config.max_deliveries,
             unclaimed_ms=self._config.unclaimed_ms,
@@ -187,28 +182,6 @@ class Sweeper:
                 letters.moved_meanwhile(self._log, d)
             return (Action.REDELIVER if moved else Action.LEAVE).value
         return (await self._act(verdict, d, row)).value
-
-    async def _history(self, row: InstanceRow | None, alive: bool) -> list[HistoryRow]:
-        """The instance's history where the verdict depends on it, else none (not read): the
-        runs that lost their owner, for an entry awaiting its claim or a run whose owner is
-        gone; the life the row is in, for a row that FAILED as poison."""
-        if row is None:
-            return []
-        awaiting = row.status in AWAITING_CLAIM
-        orphaned = row.status is Status.RUNNING and not alive
-        if awaiting or orphaned or failed_as_poison(row.status, row.fail_class):
-            return await self._store.history(row.id)
-        return []
-
-    async def _release_note(self, row: InstanceRow | None, alive: bool) -> ReleaseNote | None:
-        """The release a stopped owner noted for a RUNNING row it no longer holds (owner gone
-        or lease expired); not looked up for a held run, so healthy runs cost no read."""
-        if row is None or row.status is not Status.RUNNING:
-            return None
-        expires = row.lease_expires_at_ms
-        if alive and expires is not None and expires > self._clock.now_ms():
-            return None
-        return await handover.noted(self._redis, self._keys, row)
 
     async def _act(
         self, verdict: Verdict, d: streams.Delivery, instance: InstanceRow | None
@@ -288,35 +261,3 @@ class Sweeper:
     async def _dead(self, d: streams.Delivery, reason: str) -> bool:
         """Dead-letter the entry; False when another mover took it first."""
         return await letters.dead_letter(self._redis, self._keys, self._log, d, reason, "swept")
-
-
-def _entry_facts(
-    p: admin.Pending,
-    entry: WorkEntry,
-    history: list[HistoryRow],
-    alive: bool,
-    note: ReleaseNote | None,
-) -> EntryFacts:
-    return EntryFacts(
-        entry.attempt,
-        p.deliveries,
-        alive,
-        owner_losses(history),
-        p.idle_ms,
-        p.consumer,
-        earlier_deliveries=entry.redeliveries,
-        released=note,
-    )
-
-
-def _row_facts(row: InstanceRow | None, history: list[HistoryRow]) -> RowFacts | None:
-    if row is None:
-        return None
-    return RowFacts(
-        row.status,
-        row.attempt,
-        row.lease_expires_at_ms,
-        row.fail_class,
-        row.lease_owner,
-        life_began=life_began((h.reason, h.attempt) for h in history),
-    )
