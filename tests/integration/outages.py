@@ -173,23 +173,29 @@ async def stopped_with_release_refused(h: Harness, gate: Gate) -> str:
     the run is cancelled and its release (RETRYING, due now) queued, but the store fails that
     write (its connection is killed while it waits for a row lock the test holds). Returns
     the instance id once the executor has exited; the row is still RUNNING under `c1`."""
+    return await _stopped_unwritten(h, gate, finished=False)
+
+
+async def stopped_with_end_refused(h: Harness, gate: Gate) -> str:
+    """A `gated` run on executor `c1` that finishes (its agent returns) just before a stop,
+    but whose final commit the store fails (its connection is killed while it waits for a
+    row lock the test holds), its last try at the stop too. Returns the instance id once the
+    executor has exited; the row is still RUNNING under `c1`, its end written nowhere."""
+    return await _stopped_unwritten(h, gate, finished=True)
+
+
+async def _stopped_unwritten(h: Harness, gate: Gate, *, finished: bool) -> str:
+    """A stop whose one write (the run's end when `finished`, else its release) the store
+    fails, as the two above say."""
     instance_id, ex = await gated_executor(h, gate, grace_s=0.1, liveness_ttl_s=0.6)
     try:
         await asyncio.wait_for(gate.started.wait(), timeout=20)
-        claimed = await lease_end(h, instance_id)
-
-        async def extended() -> bool:
-            # An extension in the claim's own millisecond changes nothing, and the test's
-            # clock would then never make another due: move it a third of the 30 s lease on
-            # until one lands, then let it stand still.
-            if await lease_end(h, instance_id) > claimed:
-                return True
-            h.clock.advance(10_000)
-            return False
-
-        await until(extended)
+        await _heartbeat_at_rest(h, instance_id)
         async with h.store.engine.connect() as conn:
             await lock(conn, instance_id)
+            if finished:
+                gate.release.set()
+                await until(lambda: waiting(conn, FINISH_UPDATE))
             ex.stop.set()
             await kill_waiter(conn, FINISH_UPDATE, release=False)
             await asyncio.wait_for(asyncio.shield(ex.task), timeout=20)
@@ -197,6 +203,23 @@ async def stopped_with_release_refused(h: Harness, gate: Gate) -> str:
     finally:
         await ex.close()
     return instance_id
+
+
+async def _heartbeat_at_rest(h: Harness, instance_id: str) -> None:
+    """Wait for the run's first lease extension, then leave the test's clock standing: no
+    heartbeat is due after it, so the only write that waits for a row lock is the run's own."""
+    claimed = await lease_end(h, instance_id)
+
+    async def extended() -> bool:
+        # An extension in the claim's own millisecond changes nothing, and the test's clock
+        # would then never make another due: move it a third of the 30 s lease on until one
+        # lands, then let it stand still.
+        if await lease_end(h, instance_id) > claimed:
+            return True
+        h.clock.advance(10_000)
+        return False
+
+    await until(extended)
 
 
 async def lease_end(h: Harness, instance_id: str) -> int:
