@@ -10,8 +10,11 @@ Keys (all share one hash tag so a namespace lives in one Redis Cluster slot)::
     {prefix}:{{{namespace}}}:released:{instance}:{attempt}
                                                        a stopping executor's release of that
                                                        run, which the store could not take:
-                                                       the lease owner's consumer name (a
-                                                       day's TTL; the sweeper makes it)
+                                                       the lease owner's consumer name, and
+                                                       for a run whose end the store did not
+                                                       take "|" and that end's reason
+                                                       ("owner|completed"); a day's TTL; the
+                                                       sweeper makes the release
     {prefix}:{{{namespace}}}:limit:{upstream}          sliding-window limiter (sorted set)
     {prefix}:{{{namespace}}}:breaker:{upstream}        circuit breaker state (hash)
     {prefix}:{{{namespace}}}:control                   pub/sub channel: "something changed,
@@ -56,6 +59,19 @@ RELEASED_TTL_S: Final = 86_400
 """How long a `Keys.released` note lives (s): a sweeper needs it from the stopped executor's
 exit until the store answers again, so it outlasts any store outage worth waiting out; after
 it, the run is timed out as a lost owner's."""
+
+
+def release_note(owner: str, lost_end: str | None = None) -> str:
+    """The value of a `Keys.released` note: the lease owner's consumer name `owner`, and for a
+    run that ended but whose end the store did not take, `|` and that end's reason
+    (`lost_end`, e.g. `completed`). Consumer names (`host:pid:start`) hold no `|`."""
+    return owner if lost_end is None else f"{owner}|{lost_end}"
+
+
+def read_release_note(value: str) -> tuple[str, str | None]:
+    """(owner, lost end's reason or None) of a `Keys.released` note (`release_note`)."""
+    owner, _, lost_end = value.partition("|")
+    return owner, lost_end or None
 
 
 class Priority(StrEnum):
@@ -135,7 +151,8 @@ class Keys:
 
     def released(self, instance_id: str, attempt: int) -> str:
         """A stopping executor's note that it released the run of `instance_id` at `attempt`
-        (its fencing token) while the store could not take the release."""
+        (its fencing token) while the store could not take the release, or the run's end
+        (`release_note`)."""
         return f"{self.base}:released:{instance_id}:{attempt}"
 
     def limiter(self, upstream: str) -> str:

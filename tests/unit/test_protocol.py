@@ -17,6 +17,8 @@ from taskstream.core.protocol import (
     dead_fields,
     decode,
     encode,
+    read_release_note,
+    release_note,
 )
 
 ENTRY = WorkEntry(
@@ -45,6 +47,19 @@ def test_keys_share_one_hash_tag() -> None:
     assert keys.streams() == [
         keys.stream(p) for p in (Priority.HIGH, Priority.DEFAULT, Priority.LOW)
     ]
+
+
+@pytest.mark.parametrize(
+    ("owner", "lost_end"), [("h:1:2", None), ("h:1:2", "completed"), ("h:1:2", "timeout")]
+)
+def test_a_release_note_reads_back_as_written(owner: str, lost_end: str | None) -> None:
+    assert read_release_note(release_note(owner, lost_end)) == (owner, lost_end)
+
+
+def test_a_release_note_of_a_release_is_the_owner_alone() -> None:
+    """As the notes of releases were written before ends were noted too."""
+    assert release_note("h:1:2") == "h:1:2"
+    assert read_release_note("h:1:2") == ("h:1:2", None)
 
 
 def test_round_trip_from_bytes() -> None:
