@@ -153,7 +153,7 @@ def inspect_cmd(instance_id: str = typer.Argument(...), as_json: bool = JSON_OPT
             h["to_status"],
             str(h["attempt"]),
             h["owner"] or "",
-            # A person's note is their text: shown as written, never read as markup.
+            # A note is text (a person's, as written): shown as it is, never read as markup.
             Text(h["reason"] if h["note"] is None else f"{h['reason']}: {h['note']}"),
         )
     console.print(table)

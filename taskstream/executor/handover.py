@@ -1,4 +1,4 @@
-"""Releases at stop, and those the store could not take handed over through Redis.
+"""Releases and ends at stop, and those the store could not take handed over through Redis.
 
 A stopping executor releases the runs it cut short: RUNNING -> RETRYING, due now, not counted
 as an attempt (`release_plan`), written by its committer like any end. In a store outage that
@@ -11,25 +11,38 @@ attempt, its lease owner) makes the release itself once the store answers (`make
 the same move and history row, conditioned like a timeout on the attempt (the fencing token)
 and on the lease as it read it. With Redis down too nothing is noted: the run is timed out as
 a lost owner's, as before.
+
+A run that ended (its agent succeeded, failed, timed out) whose end the outage keeps from the
+store by the stop is in the same place: RUNNING, its end and the side-effect rows committed
+with it written nowhere, so it must run again. It is noted and released the same way, the note
+naming the end that was lost (`protocol.release_note`). The history says so in the release's
+`note` (`LOST_END`), under the reason `released` itself: the move is a release's in every way
+(due now, not an attempt), so what counts attempts (`retry.attempts_used`, `every_run_lost`)
+needs no new reason. An end that did land, its reply lost with the link, may be noted too: the
+sweeper reads a note only for a row RUNNING at the note's attempt, which that row no longer is.
 """
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
 from taskstream.core import streams
 from taskstream.core.clock import Clock
-from taskstream.core.errors import StoreError
+from taskstream.core.errors import StoreError, StoreUnavailable
 from taskstream.core.futures import STEP_END_S
 from taskstream.core.logging import get_logger
-from taskstream.core.protocol import RELEASED_TTL_S, Keys
+from taskstream.core.protocol import RELEASED_TTL_S, Keys, read_release_note, release_note
 from taskstream.core.reasons import RELEASED
 from taskstream.core.states import Status
 from taskstream.core.store.port import FinishRequest, InstanceRow, Store
 from taskstream.executor.committer import Committer
 from taskstream.executor.intake import Run
-from taskstream.executor.outcome import Plan
+from taskstream.executor.outcome import Plan, RunEnd
 from taskstream.executor.sweep import ReleaseNote
+
+LOST_END = "its end ({end}) was not written: the store was down when its executor stopped"
+"""The history note of a release made for a run whose end (`{end}`: its reason) was lost."""
 
 
 def release_plan(run: Run, now_ms: int) -> Plan:
@@ -46,36 +59,81 @@ def release_plan(run: Run, now_ms: int) -> Plan:
     )
 
 
-class Releases:
-    """The releases of one stopping executor, and the note of those the store did not take."""
+@dataclass(frozen=True, slots=True)
+class Handed:
+    """A run to hand back through a note: its instance, its token, and when it ended, the
+    reason of the end the store did not take (None for a run cut short)."""
+
+    instance_id: str
+    token: int
+    lost_end: str | None = None
+
+    def named(self) -> str:
+        """`id@token`, and `:reason` of a lost end, as in the log lines."""
+        run = f"{self.instance_id}@{self.token}"
+        return run if self.lost_end is None else f"{run}:{self.lost_end}"
+
+
+class Handover:
+    """The ends and releases of one executor, and at its stop the note of those the store did
+    not take."""
 
     def __init__(
         self, committer: Committer, redis: streams.Redis, keys: Keys, clock: Clock, consumer: str
     ) -> None:
         self._committer, self._redis, self._keys, self._clock = committer, redis, keys, clock
         self._consumer = consumer
-        self._queued: list[tuple[Run, asyncio.Future[bool]]] = []
+        self._releases: list[tuple[Handed, asyncio.Future[bool]]] = []
+        self._ends: dict[asyncio.Future[bool], Handed] = {}
+        """Ends not written yet, and from the stop on those the store failed to take."""
+        self._stopping = False
         self._log = get_logger(role="executor", consumer=consumer)
+
+    @property
+    def stopping(self) -> bool:
+        """Whether `stop` was called: runs cut short from now on are released."""
+        return self._stopping
+
+    def stop(self) -> None:
+        """The stop has begun: an end the store fails to take from now on is kept for the
+        note (before it, a failed end is a value the store refused, or a step after the
+        commit, and its run is left to the sweeper as ever)."""
+        self._stopping = True
+
+    def end(self, run: Run, run_end: RunEnd) -> asyncio.Future[bool]:
+        """Queue `run`'s end for commit; the future is `Committer.enqueue`'s."""
+        done = self._committer.enqueue(run, run_end)
+        self._ends[done] = Handed(run.row.id, run.token, run_end.reason)
+        done.add_done_callback(self._ended)
+        return done
+
+    def _ended(self, done: asyncio.Future[bool]) -> None:
+        if not (self._stopping and _unwritten(done, StoreUnavailable)):
+            self._ends.pop(done, None)
 
     def release(self, run: Run) -> asyncio.Future[bool]:
         """Queue `run`'s release for commit; the future is `Committer.put_plan`'s."""
         self._log.info("instance.released", instance_id=run.row.id, attempt=run.token)
         done = self._committer.put_plan(run, release_plan(run, self._clock.now_ms()))
-        self._queued.append((run, done))
+        self._releases.append((Handed(run.row.id, run.token), done))
         return done
 
     async def note_unwritten(self) -> None:
         """Note in Redis every queued release the store did not take (it failed on the store,
-        or its commit was given up): call it once the last commits are over and before the
-        liveness key goes, so that a sweeper that finds the key gone finds the notes too. A
-        Redis that fails (or is `STEP_END_S` without an answer) leaves them un-noted."""
-        claims = [(run.row.id, run.token) for run, done in self._queued if _unwritten(done)]
-        if not claims:
+        or its commit was given up), and every end the outage kept from it (still queued or
+        given up, or failed with the store unavailable): call it once the last commits are
+        over and before the liveness key goes, so that a sweeper that finds the key gone
+        finds the notes too. A Redis that fails (or is `STEP_END_S` without an answer) leaves
+        them un-noted. An end the store refused (not an outage) is not handed back: its run
+        is timed out, its attempt spent, as it is when no stop comes."""
+        handed = [h for h, done in self._releases if _unwritten(done, StoreError)]
+        handed += [h for done, h in self._ends.items() if _unwritten(done, StoreUnavailable)]
+        if not handed:
             return
-        runs = [f"{instance_id}@{token}" for instance_id, token in claims]
+        runs = [h.named() for h in handed]
         try:
             await asyncio.wait_for(
-                note(self._redis, self._keys, claims, self._consumer), timeout=STEP_END_S
+                note(self._redis, self._keys, handed, self._consumer), timeout=STEP_END_S
             )
         except (TimeoutError, *streams.DRIVER_ERRORS) as exc:
             self._log.error("executor.releases_lost", runs=runs, error=str(exc)[:300])
@@ -83,37 +141,47 @@ class Releases:
         self._log.warning("executor.releases_noted", runs=runs)
 
 
-def _unwritten(done: asyncio.Future[bool]) -> bool:
-    """The release did not land: still queued or cut off, or it failed on the store (a
-    failure after its commit, such as its ack, is not one)."""
+def _unwritten(done: asyncio.Future[bool], failure: type[StoreError]) -> bool:
+    """The commit did not land: still queued or cut off, or it failed with `failure` on the
+    store (a failure after its commit, such as its ack, is not one)."""
     if not done.done() or done.cancelled():
         return True
-    return isinstance(done.exception(), StoreError)
+    return isinstance(done.exception(), failure)
 
 
-async def note(redis: streams.Redis, keys: Keys, claims: list[tuple[str, int]], owner: str) -> None:
-    """Note the releases of `claims` ((instance id, token)) by lease owner `owner`."""
+async def note(redis: streams.Redis, keys: Keys, handed: list[Handed], owner: str) -> None:
+    """Note the releases of `handed` by lease owner `owner`."""
     async with redis.pipeline(transaction=False) as pipe:
-        for instance_id, token in claims:
-            pipe.set(keys.released(instance_id, token), owner, ex=RELEASED_TTL_S)
+        for h in handed:
+            value = release_note(owner, h.lost_end)
+            pipe.set(keys.released(h.instance_id, h.token), value, ex=RELEASED_TTL_S)
         await pipe.execute()
 
 
 async def noted(redis: streams.Redis, keys: Keys, row: InstanceRow) -> ReleaseNote | None:
     """The release noted for `row`'s attempt, if any."""
-    owner: bytes | str | None = await redis.get(keys.released(row.id, row.attempt))
-    if owner is None:
+    value: bytes | str | None = await redis.get(keys.released(row.id, row.attempt))
+    if value is None:
         return None
-    return ReleaseNote(row.attempt, owner.decode() if isinstance(owner, bytes) else owner)
+    owner, lost_end = read_release_note(value.decode() if isinstance(value, bytes) else value)
+    return ReleaseNote(row.attempt, owner, lost_end)
 
 
 async def make_release(
-    store: Store, redis: streams.Redis, keys: Keys, row: InstanceRow, *, now_ms: int
+    store: Store,
+    redis: streams.Redis,
+    keys: Keys,
+    row: InstanceRow,
+    found: ReleaseNote,
+    *,
+    now_ms: int,
 ) -> bool:
-    """Make the release a stopped owner noted for `row` (as read, RUNNING): the move its own
-    release would have made, only while the row is at that attempt with its lease as read (a
-    heartbeat since proves an owner alive); the note goes once it is made. False when the
-    CAS lost: the row moved on, and nothing changed."""
+    """Make the release a stopped owner noted (`found`) for `row` (as read, RUNNING): the move
+    its own release would have made, only while the row is at that attempt with its lease as
+    read (a heartbeat since proves an owner alive), with `LOST_END` as its history note when
+    the note names a lost end; the note goes once it is made. False when the CAS lost: the
+    row moved on, and nothing changed."""
+    lost = found.lost_end
     moved = await store.transition(
         row.id,
         Status.RUNNING,
@@ -123,9 +191,15 @@ async def make_release(
         owner=row.lease_owner,
         next_attempt_at_ms=now_ms,
         lease_until=row.lease_expires_at_ms,
+        note=None if lost is None else LOST_END.format(end=lost),
     )
     get_logger(role="sweeper").info(
-        "instance.released", instance_id=row.id, attempt=row.attempt, ok=moved.ok, noted=True
+        "instance.released",
+        instance_id=row.id,
+        attempt=row.attempt,
+        ok=moved.ok,
+        noted=True,
+        lost_end=lost,
     )
     if moved.ok:
         await redis.delete(keys.released(row.id, row.attempt))

@@ -10,8 +10,8 @@ On stop: reading stops, in-flight runs get `grace_s` to finish, the rest are can
 released (RETRYING, due now, so another executor picks them up at once), pending commits are
 written, the liveness key is removed. After the grace, a commit or release the store cannot
 take (it is unavailable) gets one more try, then is given up: the sweeper recovers those runs
-and the process exits. Releases given up are noted in Redis first, so that the sweeper makes
-them instead of timing the runs out (`handover`).
+and the process exits. Releases and ends given up are noted in Redis first, so that the
+sweeper releases those runs instead of timing them out (`handover`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from taskstream.core.protocol import Keys
 from taskstream.core.store.port import Store
 from taskstream.executor.admission import UpstreamGate
 from taskstream.executor.committer import Committer
-from taskstream.executor.handover import Releases
+from taskstream.executor.handover import Handover
 from taskstream.executor.heartbeat import OVERRUN_S, Heartbeat
 from taskstream.executor.intake import Intake, Run
 from taskstream.executor.outcome import failed, timed_out
@@ -111,11 +111,10 @@ class Executor:
         self._committer = Committer(
             deps.store, deps.redis, deps.keys, deps.clock, deps.rng, self._intake.dead
         )
-        self._releases = Releases(
+        self._handover = Handover(
             self._committer, deps.redis, deps.keys, deps.clock, config.consumer
         )
         self._running: set[asyncio.Task[None]] = set()
-        self._stopping = False
         self._log = get_logger(role="executor", consumer=config.consumer)
         self._reader = Reader(
             deps.redis,
@@ -163,7 +162,7 @@ class Executor:
             background.set()
             beat, commits = helpers
             await self._last_commits(commits)
-            await self._releases.note_unwritten()
+            await self._handover.note_unwritten()
             # Every end is written or given up: no lease needs extending any more, and a beat
             # waiting for a row lock (held by a stuck transaction) must not hold the exit up.
             beat.cancel()
@@ -234,14 +233,14 @@ class Executor:
             # The slot frees as soon as the end is queued, so the next read and claim overlap
             # this run's commit. The run stays tracked, its lease kept, until the commit is
             # done: a commit the store makes wait must not lose the run to a lease timeout.
-            done = self._committer.enqueue(run, end)
+            done = self._handover.end(run, end)
             done.add_done_callback(lambda _: self._heartbeat.untrack(run))
             queued = True
         except asyncio.CancelledError:
-            if run.fenced or run.overran or not self._stopping:
+            if run.fenced or run.overran or not self._handover.stopping:
                 raise
-            with contextlib.suppress(StoreError):  # noted at exit (`Releases.note_unwritten`)
-                await asyncio.shield(self._releases.release(run))
+            with contextlib.suppress(StoreError):  # noted at exit (`Handover.note_unwritten`)
+                await asyncio.shield(self._handover.release(run))
         finally:
             if not queued:
                 self._heartbeat.untrack(run)
@@ -251,7 +250,7 @@ class Executor:
         attempt ends now as the timeout it is (retried or failed under the task's `retry_on`,
         its entry acked), while the agent keeps its slot until it ends."""
         why = f"the attempt ran {OVERRUN_S:g} s past its time limit, ignoring its cancellation"
-        done = self._committer.enqueue(run, timed_out(why))
+        done = self._handover.end(run, timed_out(why))
         done.add_done_callback(lambda _: self._heartbeat.untrack(run))
 
     async def _marker_set(self) -> None:
@@ -277,10 +276,10 @@ class Executor:
     async def _hand_back(self) -> None:
         """Release the claims of an admission the stop cancelled before they became runs."""
         for run in await self._intake.unstarted(STEP_END_S):
-            self._releases.release(run)
+            self._handover.release(run)
 
     async def _drain(self) -> None:
-        self._stopping = True
+        self._handover.stop()
         if not self._running:
             return
         self._log.info("executor.draining", in_flight=len(self._running))

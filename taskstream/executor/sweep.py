@@ -31,9 +31,9 @@ class Action(StrEnum):
     """Its run lost its owner or its lease: CAS RUNNING -> TIMEOUT, then retry or fail (only
     the second move for a run already in TIMEOUT, `LEFT_IN_TIMEOUT`)."""
     RELEASE = "release"
-    """Its run's owner stopped and released it, but the store could not take the release, so
-    the owner noted it in Redis (`ReleaseNote`): CAS RUNNING -> RETRYING, due now, not an
-    attempt, as that release would have."""
+    """Its run's owner stopped and released it, but the store could not take the release (or
+    the run's end), so the owner noted it in Redis (`ReleaseNote`): CAS RUNNING -> RETRYING,
+    due now, not an attempt, as that release would have."""
     DEAD_LETTER = "dead_letter"
     """It cannot be handled: move it to the dead-letter stream."""
     POISON = "poison"
@@ -57,10 +57,14 @@ class RowFacts:
 @dataclass(frozen=True, slots=True)
 class ReleaseNote:
     """A stopping executor's note (in Redis) that it released the run at `attempt` (the
-    fencing token), as its lease owner `owner`, while the store could not take the release."""
+    fencing token), as its lease owner `owner`, while the store could not take the release.
+    `lost_end`: for a run that ended but whose end the store did not take, that end's reason
+    (`completed`, `retriable_error`, ...); the run is handed back all the same, its end being
+    written nowhere. None for a run cut short."""
 
     attempt: int
     owner: str
+    lost_end: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

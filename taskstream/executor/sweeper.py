@@ -31,6 +31,7 @@ from taskstream.executor.recovery import Recovery
 from taskstream.executor.sweep import (
     LEFT_IN_TIMEOUT,
     Action,
+    ReleaseNote,
     Verdict,
     decide,
     liveness_trusted,
@@ -181,14 +182,18 @@ class Sweeper:
             if not moved:
                 letters.moved_meanwhile(self._log, d)
             return (Action.REDELIVER if moved else Action.LEAVE).value
-        return (await self._act(verdict, d, row)).value
+        return (await self._act(verdict, d, row, entry_facts.released)).value
 
     async def _act(
-        self, verdict: Verdict, d: streams.Delivery, instance: InstanceRow | None
+        self,
+        verdict: Verdict,
+        d: streams.Delivery,
+        instance: InstanceRow | None,
+        note: ReleaseNote | None,
     ) -> Action:
-        """Carry the verdict out; returns the action taken: LEAVE when a poison move or a
-        release lost its CAS (the next pass decides again from the row as it is then) or
-        another mover took the entry first."""
+        """Carry the verdict out (`note`: the release noted for the run); returns the action
+        taken: LEAVE when a poison move or a release lost its CAS (the next pass decides again
+        from the row as it is then) or another mover took the entry first."""
         if verdict.action is Action.POISON and instance is not None:
             failed = await self._poison(d, instance, verdict.reason)
             return Action.POISON if failed else Action.LEAVE
@@ -202,9 +207,9 @@ class Sweeper:
                 return Action.LEAVE
         elif verdict.action is Action.TIMEOUT and instance is not None:
             await self._time_out(verdict, d, instance)
-        elif verdict.action is Action.RELEASE and instance is not None:
+        elif verdict.action is Action.RELEASE and instance is not None and note is not None:
             released = await handover.make_release(
-                self._store, self._redis, self._keys, instance, now_ms=self._clock.now_ms()
+                self._store, self._redis, self._keys, instance, note, now_ms=self._clock.now_ms()
             )
             if not released:
                 return Action.LEAVE  # the row moved on: the next pass decides from it

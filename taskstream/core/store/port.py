@@ -146,8 +146,8 @@ class Store(Protocol):
         note: str | None = None,
     ) -> CasResult:
         """CAS src -> dst (and attempt == `attempt`, and the lease still ending at
-        `lease_until` ms, when given), plus a history row (carrying `note`, the why a
-        person gave for the move)."""
+        `lease_until` ms, when given), plus a history row (carrying `note`, the why of the
+        move beyond its reason)."""
         ...
 
     async def claim(

@@ -100,7 +100,8 @@ class HistoryRow:
     reason: str
     at_ms: int
     note: str | None = None
-    """What the person who made the move gave as its why (`retry --reason`), else None."""
+    """The why of the move beyond its reason, else None: what the person who made it gave
+    (`retry --reason`), or what the sweeper found (a release of a run whose end was lost)."""
 
 
 @dataclass(frozen=True, slots=True)

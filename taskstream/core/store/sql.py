@@ -141,7 +141,8 @@ class SqlStore(ReadMethods, DefinitionMethods, OutboxMethods, SchedulingMethods)
         """CAS src -> dst (and attempt == `attempt` when given) plus a history row.
         `lease_until` (ms): move only while the lease still ends there, as it was read; a
         heartbeat that extended it since makes the CAS lose (found RUNNING). `note`: the why
-        a person gave for the move, kept with its history row (cut to `NOTE_LEN` chars).
+        of the move beyond its reason (a person's), kept with its history row (cut to
+        `NOTE_LEN` chars).
 
         Sets `fail_class` (None unless FAILED) and `next_attempt_at_ms` (None clears it), sets
         `last_error` when `error` is given, and clears the lease unless dst is RUNNING. Entering

@@ -151,7 +151,7 @@ instance_history = Table(
     Column("owner", String(OWNER_LEN), nullable=True),
     Column("reason", String(REASON_LEN), nullable=False),
     _ms("at_ms"),
-    # What a person gave as the why of a move they made (`retry --reason`); NULL otherwise.
+    # The why of a move beyond its reason (`retry --reason`, a lost end's release); else NULL.
     Column("note", String(NOTE_LEN), nullable=True),
     Index("ix_instance_history_instance_id", "instance_id"),
     **MYSQL_OPTIONS,
