@@ -41,6 +41,8 @@ from taskstream.executor.intake import Run
 from taskstream.executor.outcome import Plan, RunEnd
 from taskstream.executor.sweep import ReleaseNote
 
+PRUNE_AT = 4096
+"""Queued ends kept before those already done are forgotten (`Handover._prune`)."""
 LOST_END = "its end ({end}) was not written: the store was down when its executor stopped"
 """The history note of a release made for a run whose end (`{end}`: its reason) was lost."""
 
@@ -84,8 +86,9 @@ class Handover:
         self._committer, self._redis, self._keys, self._clock = committer, redis, keys, clock
         self._consumer = consumer
         self._releases: list[tuple[Handed, asyncio.Future[bool]]] = []
-        self._ends: dict[asyncio.Future[bool], Handed] = {}
-        """Ends not written yet, and from the stop on those the store failed to take."""
+        self._ends: dict[asyncio.Future[bool], tuple[Run, RunEnd]] = {}
+        """Ends queued (those done before the stop pruned now and then, and at the stop)."""
+        self._prune_at = PRUNE_AT
         self._stopping = False
         self._log = get_logger(role="executor", consumer=consumer)
 
@@ -98,18 +101,24 @@ class Handover:
         """The stop has begun: an end the store fails to take from now on is kept for the
         note (before it, a failed end is a value the store refused, or a step after the
         commit, and its run is left to the sweeper as ever)."""
-        self._stopping = True
+        if not self._stopping:
+            self._stopping = True
+            self._prune()
 
     def end(self, run: Run, run_end: RunEnd) -> asyncio.Future[bool]:
         """Queue `run`'s end for commit; the future is `Committer.enqueue`'s."""
         done = self._committer.enqueue(run, run_end)
-        self._ends[done] = Handed(run.row.id, run.token, run_end.reason)
-        done.add_done_callback(self._ended)
+        self._ends[done] = (run, run_end)
+        if len(self._ends) >= self._prune_at and not self._stopping:
+            self._prune()
         return done
 
-    def _ended(self, done: asyncio.Future[bool]) -> None:
-        if not (self._stopping and _unwritten(done, StoreUnavailable)):
-            self._ends.pop(done, None)
+    def _prune(self) -> None:
+        """Forget the ends already done. Amortised: at most a few hundred are in flight (an
+        executor's slots), so a prune every `PRUNE_AT` ends keeps this O(1) per end, where
+        a callback on every end's future cost an event-loop turn each."""
+        self._ends = {done: end for done, end in self._ends.items() if not done.done()}
+        self._prune_at = max(PRUNE_AT, 2 * len(self._ends))
 
     def release(self, run: Run) -> asyncio.Future[bool]:
         """Queue `run`'s release for commit; the future is `Committer.put_plan`'s."""
@@ -127,7 +136,11 @@ class Handover:
         them un-noted. An end the store refused (not an outage) is not handed back: its run
         is timed out, its attempt spent, as it is when no stop comes."""
         handed = [h for h, done in self._releases if _unwritten(done, StoreError)]
-        handed += [h for done, h in self._ends.items() if _unwritten(done, StoreUnavailable)]
+        handed += [
+            Handed(run.row.id, run.token, end.reason)
+            for done, (run, end) in self._ends.items()
+            if _unwritten(done, StoreUnavailable)
+        ]
         if not handed:
             return
         runs = [h.named() for h in handed]

@@ -204,3 +204,18 @@ async def test_only_an_end_the_outage_kept_from_the_store_at_the_stop_is_noted(
     ends.stop()
     await ends.note_unwritten()
     assert await h.redis.exists(h.keys.released(instance_id, 1)) == noted
+
+
+async def test_ends_done_before_the_stop_are_pruned_and_an_unwritten_one_is_kept(
+    outage: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(handover, "PRUNE_AT", 2)
+    h = outage
+    instance_id, run, committer = await _run_of_c1(h)
+    ends = Handover(committer, h.redis, h.keys, h.clock, "c1")
+    ends.end(run, succeeded({"n": 1}))  # never written: its committer does not run
+    for _ in range(6):  # written ones, forgotten by the prunes these ends set off
+        ends.end(run, succeeded(None)).set_result(True)
+    ends.stop()
+    await ends.note_unwritten()
+    assert await h.redis.get(h.keys.released(instance_id, 1)) == b"c1|completed"
