@@ -79,3 +79,15 @@ class ChangedMeanwhile(TaskstreamError):
 class LetterKept(TaskstreamError):
     """A dead letter's replay was done (its message says what) but Redis failed before the
     letter was dropped: it stays on the dead-letter stream."""
+
+
+class CommandDenied(TaskstreamError):
+    """Redis refused to run a command for us: its ACL denies the command, a key or a channel
+    (NOPERM), or it does not know the command (renamed or disabled). Unlike an outage this
+    does not pass by itself; `command` names what was refused, `reply` is the server's answer
+    without the call's arguments (`core.denials`)."""
+
+    def __init__(self, command: str, reply: str) -> None:
+        self.command = command
+        self.reply = reply
+        super().__init__(f"redis refused {command}: {reply}")

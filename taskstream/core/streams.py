@@ -18,6 +18,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import MasterDownError, OutOfMemoryError, ReadOnlyError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from taskstream.core.denials import commands, denied, refused
 from taskstream.core.protocol import (
     GROUP,
     PRIORITY_ORDER,
@@ -90,6 +91,7 @@ def role_changed(exc: ResponseError) -> bool:
     return "UNBLOCKED" in text and "instance state changed" in text
 
 
+@commands("XGROUP|CREATE")
 async def ensure_groups(redis: Redis, keys: Keys) -> None:
     """Create the consumer group on every work stream (idempotent, creates the streams)."""
     for stream in keys.streams():
@@ -100,12 +102,14 @@ async def ensure_groups(redis: Redis, keys: Keys) -> None:
                 raise
 
 
+@commands("XADD")
 async def publish(redis: Redis, keys: Keys, priority: Priority, entry: WorkEntry) -> str:
     """XADD one entry to its priority stream; returns the entry id."""
     entry_id = await redis.xadd(keys.stream(priority), encode(entry))  # type: ignore[arg-type]
     return as_text(entry_id)
 
 
+@commands("XADD")
 async def publish_many(
     redis: Redis, keys: Keys, entries: Sequence[tuple[Priority, WorkEntry]]
 ) -> list[str]:
@@ -120,6 +124,7 @@ async def publish_many(
     return [as_text(i) for i in ids]
 
 
+@commands("SET XREADGROUP")
 async def read(
     redis: Redis,
     keys: Keys,
@@ -177,6 +182,7 @@ async def _xreadgroup(
     return out
 
 
+@commands("MULTI XACK XDEL EXEC")
 async def ack(redis: Redis, stream: str, entry_id: str) -> None:
     """XACK and XDEL together: the entry leaves the pending list and the stream."""
     async with redis.pipeline(transaction=True) as pipe:
@@ -185,6 +191,7 @@ async def ack(redis: Redis, stream: str, entry_id: str) -> None:
         await pipe.execute()
 
 
+@commands("MULTI XACK XDEL EXEC")
 async def ack_many(redis: Redis, deliveries: list[Delivery]) -> None:
     """`ack` for many entries in one MULTI: one XACK and one XDEL per stream."""
     by_stream: dict[str, list[str]] = {}
@@ -199,6 +206,7 @@ async def ack_many(redis: Redis, deliveries: list[Delivery]) -> None:
         await pipe.execute()
 
 
+@commands("XCLAIM")
 async def touch(redis: Redis, consumer: str, deliveries: list[Delivery]) -> list[Delivery]:
     """Reset the idle time of our own pending entries (XCLAIM to self, JUSTID, min-idle 0),
     which does not raise their delivery count. Returns those of `deliveries` still pending
@@ -220,12 +228,26 @@ async def touch(redis: Redis, consumer: str, deliveries: list[Delivery]) -> list
     return [d for d in deliveries if (d.stream, d.entry_id) in pending]
 
 
+@commands("SET")
 async def mark_alive(redis: Redis, keys: Keys, consumer: str, ttl_ms: int) -> None:
     """Set this consumer's liveness key with a TTL; it vanishes when the process stops."""
     await redis.set(keys.alive(consumer), b"1", px=ttl_ms)
 
 
 _MOVE = """
+if redis.acl_check_cmd then
+  for _, call in ipairs({{'XACK', KEYS[1], ARGV[1], ARGV[2]},
+                         {'XADD', KEYS[2], '*', unpack(ARGV, 3)},
+                         {'XDEL', KEYS[1], ARGV[2]}}) do
+    local known, allowed = pcall(redis.acl_check_cmd, unpack(call))
+    if not known then
+      return redis.error_reply("ERR unknown command '" .. call[1] .. "' (called from a script)")
+    elseif not allowed then
+      return redis.error_reply("NOPERM this user has no permissions to run the '" ..
+        string.lower(call[1]) .. "' command on " .. call[2])
+    end
+  end
+end
 if redis.call('XACK', KEYS[1], ARGV[1], ARGV[2]) == 0 then
   return false
 end
@@ -242,12 +264,22 @@ async def move(
     one script: XACK it, and only if that acknowledged it (it was still pending), XADD the new
     entry and XDEL the old one. Returns the new entry's id, or None when the entry was no
     longer pending: another mover (a second sweeper, the entry's executor) took it first, so
-    of movers that race, exactly one moves it. Both keys share the namespace's hash tag."""
+    of movers that race, exactly one moves it. Both keys share the namespace's hash tag.
+
+    Before its first write the script asks the server whether this user may run each of its
+    three commands (`redis.acl_check_cmd`, Redis 7+): a script stops at a denied command but
+    keeps what it wrote before, and an XACK kept without its XADD would lose the entry. So a
+    denied or unknown command leaves the entry pending, as a `CommandDenied`."""
     args: list[str | bytes] = [GROUP, delivery.entry_id]
     for name, value in fields.items():
         args += [name, value]
     script: Any = redis.register_script(_MOVE)
-    moved = await script(keys=[delivery.stream, target], args=args)
+    try:
+        moved = await script(keys=[delivery.stream, target], args=args)
+    except ResponseError as exc:
+        if denied(exc):
+            raise refused(exc, "EVALSHA", (delivery.stream, target)) from exc
+        raise
     return None if moved is None else as_text(moved)
 
 
@@ -287,7 +319,9 @@ async def queue_stats(redis: Redis, keys: Keys) -> dict[str, Any]:
 async def _groups(redis: Redis, stream: str) -> dict[str, dict[str, Any]]:
     try:
         groups: list[dict[str, Any]] = await redis.xinfo_groups(stream)
-    except ResponseError:
+    except ResponseError as exc:
+        if denied(exc):
+            raise
         return {}
     return {as_text(g["name"]): g for g in groups}
 

@@ -9,6 +9,7 @@ from typing import Any, Final
 
 from redis.exceptions import ResponseError
 
+from taskstream.core.denials import commands, denied
 from taskstream.core.protocol import GROUP, Keys, WorkEntry, encode
 from taskstream.core.streams import Delivery, Redis, as_text, move, queue_stats
 
@@ -24,6 +25,7 @@ class Pending:
     deliveries: int
 
 
+@commands("XPENDING")
 async def pending(
     redis: Redis,
     stream: str,
@@ -40,8 +42,10 @@ async def pending(
         rows: list[dict[str, Any]] = await redis.xpending_range(
             stream, GROUP, start, "+", count, consumername=consumer
         )
-    except ResponseError:
-        return []
+    except ResponseError as exc:
+        if denied(exc):
+            raise
+        return []  # no such stream or group: nothing pending
     return [
         Pending(
             stream,
@@ -54,6 +58,7 @@ async def pending(
     ]
 
 
+@commands("XRANGE")
 async def fetch(redis: Redis, stream: str, entry_ids: list[str]) -> dict[str, Delivery]:
     """The fields of the given entries; entries that no longer exist are absent."""
     async with redis.pipeline(transaction=False) as pipe:
@@ -83,6 +88,7 @@ async def read_own(redis: Redis, keys: Keys, consumer: str, *, count: int) -> li
     return out
 
 
+@commands("EXISTS")
 async def alive(redis: Redis, keys: Keys, consumers: set[str]) -> dict[str, bool]:
     """Which consumers still have their liveness key."""
     names = sorted(consumers)
@@ -134,13 +140,16 @@ gone. Atomic, because DELCONSUMER drops the consumer's pending entries: one it r
 separate check would be lost from the pending list."""
 
 
+@commands("XINFO|CONSUMERS EVALSHA XGROUP|DELCONSUMER")
 async def prune_consumers(redis: Redis, keys: Keys, stream: str, *, idle_ms: int) -> list[str]:
     """Delete consumers with empty pending lists, no liveness key and idle past `idle_ms`;
     each is checked again and deleted in one script, so a consumer that reads meanwhile
     stays."""
     try:
         rows: list[dict[str, Any]] = await redis.xinfo_consumers(stream, GROUP)
-    except ResponseError:
+    except ResponseError as exc:
+        if denied(exc):
+            raise
         return []
     idle = {as_text(r["name"]) for r in rows if int(r["pending"]) == 0 and int(r["idle"]) > idle_ms}
     gone: list[str] = []
@@ -151,6 +160,7 @@ async def prune_consumers(redis: Redis, keys: Keys, stream: str, *, idle_ms: int
     return gone
 
 
+@commands("XINFO|GROUPS XPENDING XTRIM")
 async def trim(redis: Redis, stream: str) -> int:
     """XTRIM MINID below both the oldest pending entry and the group's last delivered id, so
     only entries already acknowledged (and deleted) can go.
@@ -162,7 +172,9 @@ async def trim(redis: Redis, stream: str) -> int:
     try:
         groups: list[dict[str, Any]] = await redis.xinfo_groups(stream)
         summary: dict[str, Any] = await redis.xpending(stream, GROUP)
-    except ResponseError:
+    except ResponseError as exc:
+        if denied(exc):
+            raise
         return 0
     group = next((g for g in groups if as_text(g["name"]) == GROUP), None)
     if group is None:
@@ -175,6 +187,7 @@ async def trim(redis: Redis, stream: str) -> int:
     return trimmed
 
 
+@commands("XRANGE")
 async def instance_ids(redis: Redis, keys: Keys, *, page: int = 1000) -> set[str]:
     """Instance ids of every entry still on a work stream (pending or not yet delivered). An
     id that is not UTF-8 (a poison entry from another writer) names no instance: skipped."""

@@ -22,7 +22,8 @@ from random import Random
 
 from taskstream.core import notify, streams
 from taskstream.core.clock import Clock
-from taskstream.core.errors import StoreError, StoreRefused, StoreUnavailable
+from taskstream.core.denials import log_denied
+from taskstream.core.errors import CommandDenied, StoreError, StoreRefused, StoreUnavailable
 from taskstream.core.futures import mark_retrieved
 from taskstream.core.logging import get_logger
 from taskstream.core.protocol import Keys
@@ -255,7 +256,12 @@ class Committer:
                 count=len(settled),
                 runs=[_named(item) for item in settled],
             )
-        await streams.ack_many(self._redis, acks)
+        try:
+            await streams.ack_many(self._redis, acks)
+        except CommandDenied as exc:
+            # The runs are committed: their entries stay pending, and the sweeper acks them
+            # from the store's answer (pausing while Redis denies it too).
+            log_denied(self._log, exc, entries=[d.entry_id for d in acks], left_for="sweeper")
         if any(_retries(item.plan) for item in settled):
             await notify.hint(self._redis, self._keys, "retry")
         for item in settled:

@@ -34,7 +34,8 @@ from redis.exceptions import ResponseError
 
 from taskstream.core import streams
 from taskstream.core.clock import Clock
-from taskstream.core.errors import StoreUnavailable
+from taskstream.core.denials import commands, log_denied
+from taskstream.core.errors import CommandDenied, StoreUnavailable
 from taskstream.core.logging import get_logger
 from taskstream.core.protocol import Keys
 from taskstream.core.store.port import Store
@@ -181,6 +182,8 @@ class Heartbeat:
             await step()
         except (StoreUnavailable, *streams.DRIVER_ERRORS) as exc:
             self._log.warning("heartbeat.dependency_down", part=part, error=str(exc)[:300])
+        except CommandDenied as exc:  # tried again at the next beat, as after an outage
+            log_denied(self._log, exc, part=part)
         except ResponseError as exc:
             if not streams.group_missing(exc):
                 raise
@@ -252,6 +255,7 @@ class Heartbeat:
                 run.fenced = True
                 task.cancel()
 
+    @commands("DEL")
     async def clear(self) -> None:
         await self._redis.delete(self._keys.alive(self._consumer))
 

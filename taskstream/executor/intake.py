@@ -19,7 +19,8 @@ from taskstream.agents.base import Agent
 from taskstream.agents.registry import Registry, UnknownAgent
 from taskstream.core import streams
 from taskstream.core.definitions import DefinitionCache
-from taskstream.core.errors import ProtocolError
+from taskstream.core.denials import log_denied
+from taskstream.core.errors import CommandDenied, ProtocolError
 from taskstream.core.logging import get_logger
 from taskstream.core.protocol import Keys, WorkEntry, decode
 from taskstream.core.spec import TaskSpec
@@ -254,13 +255,32 @@ class Intake:
         self, delivery: streams.Delivery, instance_id: str, status: Status | None
     ) -> None:
         """Ack an entry nothing is left to do for (its instance moved on without it)."""
-        await streams.ack(self._redis, delivery.stream, delivery.entry_id)
+        try:
+            await streams.ack(self._redis, delivery.stream, delivery.entry_id)
+        except CommandDenied as exc:
+            self._left(delivery, exc)
+            return
         self._log.info("instance.duplicate_acked", instance_id=instance_id, status=status)
 
     async def dead(self, delivery: streams.Delivery, reason: str, detail: str) -> None:
         """Move an entry to the dead-letter stream with its reason, unless another mover (the
         sweeper) took it from the pending list first (`letters.dead_letter`)."""
-        await letters.dead_letter(self._redis, self._keys, self._log, delivery, reason, detail)
+        try:
+            await letters.dead_letter(self._redis, self._keys, self._log, delivery, reason, detail)
+        except CommandDenied as exc:
+            self._left(delivery, exc)
+
+    def _left(self, delivery: streams.Delivery, exc: CommandDenied) -> None:
+        """Redis denied the ack or move of `delivery`: the entry stays pending as it is, and
+        the sweeper, which takes it once idle, tries again (pausing while it is denied). The
+        rest of the batch goes on."""
+        log_denied(
+            self._log,
+            exc,
+            entry_id=delivery.entry_id,
+            stream=delivery.stream,
+            left_for="sweeper",
+        )
 
 
 def _claimed_by(c: _Candidate, won: Mapping[str, Claimed]) -> bool:

@@ -30,7 +30,8 @@ from taskstream.agents.registry import Registry
 from taskstream.core import notify, streams
 from taskstream.core.clock import Clock, SystemClock
 from taskstream.core.definitions import DefinitionCache
-from taskstream.core.errors import StoreError, StoreUnavailable
+from taskstream.core.denials import log_denied, pause_s
+from taskstream.core.errors import CommandDenied, StoreError, StoreUnavailable
 from taskstream.core.futures import CANCEL_WAIT_S, STEP_END_S, unless_stopped
 from taskstream.core.logging import get_logger
 from taskstream.core.protocol import Keys
@@ -115,6 +116,8 @@ class Executor:
             self._committer, deps.redis, deps.keys, deps.clock, config.consumer
         )
         self._running: set[asyncio.Task[None]] = set()
+        self._denials = 0
+        """Steps in a row that Redis denied (see `_denied`)."""
         self._log = get_logger(role="executor", consumer=config.consumer)
         self._reader = Reader(
             deps.redis,
@@ -168,7 +171,7 @@ class Executor:
             beat.cancel()
             await asyncio.gather(beat, return_exceptions=True)
             await http.aclose()
-            with contextlib.suppress(*streams.DRIVER_ERRORS):
+            with contextlib.suppress(*streams.DRIVER_ERRORS, CommandDenied):
                 await self._heartbeat.clear()
             self._log.info("executor.stopped")
 
@@ -181,6 +184,10 @@ class Executor:
             await self._defs.refresh()
             runs = await self._intake.admit(await self._reader.next(free))
             self._reader.admitted()
+            self._denials = 0
+        except CommandDenied as exc:
+            await self._denied(exc)
+            return
         except (StoreUnavailable, *streams.DRIVER_ERRORS) as exc:
             # Before ResponseError: a refusal such as READONLY is one, and is an outage here.
             await self._outage(exc)
@@ -214,6 +221,15 @@ class Executor:
         if not isinstance(exc, StoreUnavailable):
             self._reader.redis_failed()
         await asyncio.sleep(ERROR_PAUSE_S)
+
+    async def _denied(self, exc: CommandDenied) -> None:
+        """Redis denied reading or taking entries: log it and pause, longer at each denial
+        in a row (`denials.pause_s`). Runs, heartbeats and commits go on meanwhile; a batch
+        read before the denial stays this process's to admit."""
+        self._denials += 1
+        wait_s = pause_s(self._denials)
+        log_denied(self._log, exc, retry_in_s=wait_s, unadmitted=len(self._reader.unadmitted))
+        await asyncio.sleep(wait_s)
 
     async def _execute(self, run: Run) -> None:
         queued = False

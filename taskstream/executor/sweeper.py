@@ -7,14 +7,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from random import Random
+from typing import TypeVar
 
 from taskstream.core import notify, streams
 from taskstream.core import streams_admin as admin
 from taskstream.core.clock import Clock
 from taskstream.core.definitions import DefinitionCache
-from taskstream.core.errors import ProtocolError, StoreUnavailable
+from taskstream.core.denials import Holds, log_denied, pause_s
+from taskstream.core.errors import CommandDenied, ProtocolError, StoreUnavailable
 from taskstream.core.futures import unless_stopped
 from taskstream.core.logging import get_logger
 from taskstream.core.outbox import seen_on_stream
@@ -37,6 +41,10 @@ from taskstream.executor.sweep import (
     liveness_trusted,
 )
 from taskstream.executor.sweep_facts import SweepFacts
+
+T = TypeVar("T")
+DENIED = "denied"
+"""The count of entries whose action Redis denied in a pass (`sweep_once`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +80,9 @@ class Sweeper:
         self._recovery = Recovery(store, self._defs, rng or Random())
         self._reconciler = Reconciler(store, redis, keys, clock, self._recovery)
         self._redis_failed_ms: int | None = None
+        self._holds = Holds()
+        """Entries and steps whose last try Redis denied, paused until due again."""
+        self._denied_passes = 0
         self._log = get_logger(role="sweeper")
 
     def redis_failed(self) -> None:
@@ -88,14 +99,20 @@ class Sweeper:
         # them again within a TTL. So it starts as if it had just seen Redis fail.
         self.redis_failed()
         while not stop.is_set():
+            wait_s = self._config.interval_s
             try:
                 await unless_stopped(self.sweep_once(), stop)
+                self._denied_passes = 0
             except (StoreUnavailable, *streams.DRIVER_ERRORS) as exc:
                 self._log.warning("sweeper.dependency_down", error=str(exc)[:300])
                 if isinstance(exc, streams.DRIVER_ERRORS):
                     self.redis_failed()
+            except CommandDenied as exc:  # a pass cannot even read the pending lists
+                self._denied_passes += 1
+                wait_s = max(wait_s, pause_s(self._denied_passes))
+                log_denied(self._log, exc, retry_in_s=wait_s)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=self._config.interval_s)
+                await asyncio.wait_for(stop.wait(), timeout=wait_s)
         self._log.info("sweeper.stopped")
 
     async def sweep_once(self) -> dict[str, int]:
@@ -105,11 +122,18 @@ class Sweeper:
         for stream in self._keys.streams():
             for action in await self._sweep_stream(stream):
                 counts[action] = counts.get(action, 0) + 1
-            await admin.prune_consumers(
-                self._redis, self._keys, stream, idle_ms=self._config.consumer_idle_ms
+            prune = partial(
+                admin.prune_consumers,
+                self._redis,
+                self._keys,
+                stream,
+                idle_ms=self._config.consumer_idle_ms,
             )
-            await admin.trim(self._redis, stream)
-        counts["republished"] = await self._reconciler.reconcile()
+            await self._unless_denied(f"prune {stream}", prune)
+            await self._unless_denied(f"trim {stream}", partial(admin.trim, self._redis, stream))
+        counts["republished"] = (
+            await self._unless_denied("reconcile", self._reconciler.reconcile) or 0
+        )
         handed_back = counts.get(Action.TIMEOUT.value) or counts.get(Action.RELEASE.value)
         if handed_back or counts["republished"]:
             await notify.hint(self._redis, self._keys, "retry")
@@ -139,19 +163,51 @@ class Sweeper:
         stuck = [
             p
             for p in entries
-            if not owners.get(p.consumer) or p.idle_ms >= self._config.min_idle_ms
+            if (not owners.get(p.consumer) or p.idle_ms >= self._config.min_idle_ms)
+            and self._holds.due(f"{p.stream} {p.entry_id}", now_ms)
         ]
         if not stuck:
             return []
         found = await admin.fetch(self._redis, stream, [p.entry_id for p in stuck])
         actions: list[str] = []
         for p in stuck:
-            delivery = found.get(p.entry_id)
-            if delivery is None:
-                await streams.ack(self._redis, stream, p.entry_id)
-                continue
-            actions.append(await self._sweep_entry(p, delivery, owners.get(p.consumer, False)))
+            action = await self._try_entry(p, found.get(p.entry_id), owners.get(p.consumer, False))
+            if action is not None:
+                actions.append(action)
         return actions
+
+    async def _try_entry(
+        self, p: admin.Pending, d: streams.Delivery | None, alive: bool
+    ) -> str | None:
+        """Sweep one entry; None for one deleted meanwhile (only acked). One whose ack or move
+        Redis denies is left as it is (pending: neither acked nor lost) and skipped until its
+        pause is over (`denials.Holds`), while the others are swept on."""
+        key = f"{p.stream} {p.entry_id}"
+        try:
+            if d is None:
+                await streams.ack(self._redis, p.stream, p.entry_id)
+                return None
+            action = await self._sweep_entry(p, d, alive)
+        except CommandDenied as exc:
+            wait_s = self._holds.hold(key, self._clock.now_ms())
+            log_denied(self._log, exc, entry_id=p.entry_id, stream=p.stream, retry_in_s=wait_s)
+            return DENIED
+        self._holds.clear(key)
+        return action
+
+    async def _unless_denied(self, step: str, make: Callable[[], Awaitable[T]]) -> T | None:
+        """Run a step of the pass (`make()`), unless Redis denied it lately; a denial is
+        logged and pauses that step alone (None), not the pass."""
+        now_ms = self._clock.now_ms()
+        if not self._holds.due(step, now_ms):
+            return None
+        try:
+            done = await make()
+        except CommandDenied as exc:
+            log_denied(self._log, exc, step=step, retry_in_s=self._holds.hold(step, now_ms))
+            return None
+        self._holds.clear(step)
+        return done
 
     async def _sweep_entry(self, p: admin.Pending, d: streams.Delivery, alive: bool) -> str:
         try:
