@@ -17,14 +17,15 @@ import typer
 
 from taskstream.agents.registry import default_registry
 from taskstream.cli.common import Cluster, err_console, open_cluster, run_async, settings
-from taskstream.core import preconditions, streams
+from taskstream.core import preconditions, redis_needs, streams
 from taskstream.core.clock import Clock, OffsetClock, SystemClock
 from taskstream.core.definitions import UpstreamCache
-from taskstream.core.errors import StoreUnavailable
+from taskstream.core.errors import ConfigError, StoreUnavailable
 from taskstream.core.futures import unless_stopped
 from taskstream.core.logging import get_logger
 from taskstream.core.notify import Wakeups
 from taskstream.core.outbox import Outbox
+from taskstream.core.protocol import Keys
 from taskstream.core.settings import Settings
 from taskstream.core.timesync import keep_synced, synced_clock
 from taskstream.executor.admission import RELOAD_S, UpstreamGate
@@ -51,6 +52,10 @@ START_PAUSE_S = 1.0
 """Pause between tries to reach Redis and the store when a role starts during an outage."""
 
 
+Needs = Callable[[Keys], list[redis_needs.Call]]
+"""The Redis calls a role makes, for the start-up check (`redis_needs`)."""
+
+
 class Service(Protocol):
     async def run(self, stop: asyncio.Event) -> None: ...
 
@@ -65,11 +70,13 @@ def migrate_cmd() -> None:
     err_console.print("store is at the latest schema")
 
 
-async def _serve(s: Settings, build: Callable[[Cluster, Clock], Service]) -> None:
+async def _serve(
+    s: Settings, build: Callable[[Cluster, Clock], Service], role: str, calls: Needs
+) -> None:
     stop = asyncio.Event()
     install_stop_signals(stop)
     async with open_cluster(s, check=False) as cluster:
-        clock = await _dependencies_up(cluster, stop)
+        clock = await _dependencies_up(cluster, stop, role, calls)
         if clock is None:
             return  # stopped while waiting
         syncing = asyncio.create_task(keep_synced(cluster.store, clock, stop))
@@ -86,13 +93,18 @@ async def _serve(s: Settings, build: Callable[[Cluster, Clock], Service]) -> Non
             await syncing
 
 
-async def _dependencies_up(cluster: Cluster, stop: asyncio.Event) -> OffsetClock | None:
-    """The stream groups made and the clock synced with the database's, waiting while Redis
-    or the store is down (a warning each try, `START_PAUSE_S` apart), as the services wait
-    for an outage later on; None when `stop` comes first."""
+async def _dependencies_up(
+    cluster: Cluster, stop: asyncio.Event, role: str, calls: Needs
+) -> OffsetClock | None:
+    """Redis checked to allow the role's commands (`redis_needs`), the stream groups made and
+    the clock synced with the database's, waiting while Redis or the store is down (a warning
+    each try, `START_PAUSE_S` apart), as the services wait for an outage later on; None when
+    `stop` comes first. `ConfigError` naming each command Redis refuses the role's user."""
     log = get_logger(role="startup")
     while not stop.is_set():
         try:
+            if refused := await redis_needs.refusals(cluster.queue, calls(cluster.keys)):
+                raise not_allowed(role, refused)
             await streams.ensure_groups(cluster.queue, cluster.keys)
             return await unless_stopped(synced_clock(cluster.store), stop)
         except (StoreUnavailable, *streams.DRIVER_ERRORS) as exc:
@@ -100,6 +112,17 @@ async def _dependencies_up(cluster: Cluster, stop: asyncio.Event) -> OffsetClock
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), timeout=START_PAUSE_S)
     return None
+
+
+def not_allowed(role: str, refused: list[redis_needs.Refusal]) -> ConfigError:
+    """The start-up error of a role whose Redis user may not run some of its commands."""
+    return ConfigError(
+        [
+            *(f"redis refuses the {role} {r.command}: {r.reply}" for r in refused),
+            f"the {role} needs these commands (its Redis user's ACL, or a rename-command in "
+            "the server's config): see 'Redis permissions' in docs/operations.md",
+        ]
+    )
 
 
 def scheduler_cmd() -> None:
@@ -134,7 +157,7 @@ def scheduler_cmd() -> None:
             holds=holds,
         )
 
-    run_async(_serve(s, build))
+    run_async(_serve(s, build, "scheduler", redis_needs.scheduler_calls))
 
 
 def executor_cmd(
@@ -174,7 +197,7 @@ def executor_cmd(
         )
         return Executor(deps, config)
 
-    run_async(_serve(s, build))
+    run_async(_serve(s, build, "executor", redis_needs.executor_calls))
 
 
 def sweeper_cmd() -> None:
@@ -189,4 +212,4 @@ def sweeper_cmd() -> None:
     def build(cluster: Cluster, clock: Clock) -> Service:
         return Sweeper(cluster.store, cluster.queue, cluster.keys, clock, config)
 
-    run_async(_serve(s, build))
+    run_async(_serve(s, build, "sweeper", redis_needs.sweeper_calls))

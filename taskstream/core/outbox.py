@@ -26,6 +26,8 @@ from typing import Literal
 from pydantic import ValidationError
 
 from taskstream.core import streams
+from taskstream.core.denials import log_denied
+from taskstream.core.errors import CommandDenied
 from taskstream.core.futures import mark_retrieved
 from taskstream.core.logging import get_logger
 from taskstream.core.protocol import Keys, Priority, WorkEntry
@@ -179,6 +181,11 @@ class Outbox:
         try:
             entries = [(Priority.of(i.new.priority), _new_entry(i.new, i.now_ms)) for i in fresh]
             await streams.publish_many(self.redis, self.keys, entries)
+        except CommandDenied as exc:
+            log_denied(
+                self._log, exc, instance_ids=[i.new.id for i in fresh], left_for="reconciler"
+            )
+            return False
         except Exception as exc:
             self._log.warning(
                 "instances.unpublished",

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from taskstream.core import notify, streams
+from taskstream.core.denials import commands
 from taskstream.core.errors import TaskstreamError
 from taskstream.core.protocol import Keys
 
@@ -69,6 +70,7 @@ class LeaderLease:
         """After a `hold` that found another holder: how long its lease has left (ms, the
         Redis server's clock), so a standby tries again the moment it lapses."""
 
+    @commands("EVALSHA (GET INCR SET PEXPIRE PTTL)")
     async def hold(self, *, floor: int = 0) -> int | None:
         """Acquire the lease or renew ours; returns our fencing token, or None (standby). A
         new token is above `floor` (the largest token the store has seen): after Redis lost
@@ -85,6 +87,7 @@ class LeaderLease:
         self.lapses_in_ms = None if token > 0 else (left_ms if left_ms >= 0 else self.lease_ms)
         return self.token
 
+    @commands("EVALSHA (GET DEL)")
     async def release(self) -> None:
         """Give the lease up now (if still ours), and wake the standbys (a hint on the control
         channel) so one takes over without waiting for its next try."""
@@ -96,6 +99,7 @@ class LeaderLease:
         if released:
             await notify.hint(self._redis, self._keys, "leader")
 
+    @commands("GET")
     async def holder(self) -> tuple[str, int] | None:
         """Who holds the lease now, and with which token."""
         raw = await self._redis.get(self._keys.leader)

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from taskstream.core import streams
 from taskstream.core.clock import Clock
 from taskstream.core.definitions import DefinitionCache
-from taskstream.core.errors import StoreUnavailable
+from taskstream.core.denials import log_denied, pause_s
+from taskstream.core.errors import CommandDenied, StoreUnavailable
 from taskstream.core.futures import unless_stopped
 from taskstream.core.logging import get_logger
 from taskstream.core.notify import SAFETY_WAKE_S, Wakeups
@@ -98,6 +99,8 @@ class Scheduler:
         self._refused_in_cycle = False
         """Some due retry was refused since the pages last started from the first."""
         self._renew_s = leader.lease_ms / 3000 if leader else config.max_sleep_s
+        self._denials = 0
+        """Steps in a row that Redis denied."""
         self._log = get_logger(role="scheduler", owner=leader.owner if leader else None)
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -113,7 +116,7 @@ class Scheduler:
             if self._wakeups is not None:
                 await self._wakeups.close()
             if self._leader is not None:
-                with contextlib.suppress(*streams.DRIVER_ERRORS):
+                with contextlib.suppress(*streams.DRIVER_ERRORS, CommandDenied):
                     await self._leader.release()
             self._log.info("scheduler.stopped")
 
@@ -130,12 +133,18 @@ class Scheduler:
             self._advancer.forget()
             if self._leader is not None:
                 # Redis may be what failed: the lease then lapses by itself.
-                with contextlib.suppress(*streams.DRIVER_ERRORS):
+                with contextlib.suppress(*streams.DRIVER_ERRORS, CommandDenied):
                     await self._leader.release()
             return ERROR_PAUSE_S
         except (StoreUnavailable, *streams.DRIVER_ERRORS) as exc:
             self._log.warning("scheduler.dependency_down", error=str(exc)[:300])
             return ERROR_PAUSE_S
+        except CommandDenied as exc:  # the lease or a retry's XADD: paused, then tried again
+            self._denials += 1
+            wait_s = max(ERROR_PAUSE_S, pause_s(self._denials))
+            log_denied(self._log, exc, retry_in_s=wait_s)
+            return wait_s
+        self._denials = 0
         cap = min(self._config.max_sleep_s, self._renew_s)
         due = [t for t in (next_due_ms, retry_ms) if t is not None]
         if not due:

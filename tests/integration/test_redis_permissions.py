@@ -1,0 +1,122 @@
+"""The Redis permissions of the scheduler, and the start-up check of every role's: a denied
+lease script or hint subscription pauses the scheduler (it neither ends nor spins), and the
+check names each command a user lacks without writing anything. Each test makes an ACL user
+of its own on the real server."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from structlog.testing import capture_logs
+
+from taskstream.core import redis_needs
+from taskstream.core.notify import Wakeups
+from taskstream.core.outbox import Outbox
+from taskstream.scheduler.leader import LeaderLease
+from taskstream.scheduler.service import Scheduler, SchedulerConfig
+from tests.integration.harness import Harness, until
+from tests.support.acl import acl, acl_user, namespace_rules
+
+ROLES = [redis_needs.executor_calls, redis_needs.sweeper_calls, redis_needs.scheduler_calls]
+
+
+async def test_a_denied_lease_pauses_the_scheduler_until_it_is_allowed(
+    outage: Harness, redis_url: str
+) -> None:
+    h = outage
+    rules = [*namespace_rules(h.keys), "-evalsha"]
+    async with acl_user(h.redis, redis_url, rules) as (user, client):
+        lease = LeaderLease(client, h.keys, "s1", lease_ms=3000)
+        scheduler = Scheduler(
+            h.store, Outbox(h.store, client, h.keys), h.clock, SchedulerConfig(), leader=lease
+        )
+        stop = asyncio.Event()
+        with capture_logs() as logs:
+            running = asyncio.create_task(scheduler.run(stop))
+            try:
+
+                async def told() -> bool:
+                    return any(e["event"] == "redis.denied" for e in logs) or running.done()
+
+                await until(told)
+                assert not running.done(), running.exception()
+                denied = next(e for e in logs if e["event"] == "redis.denied")
+                assert (denied["command"], denied["log_level"]) == ("EVALSHA", "error")
+                await acl(h.redis, "SETUSER", user, "+evalsha")
+
+                async def leading() -> bool:
+                    return await lease.holder() is not None or running.done()
+
+                await until(leading)
+                assert not running.done(), running.exception()
+            finally:
+                stop.set()
+                await asyncio.wait_for(asyncio.gather(running, return_exceptions=True), 20)
+
+
+async def test_a_denied_subscription_waits_as_if_no_hint_came(
+    outage: Harness, redis_url: str
+) -> None:
+    """Without the control channel the scheduler's sleep must still be a sleep: a wait that
+    failed at once would make it pass after pass with no pause."""
+    h = outage
+    rules = [f"~{h.keys.base}:*", "resetchannels", "+@all"]
+    async with acl_user(h.redis, redis_url, rules) as (_user, client):
+        wakeups = Wakeups(client, h.keys)
+        with capture_logs() as logs:
+            assert await wakeups.wait(0.05) is False
+            assert await wakeups.wait(0.05) is False
+        await wakeups.close()
+    [denied] = [e for e in logs if e["event"] == "redis.denied"]  # once, not at every wait
+    assert denied["command"] == "SUBSCRIBE" and h.keys.control in denied["reply"]
+
+
+async def test_the_start_check_passes_for_a_user_of_the_namespace_and_writes_nothing(
+    outage: Harness, redis_url: str
+) -> None:
+    h = outage
+    before = await _namespace_keys(h)
+    async with acl_user(h.redis, redis_url, namespace_rules(h.keys)) as (_user, client):
+        for calls in ROLES:
+            assert await redis_needs.refusals(client, calls(h.keys)) == []
+        assert await client.ping()
+    assert await _namespace_keys(h) == before
+
+
+@pytest.mark.parametrize(
+    ("taken", "named"),
+    [
+        (["-xadd"], {"XADD"}),
+        (["-script|load"], {"SCRIPT|LOAD"}),
+        (["-xgroup|create"], {"XGROUP|CREATE"}),
+    ],
+)
+async def test_the_start_check_names_each_denied_command(
+    outage: Harness, redis_url: str, taken: list[str], named: set[str]
+) -> None:
+    h = outage
+    before = await _namespace_keys(h)
+    async with acl_user(h.redis, redis_url, [*namespace_rules(h.keys), *taken]) as (_u, client):
+        for calls in ROLES:
+            refused = await redis_needs.refusals(client, calls(h.keys))
+            assert {r.command for r in refused} == named
+            assert all(r.reply.startswith("NOPERM ") for r in refused)
+    assert await _namespace_keys(h) == before
+
+
+async def test_the_start_check_names_the_keys_and_channel_a_role_lacks(
+    outage: Harness, redis_url: str
+) -> None:
+    h = outage
+    rules = [f"~{h.keys.base}:stream:*", "resetchannels", "+@all"]
+    async with acl_user(h.redis, redis_url, rules) as (_user, client):
+        refused = await redis_needs.refusals(client, redis_needs.sweeper_calls(h.keys))
+    replies = " ".join(r.reply for r in refused)
+    assert h.keys.dead in replies and h.keys.control in replies
+    assert h.keys.alive(redis_needs.PROBE) in replies
+
+
+async def _namespace_keys(h: Harness) -> list[Any]:
+    return sorted([k async for k in h.redis.scan_iter(match=f"{h.keys.base}:*")])
