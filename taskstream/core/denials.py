@@ -119,6 +119,27 @@ def log_denied(log: FilteringBoundLogger, exc: CommandDenied, **fields: Any) -> 
     log.error("redis.denied", command=exc.command, reply=exc.reply, **fields)
 
 
+async def unless_held(
+    holds: Holds,
+    key: str,
+    now_ms: int,
+    log: FilteringBoundLogger,
+    make: Callable[[], Awaitable[R]],
+    **fields: Any,
+) -> R | None:
+    """`await make()`, unless `key` is held at `now_ms`; None then, or when Redis denies it:
+    the denial is logged (`log_denied`, with `fields`) and holds `key` (`Holds.hold`)."""
+    if not holds.due(key, now_ms):
+        return None
+    try:
+        done = await make()
+    except CommandDenied as exc:
+        log_denied(log, exc, retry_in_s=holds.hold(key, now_ms), **fields)
+        return None
+    holds.clear(key)
+    return done
+
+
 class Holds:
     """Work (an entry, a step, by a key of the caller's) whose last try was denied, and when
     to try it again (`pause_s` after each denial in a row). Times are epoch ms of the caller's

@@ -298,41 +298,5 @@ async def dead_letter(
     return await move(redis, delivery, keys.dead, fields)
 
 
-async def queue_stats(redis: Redis, keys: Keys) -> dict[str, Any]:
-    """Per-stream length, group pending/lag and consumers; the dead stream's length."""
-    streams: dict[str, Any] = {}
-    for priority in Priority:
-        stream = keys.stream(priority)
-        groups = await _groups(redis, stream)
-        group = groups.get(GROUP, {})
-        consumers = await _consumers(redis, stream) if group else []
-        streams[priority.value] = {
-            "key": stream,
-            "length": int(await redis.xlen(stream)),
-            "pending": int(group.get("pending", 0)),
-            "lag": group.get("lag"),
-            "consumers": consumers,
-        }
-    return {"streams": streams, "dead": int(await redis.xlen(keys.dead))}
-
-
-async def _groups(redis: Redis, stream: str) -> dict[str, dict[str, Any]]:
-    try:
-        groups: list[dict[str, Any]] = await redis.xinfo_groups(stream)
-    except ResponseError as exc:
-        if denied(exc):
-            raise
-        return {}
-    return {as_text(g["name"]): g for g in groups}
-
-
-async def _consumers(redis: Redis, stream: str) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = await redis.xinfo_consumers(stream, GROUP)
-    return [
-        {"name": as_text(r["name"]), "pending": int(r["pending"]), "idle_ms": int(r["idle"])}
-        for r in rows
-    ]
-
-
 def as_text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value

@@ -10,8 +10,8 @@ from typing import Any, Final
 from redis.exceptions import ResponseError
 
 from taskstream.core.denials import commands, denied
-from taskstream.core.protocol import GROUP, Keys, WorkEntry, encode
-from taskstream.core.streams import Delivery, Redis, as_text, move, queue_stats
+from taskstream.core.protocol import GROUP, Keys, Priority, WorkEntry, encode
+from taskstream.core.streams import Delivery, Redis, as_text, move
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,8 +101,44 @@ async def alive(redis: Redis, keys: Keys, consumers: set[str]) -> dict[str, bool
     return {name: bool(n) for name, n in zip(names, found, strict=True)}
 
 
+async def queue_stats(redis: Redis, keys: Keys) -> dict[str, Any]:
+    """Per-stream length, group pending/lag and consumers; the dead stream's length."""
+    streams: dict[str, Any] = {}
+    for priority in Priority:
+        stream = keys.stream(priority)
+        groups = await _groups(redis, stream)
+        group = groups.get(GROUP, {})
+        consumers = await _consumers(redis, stream) if group else []
+        streams[priority.value] = {
+            "key": stream,
+            "length": int(await redis.xlen(stream)),
+            "pending": int(group.get("pending", 0)),
+            "lag": group.get("lag"),
+            "consumers": consumers,
+        }
+    return {"streams": streams, "dead": int(await redis.xlen(keys.dead))}
+
+
+async def _groups(redis: Redis, stream: str) -> dict[str, dict[str, Any]]:
+    try:
+        groups: list[dict[str, Any]] = await redis.xinfo_groups(stream)
+    except ResponseError as exc:
+        if denied(exc):
+            raise
+        return {}
+    return {as_text(g["name"]): g for g in groups}
+
+
+async def _consumers(redis: Redis, stream: str) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = await redis.xinfo_consumers(stream, GROUP)
+    return [
+        {"name": as_text(r["name"]), "pending": int(r["pending"]), "idle_ms": int(r["idle"])}
+        for r in rows
+    ]
+
+
 async def queue_view(redis: Redis, keys: Keys) -> dict[str, Any]:
-    """`streams.queue_stats`, each consumer marked `alive` (its liveness key is there): a
+    """`queue_stats`, each consumer marked `alive` (its liveness key is there): a
     consumer that died stays in the group until the sweeper prunes it, and is no reader."""
     stats = await queue_stats(redis, keys)
     consumers = [c for st in stats["streams"].values() for c in st["consumers"]]

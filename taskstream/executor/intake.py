@@ -19,7 +19,6 @@ from taskstream.agents.base import Agent
 from taskstream.agents.registry import Registry, UnknownAgent
 from taskstream.core import streams
 from taskstream.core.definitions import DefinitionCache
-from taskstream.core.denials import log_denied
 from taskstream.core.errors import CommandDenied, ProtocolError
 from taskstream.core.logging import get_logger
 from taskstream.core.protocol import Keys, WorkEntry, decode
@@ -258,7 +257,7 @@ class Intake:
         try:
             await streams.ack(self._redis, delivery.stream, delivery.entry_id)
         except CommandDenied as exc:
-            self._left(delivery, exc)
+            letters.left_pending(self._log, delivery, exc)
             return
         self._log.info("instance.duplicate_acked", instance_id=instance_id, status=status)
 
@@ -268,19 +267,7 @@ class Intake:
         try:
             await letters.dead_letter(self._redis, self._keys, self._log, delivery, reason, detail)
         except CommandDenied as exc:
-            self._left(delivery, exc)
-
-    def _left(self, delivery: streams.Delivery, exc: CommandDenied) -> None:
-        """Redis denied the ack or move of `delivery`: the entry stays pending as it is, and
-        the sweeper, which takes it once idle, tries again (pausing while it is denied). The
-        rest of the batch goes on."""
-        log_denied(
-            self._log,
-            exc,
-            entry_id=delivery.entry_id,
-            stream=delivery.stream,
-            left_for="sweeper",
-        )
+            letters.left_pending(self._log, delivery, exc)
 
 
 def _claimed_by(c: _Candidate, won: Mapping[str, Claimed]) -> bool:

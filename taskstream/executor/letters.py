@@ -7,6 +7,8 @@ from __future__ import annotations
 from structlog.typing import FilteringBoundLogger
 
 from taskstream.core import streams
+from taskstream.core.denials import log_denied
+from taskstream.core.errors import CommandDenied
 from taskstream.core.protocol import Keys
 from taskstream.core.states import Status, failed_as_poison, life_began, poisoned_by
 from taskstream.core.store.port import HistoryRow, InstanceRow, Store
@@ -35,6 +37,12 @@ async def dead_letter(
         dead_id=dead_id,
     )
     return True
+
+
+def left_pending(log: FilteringBoundLogger, delivery: streams.Delivery, exc: CommandDenied) -> None:
+    """Log that Redis denied the ack or move of `delivery`, left pending as it is for the
+    sweeper, which takes it once idle and tries again (pausing while it is denied)."""
+    log_denied(log, exc, entry_id=delivery.entry_id, stream=delivery.stream, left_for="sweeper")
 
 
 def moved_meanwhile(log: FilteringBoundLogger, delivery: streams.Delivery) -> None:

@@ -17,7 +17,7 @@ from taskstream.core import notify, streams
 from taskstream.core import streams_admin as admin
 from taskstream.core.clock import Clock
 from taskstream.core.definitions import DefinitionCache
-from taskstream.core.denials import Holds, log_denied, pause_s
+from taskstream.core.denials import Holds, log_denied, pause_s, unless_held
 from taskstream.core.errors import CommandDenied, ProtocolError, StoreUnavailable
 from taskstream.core.futures import unless_stopped
 from taskstream.core.logging import get_logger
@@ -171,43 +171,28 @@ class Sweeper:
         found = await admin.fetch(self._redis, stream, [p.entry_id for p in stuck])
         actions: list[str] = []
         for p in stuck:
-            action = await self._try_entry(p, found.get(p.entry_id), owners.get(p.consumer, False))
-            if action is not None:
-                actions.append(action)
-        return actions
+            # An entry whose ack or move Redis denies is left as it is (pending: neither
+            # acked nor lost) and skipped until its pause is over, while the others go on.
+            sweep = partial(
+                self._sweep_found, p, found.get(p.entry_id), owners.get(p.consumer, False)
+            )
+            key, ids = f"{p.stream} {p.entry_id}", {"entry_id": p.entry_id, "stream": p.stream}
+            action = await unless_held(self._holds, key, now_ms, self._log, sweep, **ids)
+            actions.append(DENIED if action is None else action)
+        return [a for a in actions if a]
 
-    async def _try_entry(
-        self, p: admin.Pending, d: streams.Delivery | None, alive: bool
-    ) -> str | None:
-        """Sweep one entry; None for one deleted meanwhile (only acked). One whose ack or move
-        Redis denies is left as it is (pending: neither acked nor lost) and skipped until its
-        pause is over (`denials.Holds`), while the others are swept on."""
-        key = f"{p.stream} {p.entry_id}"
-        try:
-            if d is None:
-                await streams.ack(self._redis, p.stream, p.entry_id)
-                return None
-            action = await self._sweep_entry(p, d, alive)
-        except CommandDenied as exc:
-            wait_s = self._holds.hold(key, self._clock.now_ms())
-            log_denied(self._log, exc, entry_id=p.entry_id, stream=p.stream, retry_in_s=wait_s)
-            return DENIED
-        self._holds.clear(key)
-        return action
+    async def _sweep_found(self, p: admin.Pending, d: streams.Delivery | None, alive: bool) -> str:
+        """Sweep one entry; "" for one deleted meanwhile (only acked)."""
+        if d is None:
+            await streams.ack(self._redis, p.stream, p.entry_id)
+            return ""
+        return await self._sweep_entry(p, d, alive)
 
     async def _unless_denied(self, step: str, make: Callable[[], Awaitable[T]]) -> T | None:
-        """Run a step of the pass (`make()`), unless Redis denied it lately; a denial is
+        """Run a step of the pass (`make()`) unless Redis denied it lately: a denial is
         logged and pauses that step alone (None), not the pass."""
         now_ms = self._clock.now_ms()
-        if not self._holds.due(step, now_ms):
-            return None
-        try:
-            done = await make()
-        except CommandDenied as exc:
-            log_denied(self._log, exc, step=step, retry_in_s=self._holds.hold(step, now_ms))
-            return None
-        self._holds.clear(step)
-        return done
+        return await unless_held(self._holds, step, now_ms, self._log, make, step=step)
 
     async def _sweep_entry(self, p: admin.Pending, d: streams.Delivery, alive: bool) -> str:
         try:

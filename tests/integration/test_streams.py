@@ -63,7 +63,7 @@ async def test_dead_letter_moves_the_entry_with_its_reason(
     [(_, fields)] = dead
     assert fields[b"reason"] == b"missing_version"
     assert fields[b"source_id"] == d.entry_id.encode()
-    stats = await streams.queue_stats(redis, keys)
+    stats = await admin.queue_stats(redis, keys)
     assert stats["dead"] == 1
     assert stats["streams"]["default"]["pending"] == 0
 
