@@ -81,11 +81,12 @@ class LetterKept(TaskstreamError):
     letter was dropped: it stays on the dead-letter stream."""
 
 
-class CommandDenied(TaskstreamError):
+class CommandDenied(QueueUnavailable):
     """Redis refused to run a command for us: its ACL denies the command, a key or a channel
-    (NOPERM), or it does not know the command (renamed or disabled). Unlike an outage this
-    does not pass by itself; `command` names what was refused, `reply` is the server's answer
-    without the call's arguments (`core.denials`)."""
+    (NOPERM), or it does not know the command (renamed or disabled). Nothing was done. Unlike
+    an outage it does not pass by itself (an operator grants the permission), but it is
+    waited out the same way; `command` names what was refused, `reply` is the server's
+    answer without the call's arguments (`core.denials`)."""
 
     def __init__(self, command: str, reply: str) -> None:
         self.command = command

@@ -111,7 +111,8 @@ def sweeper_calls(keys: Keys) -> list[Call]:
 
 
 def scheduler_calls(keys: Keys) -> list[Call]:
-    """The leader lease script, publishing, hints and their subscription."""
+    """The leader lease script, publishing, hints and their subscription, and the breakers
+    that hold back ticks."""
     lease, epoch = keys.leader, keys.leader_epoch
     return [
         *_streams(keys),
@@ -128,6 +129,8 @@ def scheduler_calls(keys: Keys) -> list[Call]:
         *(("XADD", s, "*", "v", "1") for s in keys.streams()),
         ("PUBLISH", keys.control, PROBE),
         ("SUBSCRIBE", keys.control),
+        ("TIME",),
+        ("HGETALL", keys.breaker(PROBE)),
     ]
 
 

@@ -14,7 +14,10 @@ from contextlib import asynccontextmanager
 from dataclasses import astuple
 from typing import Any
 
+from redis.exceptions import ResponseError
+
 from taskstream.core import streams
+from taskstream.core.denials import denied, refused
 from taskstream.core.protocol import Keys
 from taskstream.ratelimit import breaker, lua
 from taskstream.ratelimit.backend import (
@@ -44,6 +47,10 @@ async def _guarded(what: str, name: str) -> AsyncIterator[None]:
         yield
     except streams.DRIVER_ERRORS as exc:
         raise GuardUnavailable(f"{what} {name}: {exc}") from exc
+    except ResponseError as exc:
+        if denied(exc):  # waited out like an outage (a `QueueUnavailable`), named as such
+            raise refused(exc, "EVALSHA") from exc
+        raise
 
 
 def state_from_reply(values: Sequence[Any]) -> BreakerState:

@@ -12,8 +12,10 @@ import pytest
 from structlog.testing import capture_logs
 
 from taskstream.core import redis_needs
+from taskstream.core.errors import CommandDenied, QueueUnavailable
 from taskstream.core.notify import Wakeups
 from taskstream.core.outbox import Outbox
+from taskstream.ratelimit.redis_backend import RedisLimiter
 from taskstream.scheduler.leader import LeaderLease
 from taskstream.scheduler.service import Scheduler, SchedulerConfig
 from tests.integration.harness import Harness, until
@@ -116,6 +118,18 @@ async def test_the_start_check_names_the_keys_and_channel_a_role_lacks(
     replies = " ".join(r.reply for r in refused)
     assert h.keys.dead in replies and h.keys.control in replies
     assert h.keys.alive(redis_needs.PROBE) in replies
+
+
+async def test_a_denied_limiter_is_waited_out_by_its_callers(
+    outage: Harness, redis_url: str
+) -> None:
+    """Admission defers a run, and the scheduler holds nothing back, while the limiter or
+    breaker cannot be used (`QueueUnavailable`): a denial is one, naming the command."""
+    h = outage
+    async with acl_user(h.redis, redis_url, [*namespace_rules(h.keys), "-evalsha"]) as (_, c):
+        with pytest.raises(QueueUnavailable) as caught:
+            await RedisLimiter(c, h.keys).acquire("api", 5, 1000)
+    assert isinstance(caught.value, CommandDenied) and caught.value.command == "EVALSHA"
 
 
 async def _namespace_keys(h: Harness) -> list[Any]:
