@@ -6,6 +6,7 @@ of its own on the real server."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from taskstream.scheduler.service import Scheduler, SchedulerConfig
 from tests.integration.harness import Harness, until
 from tests.support.acl import acl, acl_user, namespace_rules
 
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 ROLES = [redis_needs.executor_calls, redis_needs.sweeper_calls, redis_needs.scheduler_calls]
 
 
@@ -130,6 +132,22 @@ async def test_a_denied_limiter_is_waited_out_by_its_callers(
         with pytest.raises(QueueUnavailable) as caught:
             await RedisLimiter(c, h.keys).acquire("api", 5, 1000)
     assert isinstance(caught.value, CommandDenied) and caught.value.command == "EVALSHA"
+
+
+async def test_the_executor_user_of_the_docs_passes_the_start_check(
+    outage: Harness, redis_url: str
+) -> None:
+    """docs/operations.md's `ACL SETUSER` line for executors, for this test's namespace."""
+    h = outage
+    [line] = [x for x in DOCS.read_text().splitlines() if x.startswith("ACL SETUSER ts-executor")]
+    rules = line.replace("ts:{prod}", h.keys.base).split()[5:]  # after "on >PASSWORD"
+    assert rules[0] == "resetkeys" and "+xadd" in rules
+    async with acl_user(h.redis, redis_url, rules) as (_user, client):
+        assert await redis_needs.refusals(client, redis_needs.executor_calls(h.keys)) == []
+        without = [r for r in rules if r != "+xadd"]
+        async with acl_user(h.redis, redis_url, without) as (_other, lacking):
+            refused = await redis_needs.refusals(lacking, redis_needs.executor_calls(h.keys))
+    assert [r.command for r in refused] == ["XADD"]
 
 
 async def _namespace_keys(h: Harness) -> list[Any]:
