@@ -81,7 +81,7 @@ def _guards(keys: Keys) -> list[Call]:
 
 
 def executor_calls(keys: Keys) -> list[Call]:
-    """Read, claim, heartbeat, ack, dead-letter, limiter and breaker."""
+    """Read, claim, heartbeat, ack, dead-letter, release notes, limiter and breaker."""
     stream, alive = keys.streams()[0], keys.alive(PROBE)
     reads = ["STREAMS", *keys.streams(), *(">" for _ in keys.streams())]
     return [
@@ -90,13 +90,15 @@ def executor_calls(keys: Keys) -> list[Call]:
         ("DEL", alive),
         ("XREADGROUP", "GROUP", GROUP, PROBE, "COUNT", "1", *reads),
         ("XCLAIM", stream, GROUP, PROBE, "0", "0-1", "JUSTID"),
+        ("SET", keys.released(PROBE, 1), PROBE, "EX", "60"),
         *_moves(keys),
         *_guards(keys),
     ]
 
 
 def sweeper_calls(keys: Keys) -> list[Call]:
-    """Pending lists, liveness, moves, consumer clean-up, trimming, the reconciler."""
+    """Pending lists, liveness, moves, consumer clean-up, trimming, the reconciler, the
+    release notes of stopped executors."""
     stream = keys.streams()[0]
     return [
         *_streams(keys),
@@ -107,6 +109,8 @@ def sweeper_calls(keys: Keys) -> list[Call]:
         ("EVALSHA", SHA, "2", stream, keys.alive(PROBE)),
         ("XGROUP", "DELCONSUMER", stream, GROUP, PROBE),
         ("XTRIM", stream, "MINID", "0-1"),
+        ("GET", keys.released(PROBE, 1)),
+        ("DEL", keys.released(PROBE, 1)),
     ]
 
 

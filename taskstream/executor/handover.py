@@ -29,7 +29,8 @@ from dataclasses import dataclass
 
 from taskstream.core import streams
 from taskstream.core.clock import Clock
-from taskstream.core.errors import StoreError, StoreUnavailable
+from taskstream.core.denials import commands
+from taskstream.core.errors import CommandDenied, StoreError, StoreUnavailable
 from taskstream.core.futures import STEP_END_S
 from taskstream.core.logging import get_logger
 from taskstream.core.protocol import RELEASED_TTL_S, Keys, read_release_note, release_note
@@ -148,7 +149,7 @@ class Handover:
             await asyncio.wait_for(
                 note(self._redis, self._keys, handed, self._consumer), timeout=STEP_END_S
             )
-        except (TimeoutError, *streams.DRIVER_ERRORS) as exc:
+        except (TimeoutError, CommandDenied, *streams.DRIVER_ERRORS) as exc:
             self._log.error("executor.releases_lost", runs=runs, error=str(exc)[:300])
             return
         self._log.warning("executor.releases_noted", runs=runs)
@@ -162,6 +163,7 @@ def _unwritten(done: asyncio.Future[bool], failure: type[StoreError]) -> bool:
     return isinstance(done.exception(), failure)
 
 
+@commands("SET")
 async def note(redis: streams.Redis, keys: Keys, handed: list[Handed], owner: str) -> None:
     """Note the releases of `handed` by lease owner `owner`."""
     async with redis.pipeline(transaction=False) as pipe:
@@ -171,6 +173,7 @@ async def note(redis: streams.Redis, keys: Keys, handed: list[Handed], owner: st
         await pipe.execute()
 
 
+@commands("GET")
 async def noted(redis: streams.Redis, keys: Keys, row: InstanceRow) -> ReleaseNote | None:
     """The release noted for `row`'s attempt, if any."""
     value: bytes | str | None = await redis.get(keys.released(row.id, row.attempt))
@@ -180,6 +183,7 @@ async def noted(redis: streams.Redis, keys: Keys, row: InstanceRow) -> ReleaseNo
     return ReleaseNote(row.attempt, owner, lost_end)
 
 
+@commands("DEL")
 async def make_release(
     store: Store,
     redis: streams.Redis,
