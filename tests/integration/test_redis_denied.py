@@ -35,7 +35,7 @@ def no_xadd(keys: Keys) -> tuple[list[str], list[str], str]:
 def no_dead_key(keys: Keys) -> tuple[list[str], list[str], str]:
     """The rules allowing every key of the namespace but the dead-letter stream, those that
     give it back, and the command a denial names: the script's, whose keys are refused."""
-    allowed = [f"~{keys.base}:stream:*", f"~{keys.base}:alive:*", f"~{keys.base}:leader*"]
+    allowed = [f"~{keys.base}:{kind}:*" for kind in ("stream", "alive", "released")]
     return [*allowed, f"&{keys.control}", "+@all"], [f"~{keys.dead}"], "EVALSHA"
 
 
