@@ -17,19 +17,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from random import Random
 
 from taskstream.core import notify, streams
 from taskstream.core.clock import Clock
 from taskstream.core.denials import log_denied
-from taskstream.core.errors import CommandDenied, StoreError, StoreRefused, StoreUnavailable
+from taskstream.core.errors import CommandDenied, StoreRefused, StoreUnavailable
 from taskstream.core.futures import mark_retrieved
 from taskstream.core.logging import get_logger
 from taskstream.core.protocol import Keys
 from taskstream.core.reasons import after
 from taskstream.core.states import FailClass, Status
 from taskstream.core.store.port import CasResult, Store
+from taskstream.executor.confirm import landed
 from taskstream.executor.intake import Run
 from taskstream.executor.outcome import Attempt, Plan, RunEnd, plan, refused_plan
 from taskstream.executor.retry import Failure
@@ -85,7 +86,7 @@ class Committer:
             row.id, run.token, run.attempts_used, run.policy, row.deadline_ms, row.lease_owner
         )
         p = plan(attempt, end, now_ms=self._clock.now_ms(), rng=self._rng)
-        item = _Item(run, _with_effects(p, run.side_effects))
+        item = _Item(run, p.with_effects(run.side_effects))
         # Failures are logged by the loop (`commit.failed`); nobody else must report them.
         item.done.add_done_callback(mark_retrieved)
         self._put(item)
@@ -94,7 +95,7 @@ class Committer:
     def put_plan(self, run: Run, p: Plan) -> asyncio.Future[bool]:
         """Queue an explicit plan (e.g. a lease release at shutdown) without waiting; the
         future is `enqueue`'s."""
-        item = _Item(run, _with_effects(p, run.side_effects))
+        item = _Item(run, p.with_effects(run.side_effects))
         item.done.add_done_callback(mark_retrieved)
         self._put(item)
         return item.done
@@ -157,7 +158,9 @@ class Committer:
         committed: list[_Item] = []
         for item in batch:
             result = results.get(item.run.row.id, CasResult(ok=False))
-            if result.ok or (retried and await self._landed(item, result)):
+            if result.ok or (
+                retried and await landed(self._store, item.plan.finish, result, self._log)
+            ):
                 committed.append(item)
             else:
                 self._log.warning(
@@ -207,29 +210,6 @@ class Committer:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._final.wait(), timeout=RETRY_PAUSE_S)
 
-    async def _landed(self, item: _Item, result: CasResult) -> bool:
-        """After a retried commit, whether a lost CAS lost to this very run: an earlier try
-        was applied but its answer was lost (the link dropped after the server's COMMIT).
-        The proof is the run's own move in the history: RUNNING -> its end, at its token,
-        under its owner, with its reason; only the lease holder writes that move, once per
-        token. A store error here leaves the run fenced, as before (the sweeper acks it)."""
-        finish = item.plan.finish
-        if result.found is not finish.dst:
-            return False
-        try:
-            history = await self._store.history(finish.instance_id)
-        except StoreError:
-            return False
-        mine = (Status.RUNNING, finish.dst, finish.token, finish.owner, finish.reason)
-        if not any(
-            (h.from_status, h.to_status, h.attempt, h.owner, h.reason) == mine for h in history
-        ):
-            return False
-        self._log.info(
-            "instance.commit_confirmed", instance_id=finish.instance_id, attempt=finish.token
-        )
-        return True
-
     async def _settle(self, committed: list[_Item]) -> None:
         """Follow the batch's commit: the second move of timed-out runs, dead letters, then one
         ack for the rest. A run whose follow-up failed is not acked (the sweeper recovers its
@@ -262,7 +242,7 @@ class Committer:
             # The runs are committed: their entries stay pending, and the sweeper acks them
             # from the store's answer (pausing while Redis denies it too).
             log_denied(self._log, exc, entries=[d.entry_id for d in acks], left_for="sweeper")
-        if any(_retries(item.plan) for item in settled):
+        if any(item.plan.retries for item in settled):
             await notify.hint(self._redis, self._keys, "retry")
         for item in settled:
             item.done.set_result(True)
@@ -309,14 +289,6 @@ def _named(item: _Item) -> str:
     return f"{finish.instance_id}@{finish.token}:{finish.dst.value}"
 
 
-def _retries(p: Plan) -> bool:
-    """The plan leaves the instance RETRYING (the scheduler must learn its due time)."""
-    after = p.after_timeout
-    return p.finish.dst is Status.RETRYING or (
-        after is not None and after.status is Status.RETRYING
-    )
-
-
 def _instead(batch: list[_Item], exc: Exception) -> _Item | None:
     """The one run of `batch`, whose end the store refused, with `refused_plan`'s end. Only a
     `StoreRefused` (a value the store will not take) ends a run: any other error may pass."""
@@ -325,9 +297,3 @@ def _instead(batch: list[_Item], exc: Exception) -> _Item | None:
     [item] = batch
     p = refused_plan(item.plan, str(exc)[:500])
     return None if p is None else _Item(item.run, p, item.done)
-
-
-def _with_effects(p: Plan, side_effects: list[str]) -> Plan:
-    if not side_effects:
-        return p
-    return replace(p, finish=replace(p.finish, side_effects=tuple(side_effects)))

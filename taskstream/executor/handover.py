@@ -27,11 +27,13 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
+from structlog.typing import FilteringBoundLogger
+
 from taskstream.core import streams
 from taskstream.core.clock import Clock
 from taskstream.core.denials import commands
 from taskstream.core.errors import CommandDenied, StoreError, StoreUnavailable
-from taskstream.core.futures import STEP_END_S
+from taskstream.core.futures import CANCEL_WAIT_S, STEP_END_S
 from taskstream.core.logging import get_logger
 from taskstream.core.protocol import RELEASED_TTL_S, Keys, read_release_note, release_note
 from taskstream.core.reasons import RELEASED
@@ -44,6 +46,8 @@ from taskstream.executor.sweep import ReleaseNote
 
 PRUNE_AT = 4096
 """Queued ends kept before those already done are forgotten (`Handover._prune`)."""
+STUCK_S = 10.0
+"""How long a stop waits, past the grace, for runs whose agents ignore their cancellation (s)."""
 LOST_END = "its end ({end}) was not written: the store was down when its executor stopped"
 """The history note of a release made for a run whose end (`{end}`: its reason) was lost."""
 
@@ -221,3 +225,47 @@ async def make_release(
     if moved.ok:
         await redis.delete(keys.released(row.id, row.attempt))
     return moved.ok
+
+
+async def drain(
+    running: set[asyncio.Task[None]],
+    grace_s: float,
+    committer: Committer,
+    log: FilteringBoundLogger,
+) -> None:
+    """Let the `running` runs finish within `grace_s`, then cancel the rest (their releases
+    are queued as they end) and give every queued commit one more try; wait `STUCK_S` for
+    agents that ignore their cancellation, whose runs are then left to the sweeper."""
+    if not running:
+        return
+    log.info("executor.draining", in_flight=len(running))
+    _, pending = await asyncio.wait(set(running), timeout=grace_s)
+    for task in pending:
+        task.cancel()
+    # The grace is over: the releases of the cancelled runs, and any commit still waiting
+    # for an unavailable store, get one more try each instead of holding the exit up.
+    committer.last_tries()
+    if pending:
+        _, stuck = await asyncio.wait(pending, timeout=STUCK_S)
+        if stuck:
+            log.error("executor.runs_stuck", runs=len(stuck))
+
+
+async def last_commits(
+    committer: Committer, commits: asyncio.Task[None], log: FilteringBoundLogger
+) -> None:
+    """Let `committer` (its task `commits`) write what is queued, for as long as the store
+    keeps answering its commits (a slow store still commits them all). A commit the store
+    holds up past `STEP_END_S` with no answer (a row lock, a server that stopped answering)
+    is cancelled like a stopped step: its runs stay RUNNING, handed over by the notes
+    (`Handover.note_unwritten`) or recovered by the sweeper once the liveness key is gone."""
+    seen = -1
+    while not commits.done() and committer.commits_answered != seen:
+        seen = committer.commits_answered
+        await asyncio.wait({commits}, timeout=STEP_END_S)
+    if not commits.done():
+        log.warning("executor.commits_abandoned", queued=committer.queued)
+        commits.cancel()
+    await asyncio.wait({commits}, timeout=CANCEL_WAIT_S)
+    if commits.done() and not commits.cancelled():
+        commits.exception()

@@ -136,6 +136,20 @@ class Plan:
     finish: FinishRequest
     after_timeout: RetryDecision | None = None
 
+    @property
+    def retries(self) -> bool:
+        """The plan leaves the instance RETRYING (the scheduler must learn its due time)."""
+        after = self.after_timeout
+        return self.finish.dst is Status.RETRYING or (
+            after is not None and after.status is Status.RETRYING
+        )
+
+    def with_effects(self, side_effects: list[str]) -> Plan:
+        """This plan with the run's side-effect keys written by its final CAS."""
+        if not side_effects:
+            return self
+        return replace(self, finish=replace(self.finish, side_effects=tuple(side_effects)))
+
 
 @dataclass(frozen=True, slots=True)
 class Attempt:

@@ -32,13 +32,13 @@ from taskstream.core.clock import Clock, SystemClock
 from taskstream.core.definitions import DefinitionCache
 from taskstream.core.denials import log_denied, pause_s
 from taskstream.core.errors import CommandDenied, StoreError, StoreUnavailable
-from taskstream.core.futures import CANCEL_WAIT_S, STEP_END_S, unless_stopped
+from taskstream.core.futures import STEP_END_S, unless_stopped
 from taskstream.core.logging import get_logger
 from taskstream.core.protocol import Keys
 from taskstream.core.store.port import Store
 from taskstream.executor.admission import UpstreamGate
 from taskstream.executor.committer import Committer
-from taskstream.executor.handover import Handover
+from taskstream.executor.handover import Handover, drain, last_commits
 from taskstream.executor.heartbeat import OVERRUN_S, Heartbeat
 from taskstream.executor.intake import Intake, Run
 from taskstream.executor.outcome import failed, timed_out
@@ -47,7 +47,6 @@ from taskstream.executor.runner import AGENT_FAILURES, RunEnv, execute
 
 ERROR_PAUSE_S = 1.0
 DEFINITIONS_CHECK_S = 1.0
-STUCK_S = 10.0
 """How long a stop waits for the runs it cancelled after the grace (their releases included)
 before it leaves those still going: agents that ignore cancellation."""
 
@@ -164,7 +163,7 @@ class Executor:
             self._committer.last_tries()
             background.set()
             beat, commits = helpers
-            await self._last_commits(commits)
+            await last_commits(self._committer, commits, self._log)
             await self._handover.note_unwritten()
             # Every end is written or given up: no lease needs extending any more, and a beat
             # waiting for a row lock (held by a stuck transaction) must not hold the exit up.
@@ -272,23 +271,6 @@ class Executor:
     async def _marker_set(self) -> None:
         await notify.hint(self._deps.redis, self._deps.keys, "marker")
 
-    async def _last_commits(self, commits: asyncio.Task[None]) -> None:
-        """Let the committer write what is queued, for as long as the store keeps answering
-        its commits (a slow store still commits them all). A commit the store holds up past
-        `STEP_END_S` with no answer (a row lock, a server that stopped answering) is cancelled
-        like a stopped step: its runs stay RUNNING, recovered by the sweeper once the
-        liveness key is gone."""
-        seen = -1
-        while not commits.done() and self._committer.commits_answered != seen:
-            seen = self._committer.commits_answered
-            await asyncio.wait({commits}, timeout=STEP_END_S)
-        if not commits.done():
-            self._log.warning("executor.commits_abandoned", queued=self._committer.queued)
-            commits.cancel()
-        await asyncio.wait({commits}, timeout=CANCEL_WAIT_S)
-        if commits.done() and not commits.cancelled():
-            commits.exception()
-
     async def _hand_back(self) -> None:
         """Release the claims of an admission the stop cancelled before they became runs."""
         for run in await self._intake.unstarted(STEP_END_S):
@@ -296,19 +278,7 @@ class Executor:
 
     async def _drain(self) -> None:
         self._handover.stop()
-        if not self._running:
-            return
-        self._log.info("executor.draining", in_flight=len(self._running))
-        _, pending = await asyncio.wait(set(self._running), timeout=self._config.grace_s)
-        for task in pending:
-            task.cancel()
-        # The grace is over: the releases of the cancelled runs, and any commit still waiting
-        # for an unavailable store, get one more try each instead of holding the exit up.
-        self._committer.last_tries()
-        if pending:
-            _, stuck = await asyncio.wait(pending, timeout=STUCK_S)
-            if stuck:  # agents that ignore cancellation: their runs are left to the sweeper
-                self._log.error("executor.runs_stuck", runs=len(stuck))
+        await drain(self._running, self._config.grace_s, self._committer, self._log)
 
 
 async def _until_one_ends(running: set[asyncio.Task[None]], stop: asyncio.Event) -> None:

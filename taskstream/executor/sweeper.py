@@ -21,15 +21,13 @@ from taskstream.core.denials import Holds, log_denied, pause_s, unless_held
 from taskstream.core.errors import CommandDenied, ProtocolError, StoreUnavailable
 from taskstream.core.futures import unless_stopped
 from taskstream.core.logging import get_logger
-from taskstream.core.outbox import seen_on_stream
 from taskstream.core.protocol import Keys, decode
 from taskstream.core.states import (
     FailClass,
-    Status,
-    can_transition,
 )
 from taskstream.core.store.port import InstanceRow, Store
 from taskstream.executor import handover, letters
+from taskstream.executor.poisoning import fail_as_poison
 from taskstream.executor.reconciler import Reconciler
 from taskstream.executor.recovery import Recovery
 from taskstream.executor.sweep import (
@@ -271,38 +269,13 @@ class Sweeper:
             await streams.ack(self._redis, d.stream, d.entry_id)
 
     async def _poison(self, d: streams.Delivery, row: InstanceRow, reason: str) -> bool:
-        """Fail the instance as poison and dead-letter the entry. When the move to FAILED
-        loses its CAS the row moved on meanwhile (a second delivery was claimed and runs, the
-        run ended, another sweeper failed it, its owner's heartbeat extended the lease): the
-        entry is left, and False returned."""
-        status = row.status
-        if status in (Status.PENDING, Status.RETRYING):
-            # Its entry is on the stream, so the row moves on to DISPATCHED first, as a claim
-            # would: PENDING cannot fail, and the history should show the publish it missed.
-            status = await seen_on_stream(self._store, row.id, status, row.attempt) or status
-        if not await self._fail_poison(row, status, reason):
+        """Fail the instance as poison (`poisoning.fail_as_poison`) and dead-letter the entry;
+        when the move loses its CAS the entry is left, and False returned."""
+        if not await fail_as_poison(self._store, row, reason):
             self._log.info("entry.poison_lost", entry_id=d.entry_id, instance_id=row.id)
             return False
         await self._dead(d, "poison")
         return True
-
-    async def _fail_poison(self, row: InstanceRow, status: Status, reason: str) -> bool:
-        """CAS `status` -> FAILED (poison) at the row's attempt, and for a run only while its
-        lease is as it was read (a heartbeat since proves the owner alive); False when the row
-        is elsewhere."""
-        if not can_transition(status, Status.FAILED):
-            return False
-        moved = await self._store.transition(
-            row.id,
-            status,
-            Status.FAILED,
-            reason="poison",
-            attempt=row.attempt,
-            fail_class=FailClass.POISON,
-            error=reason,
-            lease_until=row.lease_expires_at_ms if status is Status.RUNNING else None,
-        )
-        return moved.ok
 
     async def _dead(self, d: streams.Delivery, reason: str) -> bool:
         """Dead-letter the entry; False when another mover took it first."""

@@ -9,7 +9,7 @@ import time
 
 from taskstream.cli import common
 from taskstream.core.states import Status
-from taskstream.executor import service
+from taskstream.executor import handover
 from tests.fault.conftest import Cluster, RecordProperty, Role, rows_to
 
 log = logging.getLogger(__name__)
@@ -64,7 +64,7 @@ async def test_an_agent_that_ignores_cancellation_does_not_keep_the_executor_fro
     instance = await cluster.emit("stubborn")
     await cluster.reach(instance, Status.RUNNING)
 
-    bound_s = 1 + service.STUCK_S + common.LEFTOVER_S
+    bound_s = 1 + handover.STUCK_S + common.LEFTOVER_S
     stop_s = await _sigterm_until_exited(cluster, executor, timeout_s=bound_s + 20)
     record_property("stubborn_exit_s", stop_s)
 
