@@ -194,3 +194,51 @@ async def test_histories_answer_for_many_instances_as_history_does_for_each(
         assert got[instance_id] == await store.history(instance_id)
     assert [h.to_status for h in got["inst-h0"]][-2:] == [Status.DISPATCHED, Status.RUNNING]
     assert await store.histories([]) == {}
+
+
+async def _failed(store: SqlStore, advance: Advance, name: str, fail_class: FailClass) -> str:
+    await advance(f"inst-{name}", Status.DISPATCHED)
+    moved = await store.transition(
+        f"inst-{name}", Status.DISPATCHED, Status.FAILED, reason="x", fail_class=fail_class
+    )
+    assert moved.ok
+    return f"inst-{name}"
+
+
+async def test_poisoned_rows_are_failed_poison_ones_latest_failure_first(
+    store: SqlStore, make_new: MakeNew, advance: Advance
+) -> None:
+    """The rows `dead list` looks through for letters Redis lost: FAILED `poison` only (not
+    another class, not one requeued since), the latest failure first, ties by id."""
+    classes = {
+        "a": (FailClass.POISON, 2_000),
+        "b": (FailClass.POISON, 5_000),
+        "c": (FailClass.POISON, 2_000),
+        "d": (FailClass.FATAL, 9_000),
+        "e": (FailClass.POISON, 1_000),
+        "f": (FailClass.POISON, 9_000),  # requeued below: PENDING now
+    }
+    await store.create_instances([make_new(name) for name in [*classes, "g"]])
+    for name, (fail_class, updated_ms) in classes.items():
+        await _failed(store, advance, name, fail_class)
+        await _set_updated(store, f"inst-{name}", updated_ms)
+    assert (await store.transition("inst-f", Status.FAILED, Status.PENDING, reason="requeued")).ok
+    await advance("inst-g", Status.RUNNING)
+
+    found = await store.poisoned(limit=10)
+
+    assert [(r.id, r.updated_at_ms) for r in found] == [
+        ("inst-b", 5_000),
+        ("inst-c", 2_000),
+        ("inst-a", 2_000),
+        ("inst-e", 1_000),
+    ]
+    assert all((r.status, r.fail_class) == (Status.FAILED, FailClass.POISON) for r in found)
+    assert [r.id for r in await store.poisoned(limit=2)] == ["inst-b", "inst-c"]
+    assert await store.poisoned(limit=0) == []
+    # Paging on from a row seen: only rows that failed before it, ties by id.
+    pages = [
+        await store.poisoned(limit=1, before=before)
+        for before in ((5_000, "inst-b"), (2_000, "inst-c"), (2_000, "inst-a"), (1_000, "inst-e"))
+    ]
+    assert [[r.id for r in page] for page in pages] == [["inst-c"], ["inst-a"], ["inst-e"], []]

@@ -74,7 +74,7 @@ async def test_upgrade_is_idempotent_and_reports_head(
     # Nothing may depend on the working directory (no alembic.ini, no relative paths).
     monkeypatch.chdir(tmp_path)
 
-    assert HEAD == "0007"
+    assert HEAD == "0008"
     assert await current_revision(db_url) == HEAD
     await upgrade(db_url)
     assert await current_revision(db_url) == HEAD

@@ -221,6 +221,15 @@ class Store(Protocol):
         id), from just past `after` (an (updated_at_ms, id) already seen) when given."""
         ...
 
+    async def poisoned(
+        self, *, limit: int, before: tuple[int, str] | None = None
+    ) -> list[InstanceRow]:
+        """Rows FAILED `poison`, the latest failure first (`updated_at_ms`, then id, both
+        descending; a FAILED row changes only when requeued, so its `updated_at_ms` is when
+        it failed), at most `limit`; only those before `before` (an (updated_at_ms, id)
+        already seen) when given."""
+        ...
+
     async def side_effect_done(self, key: str) -> bool:
         """True when a side effect with this idempotency key has been committed."""
         ...

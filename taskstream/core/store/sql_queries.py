@@ -1,10 +1,12 @@
 """Set-at-a-time statements: the building blocks of the batch writes (`sql_batch`,
-`sql_finishes`), the work-finding reads, and the review queue.
+`sql_finishes`), the work-finding reads (the poisoned rows `dead list` looks through among
+them), and the review queue.
 
 Each function runs inside a transaction the caller owns. Batch statements address rows by id
 (through the primary key) and carry per-row values as `CASE id WHEN ... END`, so their count
 does not grow with the number of rows. Lists come oldest first (ties broken by id) so that
-loops working a backlog never starve its oldest rows.
+loops working a backlog never starve its oldest rows; the poisoned rows, which operators read,
+newest first.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.types import TypeEngine
 
 from taskstream.core.errors import StoreError
-from taskstream.core.states import IN_FLIGHT, Status
+from taskstream.core.states import IN_FLIGHT, FailClass, Status
 from taskstream.core.store import sql_codec as codec
 from taskstream.core.store import sql_templates as templates
 from taskstream.core.store.dbclock import db_now_ms
@@ -237,6 +239,29 @@ async def stale(
     )
     if after is not None:
         stmt = stmt.where(_past(inst.c.updated_at_ms, after))
+    return [codec.instance_row(m) for m in (await conn.execute(stmt)).mappings().all()]
+
+
+async def poisoned(
+    conn: AsyncConnection, limit: int, before: tuple[int, str] | None = None
+) -> list[InstanceRow]:
+    """Rows FAILED `poison`, the latest failure first (`updated_at_ms`, then id, both
+    descending), at most `limit`; only those before `before` ((updated_at_ms, id)) when
+    given. The (settled, fail_class) index narrows the read to exactly these rows (no other
+    settled row, and none in flight), which are then sorted."""
+    stmt = (
+        select(inst)
+        .where(
+            inst.c.settled == Status.FAILED.value,
+            inst.c.fail_class == FailClass.POISON.value,
+        )
+        .order_by(inst.c.updated_at_ms.desc(), inst.c.id.desc())
+        .limit(max(limit, 0))
+    )
+    if before is not None:
+        at_ms, instance_id = before
+        ms = inst.c.updated_at_ms
+        stmt = stmt.where(or_(ms < at_ms, and_(ms == at_ms, inst.c.id < instance_id)))
     return [codec.instance_row(m) for m in (await conn.execute(stmt)).mappings().all()]
 
 

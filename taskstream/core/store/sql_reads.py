@@ -70,6 +70,14 @@ class ReadMethods:
         async with self._read() as conn:
             return await queries.stale(conn, statuses, updated_before_ms, limit, after)
 
+    async def poisoned(
+        self, *, limit: int, before: tuple[int, str] | None = None
+    ) -> list[InstanceRow]:
+        """FAILED `poison` rows, the latest failure first (`updated_at_ms`, then id, both
+        descending), before `before` ((updated_at_ms, id)) when given."""
+        async with self._read() as conn:
+            return await queries.poisoned(conn, limit, before)
+
     async def side_effect_done(self, key: str) -> bool:
         """True when a side effect with this idempotency key has been committed."""
         async with self._read() as conn:
