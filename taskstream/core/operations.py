@@ -6,6 +6,7 @@ Every action is a compare-and-set recorded in the history with who did it and wh
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -16,7 +17,7 @@ from taskstream.core import streams
 from taskstream.core.errors import ChangedMeanwhile, LetterKept, TaskstreamError
 from taskstream.core.outbox import Outbox, placed_entry, why_refused
 from taskstream.core.reasons import REQUEUED
-from taskstream.core.states import FailClass, Status, failed_as_poison, life_began, poisoned_by
+from taskstream.core.states import Status, failed_as_poison, life_began, recorded_by_letter
 from taskstream.core.store.port import InstanceRow, Store
 
 
@@ -97,22 +98,22 @@ def _requeueable(row: InstanceRow | None, instance_id: str, now_ms: int) -> Inst
 async def _failed_by(store: Store, letter: DeadLetter, row: InstanceRow) -> bool:
     """The FAILED `row` failed as the letter says: as poison, at the letter's attempt (its
     entry's, or the run that entry started: not an attempt a requeue made, whose own entry
-    may have been poisoned too; `poisoned_by`). A letter without a readable attempt is taken
-    at its word only for a row that FAILED as poison: never over a `fatal` or
+    may have been poisoned too; `recorded_by_letter`). A letter without a readable attempt
+    is taken at its word only for a row that FAILED as poison: never over a `fatal` or
     `manual_review` verdict."""
-    attempt = _letter_attempt(letter)
-    if attempt is None:
-        return row.fail_class is FailClass.POISON
+    attempt = letter_attempt(letter.fields)
     if not failed_as_poison(row.status, row.fail_class):
         return False
-    began = life_began((h.reason, h.attempt) for h in await store.history(row.id))
-    return poisoned_by(attempt, row.status, row.fail_class, row.attempt, life_began=began)
+    history = [] if attempt is None else await store.history(row.id)
+    began = life_began((h.reason, h.attempt) for h in history)
+    return recorded_by_letter([attempt], row.status, row.fail_class, row.attempt, life_began=began)
 
 
-def _letter_attempt(letter: DeadLetter) -> int | None:
-    """The letter's `orig.attempt`, None when it is missing or not a number: ASCII digits
-    only (`isdigit` also takes "²", which `int` refuses), and few enough for `int`."""
-    text = letter.fields.get("orig.attempt", "")
+def letter_attempt(fields: Mapping[str, str]) -> int | None:
+    """A letter's `orig.attempt`, of its `fields`; None when it is missing or not a number:
+    ASCII digits only (`isdigit` also takes "²", which `int` refuses), and few enough for
+    `int`."""
+    text = fields.get("orig.attempt", "")
     if not (text.isascii() and text.isdigit()) or len(text) > ATTEMPT_DIGITS:
         return None
     return int(text)
@@ -218,7 +219,7 @@ async def replay(outbox: Outbox, letter: DeadLetter, *, who: str, now_ms: int) -
             )
         done = "published"
     else:
-        done = _left(row)
+        done = left_as_it_is(row)
     try:
         await outbox.redis.xdel(outbox.keys.dead, letter.dead_id)
     except streams.DRIVER_ERRORS as exc:  # what was done stands: say it, not just "down"
@@ -244,11 +245,11 @@ async def _requeue_judged(
     try:
         late = await requeue(outbox, row.id, who=who, why=why, now_ms=now_ms, judged=row)
     except ChangedMeanwhile:
-        return _left(await _named(outbox.store, letter))
+        return left_as_it_is(await _named(outbox.store, letter))
     return "requeued" if late is None else f"requeued, {late}"
 
 
-def _left(row: InstanceRow) -> str:
+def left_as_it_is(row: InstanceRow) -> str:
     """What a replay that leaves `row` as it is says about it."""
     if row.status is Status.FAILED:
         return f"failed since, not by this letter ({row.fail_class}), left as it is"

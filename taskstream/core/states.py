@@ -90,6 +90,27 @@ def poisoned_by(
     return failed_as_poison(status, fail_class) and in_life and same_run
 
 
+def recorded_by_letter(
+    letter_attempts: Iterable[int | None],
+    status: Status,
+    fail_class: FailClass | None,
+    attempt: int,
+    *,
+    life_began: int,
+) -> bool:
+    """Some dead letter of an instance, each given by its entry's attempt (None when a letter
+    has none that reads as a number), records the failure the instance is in: FAILED as
+    poison by that letter's entry (`poisoned_by`). A letter without an attempt is taken at
+    its word, for an instance FAILED as poison only. `dead replay` requeues a failure a
+    letter records; one that FAILED as poison with no letter recording it lost its letter."""
+    if not failed_as_poison(status, fail_class):
+        return False
+    return any(
+        a is None or poisoned_by(a, status, fail_class, attempt, life_began=life_began)
+        for a in letter_attempts
+    )
+
+
 def life_began(history: Iterable[tuple[str, int]]) -> int:
     """The attempt an instance's current life began at, given its history as (reason,
     attempt) pairs, oldest first: that of its last manual requeue (FAILED -> PENDING moves to

@@ -1,0 +1,175 @@
+"""Dead letters Redis lost: instances the store shows FAILED `poison` whose failure no letter
+on the dead-letter stream records.
+
+The store is the truth. A Redis restored from an older snapshot, restarted without its data or
+flushed loses the letters written since; their instances stay FAILED `poison`, which the
+reconciler leaves alone (FAILED is settled). `dead list` lists them as lost, `dead replay
+INSTANCE_ID` and `dead replay --all` requeue them, and `status` counts them.
+
+A letter records an instance's failure when `dead replay` of it would requeue that failure
+(`states.recorded_by_letter`): a letter of an earlier life (before a `retry` by hand) records
+none of the current one. Between a poison failure's commit and its letter's XADD (a moment;
+longer while Redis is down, until the sweeper writes the letter the entry owes) the instance
+is listed as lost too; requeueing it then is harmless: its leftover entry is of an older
+attempt, and acked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Sequence
+from contextlib import aclosing
+from dataclasses import dataclass
+
+from taskstream.core import streams
+from taskstream.core.errors import ChangedMeanwhile, TaskstreamError
+from taskstream.core.operations import dead_letters, left_as_it_is, letter_attempt, requeue
+from taskstream.core.outbox import Outbox
+from taskstream.core.states import Status, failed_as_poison, life_began, recorded_by_letter
+from taskstream.core.store.port import HistoryRow, InstanceRow, Store
+
+PAGE = 200
+"""Rows FAILED `poison` read from the store at a time."""
+
+SCAN_PAGE = 1000
+"""Dead letters read from the stream at a time, to learn which instances they name."""
+
+REPLAY_NOTE = "replay of a lost dead letter"
+"""The note of the history row of a lost letter's requeue (`inspect` shows it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LostLetter:
+    """An instance FAILED `poison` whose failure no dead letter on the stream records."""
+
+    row: InstanceRow
+    """The row as it was judged (a replay requeues only this failure)."""
+    reason: str
+    """The reason its move to FAILED recorded (`unknown_agent`, `after_owner_lost`, ...)."""
+
+
+Lettered = dict[str, list[tuple[str, int | None]]]
+"""Instance id -> (dead letter id, the letter's entry attempt or None), oldest first."""
+
+
+async def lettered(redis: streams.Redis, dead_key: str) -> Lettered:
+    """Every letter on the dead-letter stream that names an instance, by instance: the whole
+    stream, `SCAN_PAGE` letters a read."""
+    found: Lettered = {}
+    after: str | None = None
+    while page := await dead_letters(redis, dead_key, limit=SCAN_PAGE, after=after):
+        for letter in page:
+            if letter.instance_id:
+                attempt = letter_attempt(letter.fields)
+                found.setdefault(letter.instance_id, []).append((letter.dead_id, attempt))
+        after = page[-1].dead_id
+    return found
+
+
+def recorded(
+    letters: Sequence[tuple[str, int | None]], row: InstanceRow, history: Sequence[HistoryRow]
+) -> bool:
+    """Some of `letters` (of `row`'s instance) records the failure `row` is in."""
+    began = life_began((h.reason, h.attempt) for h in history)
+    attempts = [a for _, a in letters]
+    return recorded_by_letter(attempts, row.status, row.fail_class, row.attempt, life_began=began)
+
+
+async def lost_letters(
+    store: Store, redis: streams.Redis, dead_key: str, *, failed_until_ms: int | None = None
+) -> AsyncGenerator[LostLetter]:
+    """The instances FAILED `poison` whose failure no letter on the stream records, the latest
+    failure first (those that failed at or before `failed_until_ms`, epoch ms, when given).
+    The stream is read once, at the first row FAILED `poison`; none, and it is not read."""
+    # (t + 1, "") comes after every row that failed at t or before, and before every later one.
+    before = None if failed_until_ms is None else (failed_until_ms + 1, "")
+    letters: Lettered | None = None
+    while rows := await store.poisoned(limit=PAGE, before=before):
+        if letters is None:
+            letters = await lettered(redis, dead_key)
+        histories = await store.histories([r.id for r in rows])
+        for row in rows:
+            history = histories.get(row.id, [])
+            if not recorded(letters.get(row.id, []), row, history):
+                yield LostLetter(row, _failed_reason(history))
+        before = (rows[-1].updated_at_ms, rows[-1].id)
+
+
+def _failed_reason(history: Sequence[HistoryRow]) -> str:
+    failed = (h.reason for h in reversed(history) if h.to_status is Status.FAILED)
+    return next(failed, "")
+
+
+async def first_lost(
+    store: Store,
+    redis: streams.Redis,
+    dead_key: str,
+    *,
+    count: int,
+    failed_until_ms: int | None = None,
+) -> list[LostLetter]:
+    """The first `count` of `lost_letters` (the latest failures); no more is read."""
+    found: list[LostLetter] = []
+    if count <= 0:
+        return found
+    async with aclosing(
+        lost_letters(store, redis, dead_key, failed_until_ms=failed_until_ms)
+    ) as it:
+        async for lost in it:
+            found.append(lost)
+            if len(found) == count:
+                break
+    return found
+
+
+async def count_lost(store: Store, redis: streams.Redis, dead_key: str, *, most: int) -> int:
+    """How many lost letters there are, counted up to `most`."""
+    return len(await first_lost(store, redis, dead_key, count=most))
+
+
+async def lost_letter(
+    store: Store, redis: streams.Redis, dead_key: str, instance_id: str
+) -> LostLetter:
+    """The lost letter of `instance_id`; `TaskstreamError` saying why there is none: no such
+    instance, not FAILED `poison`, or a letter on the stream records its failure."""
+    row = await store.get_instance(instance_id)
+    if row is None:
+        raise TaskstreamError(f"no instance with id {instance_id!r}")
+    if row.status is Status.FAILED and not failed_as_poison(row.status, row.fail_class):
+        raise TaskstreamError(
+            f"instance {instance_id} failed {row.fail_class}, not as poison: it never had a"
+            f" dead letter; `taskstream retry {instance_id} --reason ...` requeues it"
+        )
+    if row.status is not Status.FAILED:
+        raise TaskstreamError(
+            f"instance {instance_id} is {row.status}: only an instance FAILED poison can have"
+            " lost its dead letter"
+        )
+    letters = (await lettered(redis, dead_key)).get(instance_id, [])
+    history = await store.history(instance_id)
+    recording = [d for d, a in letters if recorded([(d, a)], row, history)]
+    if recording:
+        dead_id = recording[-1]
+        raise TaskstreamError(
+            f"instance {instance_id}: its dead letter {dead_id} is on the stream; replay that"
+            f" (`taskstream dead replay {dead_id}`)"
+        )
+    return LostLetter(row, _failed_reason(history))
+
+
+async def replay_lost(outbox: Outbox, lost: LostLetter, *, who: str, now_ms: int) -> str:
+    """Requeue the failure of a lost letter (FAILED -> PENDING, recorded with who and
+    `REPLAY_NOTE`), then publish it; returns what was done. When the instance moved on since
+    it was judged (a `retry` or another replay got there first), what it is now, left as it
+    is. `TaskstreamError` (the instance left FAILED) when it cannot be requeued: past its
+    deadline, or no entry can be made of it."""
+    instance_id = lost.row.id
+    try:
+        late = await requeue(
+            outbox, instance_id, who=who, why=REPLAY_NOTE, now_ms=now_ms, judged=lost.row
+        )
+    except ChangedMeanwhile:
+        now = await outbox.store.get_instance(instance_id)
+        if now is None:
+            raise TaskstreamError(f"no instance with id {instance_id!r}") from None
+        return left_as_it_is(now)
+    return "requeued" if late is None else f"requeued, {late}"
