@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import sys
+from contextlib import aclosing
 
 import typer
-from rich.table import Table
 
+from taskstream.cli import dead_view
 from taskstream.cli.common import (
     Cluster,
     console,
@@ -18,10 +19,11 @@ from taskstream.cli.common import (
     run_async,
     settings,
 )
-from taskstream.core import operations
+from taskstream.cli.shown import err_line
+from taskstream.core import lost_letters, operations
 from taskstream.core.errors import LetterKept, QueueUnavailable, StoreUnavailable, TaskstreamError
+from taskstream.core.lost_letters import LostLetter
 from taskstream.core.outbox import Outbox
-from taskstream.core.spec import INSTANCE_ID_LENGTH
 
 dead_app = typer.Typer(no_args_is_help=True, help="List and replay dead-lettered entries.")
 
@@ -57,57 +59,48 @@ def dead_list_cmd(
     limit: int = typer.Option(100, min=1, max=10_000),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
-    """The oldest dead letters with their reason and instance."""
-
-    async def go() -> list[operations.DeadLetter]:
-        async with open_queue(settings()) as (redis, keys):
-            return await operations.dead_letters(redis, keys.dead, limit=limit)
-
-    letters = run_async(go())
+    """The oldest dead letters with their reason and instance; then the instances FAILED
+    poison in the store whose letter is not on the stream (lost with Redis's data), the
+    latest failure first. With the store down, the letters alone and the store error, exit 1."""
+    letters, lost, down = run_async(_dead_list(limit))
     if as_json:
-        print_json([_row(letter) for letter in letters])
-        return
-    table = Table()
-    table.add_column("dead_id", no_wrap=True)
-    table.add_column("reason")
-    table.add_column("detail")
-    table.add_column("instance_id", no_wrap=True, min_width=INSTANCE_ID_LENGTH)
-    table.add_column("source")
-    for letter in letters:
-        table.add_row(
-            letter.dead_id,
-            _cut(letter.reason, 40),
-            _cut(letter.detail, 60),
-            _cut(letter.instance_id or "", 40),
-            _cut(letter.source_stream, 60),
-        )
-    console.print(table)
+        print_json(dead_view.letters_json(letters, lost or []))
+    else:
+        dead_view.print_letters(console, letters)
+        dead_view.print_lost(console, lost or [])
+    if down is not None:
+        err_line(f"error: lost letters unknown: {down}")
+        raise typer.Exit(1)
 
 
-def _cut(text: str, width: int) -> str:
-    """`text` to at most `width` characters, an ellipsis marking a cut: a letter another
-    program wrote may carry fields of any length, which would squeeze every other column
-    (the dead ids `dead replay ID` needs among them) to nothing."""
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
-def _row(letter: operations.DeadLetter) -> dict[str, object]:
-    return {
-        "dead_id": letter.dead_id,
-        "reason": letter.reason,
-        "detail": letter.detail,
-        "source_stream": letter.source_stream,
-        "instance_id": letter.instance_id,
-        "fields": letter.fields,
-    }
+async def _dead_list(
+    limit: int,
+) -> tuple[list[operations.DeadLetter], list[LostLetter] | None, str | None]:
+    """Up to `limit` letters (the oldest) and up to `limit` lost letters (the latest failure
+    first); the lost ones None, and why, when the store is unavailable: the letters are
+    still shown."""
+    s = settings()
+    async with open_queue(s) as (redis, keys):
+        letters = await operations.dead_letters(redis, keys.dead, limit=limit)
+        try:
+            async with open_cluster(s, need_redis=False) as cluster:
+                lost = await lost_letters.first_lost(cluster.store, redis, keys.dead, count=limit)
+        except StoreUnavailable as exc:
+            return letters, None, str(exc)
+    return letters, lost, None
 
 
 @dead_app.command("replay")
 def dead_replay_cmd(
-    dead_id: str = typer.Argument(None, help="One dead letter id; omit with --all."),
-    all_: bool = typer.Option(False, "--all", help="Replay every dead letter."),
+    dead_id: str = typer.Argument(
+        None,
+        metavar="ID",
+        help="One dead letter id, or the instance id of a lost letter; omit with --all.",
+    ),
+    all_: bool = typer.Option(False, "--all", help="Replay every dead letter, lost ones too."),
 ) -> None:
-    """Send dead-lettered instances through again (FAILED ones are requeued)."""
+    """Send dead-lettered instances through again (FAILED ones are requeued), by a dead
+    letter id or, for a letter Redis lost, by its instance id (as `dead list` shows them)."""
     if all_ and dead_id is not None:
         raise typer.BadParameter("give one dead letter id or --all, not both")
     if not all_ and dead_id is None:
@@ -117,29 +110,62 @@ def dead_replay_cmd(
         async with open_cluster(settings()) as cluster:
             if dead_id is None:
                 await _replay_all(cluster)
-                return
-            letter = await operations.dead_letter(cluster.queue, cluster.keys.dead, dead_id)
-            if letter is None:
-                raise TaskstreamError(f"no dead letter with id {dead_id!r} (see `dead list`)")
-            try:
-                done = await _replay_one(cluster, letter)
-            except LetterKept as exc:
-                _say(f"{letter.dead_id}: {exc}")
-                raise QueueUnavailable(f"redis unavailable: dead letter {dead_id} kept") from exc
-            _say(f"{letter.dead_id}: {done}")
+            elif operations.DEAD_ID.fullmatch(dead_id) is None:
+                await _replay_lost_one(cluster, dead_id)
+            else:
+                await _replay_letter(cluster, dead_id)
 
     run_async(go())
+
+
+async def _replay_letter(cluster: Cluster, dead_id: str) -> None:
+    letter = await operations.dead_letter(cluster.queue, cluster.keys.dead, dead_id)
+    if letter is None:
+        raise TaskstreamError(f"no dead letter with id {dead_id!r} (see `dead list`)")
+    try:
+        done = await _replay_one(cluster, letter)
+    except LetterKept as exc:
+        _say(f"{letter.dead_id}: {exc}")
+        raise QueueUnavailable(f"redis unavailable: dead letter {dead_id} kept") from exc
+    _say(f"{letter.dead_id}: {done}")
+
+
+async def _replay_lost_one(cluster: Cluster, instance_id: str) -> None:
+    """Requeue the instance of a lost letter, named by its id."""
+    if await cluster.store.get_instance(instance_id) is None:
+        raise TaskstreamError(
+            f"{instance_id!r} is not a dead letter id (ms-seq) nor an instance id"
+            " (as `dead list` shows them)"
+        )
+    lost = await lost_letters.lost_letter(
+        cluster.store, cluster.queue, cluster.keys.dead, instance_id
+    )
+    _say(f"{instance_id} (lost letter): {await _replay_lost(cluster, lost)}")
 
 
 REPLAY_PAGE = 1000
 
 
 async def _replay_all(cluster: Cluster) -> None:
+    """Every dead letter there was when it started, oldest first, then every lost letter of
+    an instance that failed by then, the latest failure first. Raises `TaskstreamError` at
+    the end when some were not replayed, and at once when the store is down or Redis fails
+    after a letter's replay was done (that letter's line says what was done)."""
+    started_ms = await cluster.store.db_now_ms()
+    kept, seen = await _replay_letters(cluster)
+    lost_kept, lost_seen = await _replay_lost_letters(cluster, started_ms)
+    problems = [f"{kept} of {seen} dead letters not replayed (kept)"] if kept else []
+    if lost_kept:
+        problems.append(f"{lost_kept} of {lost_seen} lost letters not replayed")
+    if problems:
+        raise TaskstreamError("; ".join(problems))
+
+
+async def _replay_letters(cluster: Cluster) -> tuple[int, int]:
     """Every dead letter there was when it started, oldest first, a page at a time. Letters
     kept (not replayable) are passed over and letters written meanwhile are left (a replayed
-    instance can be dead-lettered again at once), so each is looked at once. Raises
-    `TaskstreamError` at the end when some were kept, and at once when the store is down or
-    Redis fails after a letter's replay was done (that letter's line says what was done)."""
+    instance can be dead-lettered again at once), so each is looked at once. Returns how many
+    were kept and looked at."""
     dead = cluster.keys.dead
     newest = await operations.newest_dead_id(cluster.queue, dead)
     after: str | None = None
@@ -164,8 +190,28 @@ async def _replay_all(cluster: Cluster) -> None:
             _say(f"{letter.dead_id}: {done}")
         seen += len(letters)
         after = letters[-1].dead_id
-    if kept:
-        raise TaskstreamError(f"{kept} of {seen} dead letters not replayed (kept)")
+    return kept, seen
+
+
+async def _replay_lost_letters(cluster: Cluster, failed_until_ms: int) -> tuple[int, int]:
+    """Every lost letter of an instance that failed by `failed_until_ms` (epoch ms, database
+    clock), the latest failure first: one failing again meanwhile is not chased, and each is
+    looked at once. Returns how many were not replayed and looked at."""
+    seen = kept = 0
+    found = lost_letters.lost_letters(
+        cluster.store, cluster.queue, cluster.keys.dead, failed_until_ms=failed_until_ms
+    )
+    async with aclosing(found) as lost_ones:
+        async for lost in lost_ones:
+            seen += 1
+            try:
+                done = await _replay_lost(cluster, lost)
+            except StoreUnavailable:
+                raise
+            except TaskstreamError as exc:
+                kept, done = kept + 1, f"not replayed: {exc}"
+            _say(f"{lost.row.id} (lost letter): {done}")
+    return kept, seen
 
 
 def _say(line: str) -> None:
@@ -176,4 +222,10 @@ def _say(line: str) -> None:
 async def _replay_one(cluster: Cluster, letter: operations.DeadLetter) -> str:
     return await operations.replay(
         _outbox(cluster), letter, who=operator(), now_ms=await cluster.store.db_now_ms()
+    )
+
+
+async def _replay_lost(cluster: Cluster, lost: LostLetter) -> str:
+    return await lost_letters.replay_lost(
+        _outbox(cluster), lost, who=operator(), now_ms=await cluster.store.db_now_ms()
     )

@@ -19,7 +19,7 @@ from taskstream.cli.common import (
     settings,
 )
 from taskstream.cli.upstreams_view import render_upstreams, upstreams_status
-from taskstream.core import streams, streams_admin
+from taskstream.core import lost_letters, streams, streams_admin
 from taskstream.core.errors import QueueUnavailable, TaskstreamError
 from taskstream.core.spec import INSTANCE_ID_LENGTH, format_utc_ms
 from taskstream.core.states import Status
@@ -32,9 +32,9 @@ JSON_OPT = typer.Option(False, "--json", help="Machine-readable output.")
 
 
 def status_cmd(as_json: bool = JSON_OPT) -> None:
-    """Queue depth, pending entries, consumers, dead letters, instances by status, and every
-    upstream's limiter usage and breaker state. With Redis down, the store's counts alone
-    and the Redis error, exit 1."""
+    """Queue depth, pending entries, consumers, dead letters (and the letters Redis lost of
+    instances FAILED poison), instances by status, and every upstream's limiter usage and
+    breaker state. With Redis down, the store's counts alone and the Redis error, exit 1."""
     data = run_async(_status())
     if as_json:
         print_json(data)
@@ -59,11 +59,23 @@ def _print_status(data: dict[str, Any]) -> None:
                 _consumers_text(st["consumers"]),
             )
         console.print(table)
-        console.print(f"dead letters: {data['dead']}")
+        console.print(f"dead letters: {data['dead']}{_lost_text(data)}")
     counts = "  ".join(f"{k}={v}" for k, v in data["instances"].items())
     console.print(f"instances: {counts or 'none'}")
     if "upstreams" in data:
         render_upstreams(console, data["upstreams"])
+
+
+def _lost_text(data: dict[str, Any]) -> str:
+    """`, lost: 2 (...)` after the dead letters' count, when some letters were lost."""
+    count = data["lost_letters"]
+    if not count:
+        return ""
+    more = "+" if data["lost_letters_more"] else ""
+    return (
+        f", lost: {count}{more} (instances FAILED poison with no letter on the stream;"
+        " see `taskstream dead list`)"
+    )
 
 
 def _consumers_text(consumers: list[dict[str, Any]]) -> str:
@@ -90,15 +102,23 @@ async def _status() -> dict[str, Any]:
 
 
 async def _queue_view(cluster: Cluster) -> dict[str, Any]:
-    """The streams, dead letters and upstreams: everything `status` reads from Redis."""
+    """The streams, dead letters (lost ones too) and upstreams: everything `status` reads
+    from Redis."""
     queue = await streams_admin.queue_view(cluster.queue, cluster.keys)
+    dead = cluster.keys.dead
+    lost = await lost_letters.count_lost(cluster.store, cluster.queue, dead, most=LOST_COUNTED + 1)
     upstreams = await upstreams_status(
         cluster.store,
         RedisLimiter(cluster.queue, cluster.keys),
         RedisBreakers(cluster.queue, cluster.keys),
         BreakerConfig(),  # the executors' default; stored `breaker:` settings override it
     )
-    return {**queue, **upstreams}
+    counted = {"lost_letters": min(lost, LOST_COUNTED), "lost_letters_more": lost > LOST_COUNTED}
+    return {**queue, **counted, **upstreams}
+
+
+LOST_COUNTED = 1000
+"""Lost letters `status` counts, at most (`lost_letters_more` says there are more)."""
 
 
 def instances_cmd(

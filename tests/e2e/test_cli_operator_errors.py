@@ -192,7 +192,10 @@ def test_a_stored_definition_that_no_longer_validates_is_listed_as_invalid(
 
 
 def test_dead_letters_are_listed_while_the_store_is_down(tmp_path: Path, redis_url: str) -> None:
-    """`dead list` reads only the dead-letter stream: a store that is down does not hide it."""
+    """The letters on the stream are read from Redis alone: a store that is down does not
+    hide them. It hides the letters Redis lost (instances FAILED poison in the store with no
+    letter), so the answer is partial, said on stderr, and the exit is 1, as `status` does
+    with Redis down."""
     with applied(tmp_path, redis_url, {}) as cli:
         client = redis.Redis.from_url(redis_url)
         try:
@@ -201,8 +204,10 @@ def test_dead_letters_are_listed_while_the_store_is_down(tmp_path: Path, redis_u
             client.close()
         env = cli.env | {"TASKSTREAM_DATABASE_URL": "mysql+asyncmy://root@127.0.0.1:1/x"}
         out = run_cli("dead", "list", "--json", env=env)
-    assert out.returncode == 0, out.stderr
-    assert [x["reason"] for x in json.loads(out.stdout)] == ["poison"]
+    assert out.returncode == 1, out.stderr
+    assert [(x["reason"], x["lost"]) for x in json.loads(out.stdout)] == [("poison", False)]
+    assert out.stderr.startswith("error: lost letters unknown: store mysql+asyncmy://")
+    assert len(out.stderr.splitlines()) == 1
 
 
 def test_up_refuses_a_task_file_whose_payload_is_over_the_limit(
