@@ -247,8 +247,8 @@ async def poisoned(
 ) -> list[InstanceRow]:
     """Rows FAILED `poison`, the latest failure first (`updated_at_ms`, then id, both
     descending), at most `limit`; only those before `before` ((updated_at_ms, id)) when
-    given. The (settled, fail_class) index narrows the read to exactly these rows (no other
-    settled row, and none in flight), which are then sorted."""
+    given. The `fail_class` index narrows the read to the rows FAILED `poison` (the column
+    is NULL on every other row), which are then sorted."""
     stmt = (
         select(inst)
         .where(

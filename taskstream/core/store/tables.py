@@ -17,11 +17,11 @@ Dialect-neutral by construction:
   and a run's whole life changes it once, when it settles. Nothing writes it; every dialect
   computes it (STORED on MySQL/MariaDB and PostgreSQL; VIRTUAL on SQLite, whose ALTER TABLE
   cannot add a stored column).
-- The index `(settled, fail_class)` finds the rows FAILED with one class among every settled
-  row: those FAILED `poison`, each of which the dead-letter stream should hold a letter of
-  (`dead list` shows those whose letter Redis lost). `fail_class` is NULL except on FAILED
-  rows, so like `settled` it changes only when a run settles or is requeued: the hot moves
-  leave this index alone too.
+- The index on `fail_class` finds the rows FAILED with one class: those FAILED `poison`, each
+  of which the dead-letter stream should hold a letter of (`dead list` shows those whose
+  letter Redis lost). `fail_class` is NULL except on FAILED rows, so this index changes only
+  when a run fails or is requeued: not at the hot moves (dispatch, claim), nor when a run
+  succeeds (an index that also held `settled` would change then).
 
 `migrations/versions` must produce exactly this schema; a contract test compares them.
 """
@@ -134,7 +134,7 @@ task_instances = Table(
     Index("uq_task_instances_dedupe_key", "dedupe_key", unique=True),
     Index("ix_task_instances_task_id_scheduled", "task_id", "scheduled_for_ms"),
     Index("ix_task_instances_settled_next_attempt", "settled", "next_attempt_at_ms"),
-    Index("ix_task_instances_settled_fail_class", "settled", "fail_class"),
+    Index("ix_task_instances_fail_class", "fail_class"),
     **MYSQL_OPTIONS,
 )
 
