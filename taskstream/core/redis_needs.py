@@ -40,8 +40,11 @@ class Refusal:
 
 
 def _streams(keys: Keys) -> list[Call]:
-    """Every role makes the consumer group (XGROUP CREATE) on each work stream at start."""
-    return [("XGROUP", "CREATE", s, GROUP, "0", "MKSTREAM") for s in keys.streams()]
+    """Every role makes the consumer group (XGROUP CREATE) on each work stream at start, and
+    its client sends PING on a connection idle past the health-check interval (30 s) before
+    the command it was taken for: a PING refused fails that command."""
+    groups = [("XGROUP", "CREATE", s, GROUP, "0", "MKSTREAM") for s in keys.streams()]
+    return [("PING",), *groups]
 
 
 def _moves(keys: Keys) -> list[Call]:

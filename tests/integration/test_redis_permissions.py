@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from taskstream.core import redis_needs
+from taskstream.core import redis_needs, streams
 from taskstream.core.errors import CommandDenied, QueueUnavailable
 from taskstream.core.notify import Wakeups
 from taskstream.core.outbox import Outbox
@@ -152,3 +152,28 @@ async def test_the_executor_user_of_the_docs_passes_the_start_check(
 
 async def _namespace_keys(h: Harness) -> list[Any]:
     return sorted([k async for k in h.redis.scan_iter(match=f"{h.keys.base}:*")])
+
+
+async def test_the_start_check_names_the_health_check_ping(outage: Harness, redis_url: str) -> None:
+    """The client sends PING itself on a connection idle past its health-check interval: a
+    user without it passes every command the roles send, then fails one every such time."""
+    h = outage
+    async with acl_user(h.redis, redis_url, [*namespace_rules(h.keys), "-ping"]) as (_u, client):
+        for calls in ROLES:
+            refused = await redis_needs.refusals(client, calls(h.keys))
+            assert [r.command for r in refused] == ["PING"]
+
+
+async def test_the_executor_user_of_the_docs_survives_the_clients_health_check(
+    outage: Harness, redis_url: str
+) -> None:
+    h = outage
+    [line] = [x for x in DOCS.read_text().splitlines() if x.startswith("ACL SETUSER ts-executor")]
+    rules = line.replace("ts:{prod}", h.keys.base).split()[5:]
+    async with acl_user(h.redis, redis_url, rules) as (_user, client):
+        await streams.mark_alive(client, h.keys, "c1", 1000)
+        pool: Any = client.connection_pool
+        conn = await pool.get_connection()
+        conn.next_health_check = 0  # idle past the interval: its next command is a PING first
+        await pool.release(conn)
+        await streams.mark_alive(client, h.keys, "c1", 1000)
