@@ -145,10 +145,16 @@ async def refusals(redis: Redis, calls: Sequence[Call]) -> list[Refusal]:
     """The calls of `calls` this server refuses to this user, queued in a transaction that is
     discarded (nothing runs). Any other error (an outage) raises, and the connection, left
     inside the transaction, is closed, never reused: a command sent on it again after a
-    reconnection would run. A refused MULTI is the one refusal found: nothing can be checked
-    without it."""
+    reconnection would run. A refused MULTI, or a refused SELECT of the URL's database when
+    the connection is made, is the one refusal found: nothing can be checked without it."""
     pool = redis.connection_pool
-    conn: AbstractConnection = await pool.get_connection()  # type: ignore[no-untyped-call]
+    try:
+        conn: AbstractConnection = await pool.get_connection()  # type: ignore[no-untyped-call]
+    except ResponseError as exc:  # the SELECT of the URL's database, sent on each connect
+        if not denied(exc):
+            raise
+        select = refused(exc, "SELECT")
+        return [Refusal(select.command, select.reply)]
     found: list[Refusal] = []
     clean = False
     try:

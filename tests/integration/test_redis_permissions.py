@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 from structlog.testing import capture_logs
@@ -20,7 +21,7 @@ from taskstream.ratelimit.redis_backend import RedisLimiter
 from taskstream.scheduler.leader import LeaderLease
 from taskstream.scheduler.service import Scheduler, SchedulerConfig
 from tests.integration.harness import Harness, until
-from tests.support.acl import acl, acl_user, namespace_rules
+from tests.support.acl import acl, acl_user, as_user, namespace_rules
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 ROLES = [redis_needs.executor_calls, redis_needs.sweeper_calls, redis_needs.scheduler_calls]
@@ -177,3 +178,25 @@ async def test_the_executor_user_of_the_docs_survives_the_clients_health_check(
         conn.next_health_check = 0  # idle past the interval: its next command is a PING first
         await pool.release(conn)
         await streams.mark_alive(client, h.keys, "c1", 1000)
+
+
+async def test_the_start_check_names_a_denied_select_of_the_urls_database(
+    outage: Harness, redis_url: str
+) -> None:
+    """A URL naming a database other than 0 makes the client SELECT it on every connection
+    it opens: refused, the check names it instead of failing with the bare reply."""
+    h = outage
+    async with acl_user(h.redis, redis_url, [*namespace_rules(h.keys), "-select"]) as (user, _):
+        client = streams.connect(as_user(_database(redis_url, 1), user))
+        try:
+            for calls in ROLES:
+                refused = await redis_needs.refusals(client, calls(h.keys))
+                assert [r.command for r in refused] == ["SELECT"]
+                assert refused[0].reply.startswith("NOPERM ")
+        finally:
+            await client.aclose()
+
+
+def _database(url: str, db: int) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path=f"/{db}"))
