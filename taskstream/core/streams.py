@@ -146,13 +146,19 @@ async def read(
     than `count` when `count` is below the number of streams (Valkey and Redis 7.2+ answer a
     wake-up with every stream that has entries by then): those beyond `count` are delivered
     to `consumer` all the same, and the caller must put them back (`move`) or run them.
+    A stream whose read Redis denies after others delivered entries ends the walk with them.
     """
     out: list[Delivery] = []
     alive = None if alive_ttl_ms is None else (keys.alive(consumer), alive_ttl_ms)
     for stream in keys.streams(order):
         if len(out) >= count:
             return out
-        out += await _xreadgroup(redis, {stream: ">"}, consumer, count - len(out), None, alive)
+        try:
+            out += await _xreadgroup(redis, {stream: ">"}, consumer, count - len(out), None, alive)
+        except ResponseError as exc:
+            if not (out and denied(exc)):
+                raise
+            return out  # delivered, so they must run; a read starting here meets it again
         alive = None
     if out:
         return out

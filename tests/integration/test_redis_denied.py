@@ -16,7 +16,9 @@ from structlog.testing import capture_logs
 
 from taskstream.core import streams
 from taskstream.core import streams_admin as admin
+from taskstream.core.definitions import to_records
 from taskstream.core.protocol import GROUP, Keys, Priority
+from taskstream.core.specfile import parse_task_file_text
 from taskstream.core.states import Status
 from taskstream.core.store.port import ClaimRequest
 from taskstream.executor.sweeper import Sweeper, SweeperConfig
@@ -144,3 +146,51 @@ async def test_a_denied_dead_letter_leaves_the_entry_and_the_executor_runs_on(
         assert await h.redis.xlen(h.keys.dead) == 0
         [denied] = [e for e in denials(logs) if e.get("entry_id") == junk]
         assert denied["log_level"] == "error" and denied["command"] == command
+
+
+HIGH = """
+tasks:
+  - id: urgent
+    agent: slow
+    priority: high
+    retry: {max_attempts: 1}
+    payload: {seconds: 0}
+"""
+
+
+async def test_entries_read_before_a_stream_the_read_is_denied_run(
+    outage: Harness, redis_url: str
+) -> None:
+    """A read walks the streams one by one: the entry it was given from `high` before Redis
+    denied it `default` (an ACL changed under the running executor) is this consumer's,
+    pending for it, and must run, not wait for the sweeper, which would count it as a
+    delivery never claimed (and in the end fail its instance as poison)."""
+    h = outage
+    high = h.keys.stream(Priority.HIGH)
+    await h.store.upsert_definitions(to_records(parse_task_file_text(HIGH, "t.yaml")))
+    allowed = [f"~{high}", f"~{h.keys.base}:alive:*", f"~{h.keys.base}:released:*"]
+    async with acl_user(h.redis, redis_url, namespace_rules(h.keys)) as (user, client):
+        with capture_logs() as logs:
+            running = Running(replace(h, redis=client).executor())
+            try:
+
+                async def started() -> bool:
+                    return any(e["event"] == "executor.started" for e in logs)
+
+                await until(started, WAIT_S)
+                await acl(h.redis, "SETUSER", user, "resetkeys", *allowed)
+                row = await h.trigger(HIGH, "urgent")
+
+                async def done() -> bool:
+                    found = await h.store.get_instance(row.id)
+                    return (found is not None and found.status is Status.SUCCESS) or (
+                        running.task.done()
+                    )
+
+                await until(done, WAIT_S)
+                assert not running.task.done(), running.task.exception()
+            finally:
+                running.stop.set()
+                await asyncio.wait_for(asyncio.gather(running.task, return_exceptions=True), 30)
+    assert (await h.redis.xpending(high, GROUP))["pending"] == 0
+    assert any(e["command"] == "XREADGROUP" for e in denials(logs))  # still told
