@@ -4,7 +4,8 @@ In order: the batch whose intake failed (the store or Redis did not answer), as 
 still pending for this consumer, so an outage delays it by the outage and not by the
 sweeper's unclaimed timeout; after a Redis error, this consumer's own pending entries that no
 run holds (a read's reply may have been lost after Redis delivered them); else new entries,
-never more than the free slots (a surplus a blocking read returned goes back to its stream).
+never more than the free slots (a surplus a blocking read returned goes back to its stream;
+when Redis denies that move, it is offered from our own pending list as slots free up).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from structlog.typing import FilteringBoundLogger
 
 from taskstream.core import streams
 from taskstream.core import streams_admin as admin
+from taskstream.core.denials import log_denied
+from taskstream.core.errors import CommandDenied
 from taskstream.core.protocol import Keys, read_order
 
 Entry = tuple[str, str]
@@ -75,12 +78,18 @@ class Reader:
             order=read_order(self._turn),
             alive_ttl_ms=self._alive_ttl_ms,
         )
-        for surplus in read[free:]:
-            # A blocking read woke on several streams: the surplus goes back to the tail of
-            # its stream at once (a move: no delivery counted), for whichever consumer has a
-            # slot. Left in our pending list it would wait untouched by the heartbeat, and the
-            # sweeper would take it for a delivery never claimed, or a stop would leave it.
-            await streams.move(self._redis, surplus, surplus.stream, surplus.fields)
+        try:
+            for surplus in read[free:]:
+                # A blocking read woke on several streams: the surplus goes back to the tail
+                # of its stream at once (a move: no delivery counted), for whichever consumer
+                # has a slot. Left in our pending list it would wait untouched by the
+                # heartbeat, and the sweeper would take it for a delivery never claimed, or a
+                # stop would leave it.
+                await streams.move(self._redis, surplus, surplus.stream, surplus.fields)
+        except CommandDenied as exc:
+            # Those not moved stay ours: offered from our pending list as slots free up.
+            log_denied(self._log, exc, left_for="recheck")
+            self._recheck = True
         return read[:free]
 
     async def _unseen(self, free: int) -> list[streams.Delivery]:

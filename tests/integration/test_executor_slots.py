@@ -32,6 +32,7 @@ from tests.agents import Params
 from tests.integration import outages
 from tests.integration.harness import Harness, Running, until
 from tests.integration.outages import blocked_in_read
+from tests.support.acl import acl_user, as_user, namespace_rules
 from tests.support.keyspace import drop_keys
 
 TASKS = """
@@ -127,6 +128,46 @@ async def test_a_read_that_wakes_on_every_stream_starts_no_more_runs_than_free_s
     assert agent.most == 1
     for priority in Priority:
         assert (await h.redis.xpending(h.keys.stream(priority), GROUP))["pending"] == 0
+
+
+async def test_entries_beyond_free_slots_whose_move_redis_denies_run_as_slots_free(
+    on_server: Harness, server_url: str
+) -> None:
+    """The move that puts the surplus back is denied (an ACL without EVALSHA): the entries
+    stay pending for this consumer, and it runs them as slots free, the first at once; none
+    waits for the sweeper, which would count it as a delivery never claimed."""
+    h = on_server
+    agent = Counted()
+    registry = default_registry(h.registry_modules)
+    registry.register(FunctionAgent(name="counted", params_model=Params, fn=agent.run))
+    taskfile = parse_task_file_text(TASKS, "t.yaml", known_agents=registry.names())
+    await h.store.upsert_definitions(to_records(taskfile))
+    entries = []
+    for spec in taskfile.tasks:
+        created = await h.store.create_instance(new_instance(spec, h.clock.now_ms()))
+        row = await h.store.get_instance(created.instance_id)
+        assert row is not None
+        entries.append((spec.priority, row_entry(row, h.clock.now_ms())))
+    name = f"tstest-executor-{h.keys.namespace}"
+    async with acl_user(h.redis, server_url, [*namespace_rules(h.keys), "-evalsha"]) as (u, _):
+        client = aioredis.Redis.from_url(as_user(server_url, u), client_name=name)
+        deps = ExecutorDeps(h.store, client, h.keys, registry, h.clock, Random(7))
+        ex = Running(Executor(deps, ExecutorConfig(consumer="c1", block_ms=2000, concurrency=1)))
+        try:
+            await until(lambda: blocked_in_read(h.redis, name))
+            async with h.redis.pipeline(transaction=True) as pipe:  # one wake-up, three streams
+                for priority, entry in entries:
+                    pipe.xadd(h.keys.stream(priority), encode(entry))  # type: ignore[arg-type]
+                await pipe.execute()
+            for ended in range(1, 4):
+                await until(lambda: _is(agent.inside > 0))
+                agent.release.release()
+                await until(lambda n=ended: _is(agent.ended == n))  # type: ignore[misc]
+            await until(lambda: _is_count(h, Status.SUCCESS, 3))
+        finally:
+            await ex.close()
+            await client.aclose()
+    assert agent.most == 1
 
 
 async def _is(value: bool) -> bool:
