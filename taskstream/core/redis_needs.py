@@ -146,7 +146,8 @@ async def refusals(redis: Redis, calls: Sequence[Call]) -> list[Refusal]:
     discarded (nothing runs). Any other error (an outage) raises, and the connection, left
     inside the transaction, is closed, never reused: a command sent on it again after a
     reconnection would run. A refused MULTI, or a refused SELECT of the URL's database when
-    the connection is made, is the one refusal found: nothing can be checked without it."""
+    the connection is made, is the one refusal found: nothing can be checked without it. A
+    refused DISCARD leaves the transaction open: that connection is closed too."""
     pool = redis.connection_pool
     try:
         conn: AbstractConnection = await pool.get_connection()  # type: ignore[no-untyped-call]
@@ -163,7 +164,8 @@ async def refusals(redis: Redis, calls: Sequence[Call]) -> list[Refusal]:
         for call in calls:
             if (refusal := await _queue(conn, call)) is not None:
                 found.append(refusal)
-        await _queue(conn, ("DISCARD",))
+        if (discard := await _queue(conn, ("DISCARD",))) is not None:
+            return [*found, discard]  # still inside the transaction: closed, not reused
         clean = True
     finally:
         if not clean:

@@ -200,3 +200,18 @@ async def test_the_start_check_names_a_denied_select_of_the_urls_database(
 def _database(url: str, db: int) -> str:
     parts = urlsplit(url)
     return urlunsplit(parts._replace(path=f"/{db}"))
+
+
+async def test_a_denied_discard_is_named_and_leaves_no_connection_in_the_transaction(
+    outage: Harness, redis_url: str
+) -> None:
+    """DISCARD refused, the check's connection is still inside its MULTI: back in the pool,
+    every command sent on it later would be queued, never run."""
+    h = outage
+    key = h.keys.alive("c1")
+    async with acl_user(h.redis, redis_url, [*namespace_rules(h.keys), "-discard"]) as (_u, c):
+        for calls in ROLES:
+            refused = await redis_needs.refusals(c, calls(h.keys))
+            assert [r.command for r in refused] == ["DISCARD"]
+        assert await c.set(key, b"1", px=60_000)
+        assert await c.get(key) == b"1"
