@@ -12,6 +12,10 @@ none of the current one. Between a poison failure's commit and its letter's XADD
 longer while Redis is down, until the sweeper writes the letter the entry owes) the instance
 is listed as lost too; requeueing it then is harmless: its leftover entry is of an older
 attempt, and acked.
+
+The store deletes nothing, so a long-lived cluster holds many instances FAILED `poison`, nearly
+all with their letter on the stream. The stream is read newest first and only back to the
+oldest failure judged, less the clock margin `CLOCK_MARGIN_MS` (`Letters`), not from its start.
 """
 
 from __future__ import annotations
@@ -22,7 +26,12 @@ from dataclasses import dataclass
 
 from taskstream.core import streams
 from taskstream.core.errors import ChangedMeanwhile, TaskstreamError
-from taskstream.core.operations import dead_letters, left_as_it_is, letter_attempt, requeue
+from taskstream.core.operations import (
+    left_as_it_is,
+    letter_attempt,
+    newest_dead_letters,
+    requeue,
+)
 from taskstream.core.outbox import Outbox
 from taskstream.core.states import Status, failed_as_poison, life_began, recorded_by_letter
 from taskstream.core.store.port import HistoryRow, InstanceRow, Store
@@ -32,6 +41,17 @@ PAGE = 200
 
 SCAN_PAGE = 1000
 """Dead letters read from the stream at a time, to learn which instances they name."""
+
+CLOCK_MARGIN_MS = 3_600_000
+"""How far the Redis server's clock may be behind the database's (1 hour), for reading the
+dead-letter stream: every writer of a letter (the sweeper, the committer, an executor that
+does not know the agent, the paths writing a letter an entry still owes) XADDs it after the
+instance's move to FAILED has committed, so the letter's id (Redis's clock) is at or after
+the failure's `updated_at_ms` (the database's clock) less the skew between the two clocks.
+The letters that can record failures at or after T are therefore those from T less this
+margin on; older letters are not read. With Redis's clock behind by more than this, the
+oldest failures judged may be listed as lost though their letter is on the stream (requeueing
+one then does what replaying its letter would)."""
 
 REPLAY_NOTE = "replay of a lost dead letter"
 """The note of the history row of a lost letter's requeue (`inspect` shows it)."""
@@ -48,21 +68,40 @@ class LostLetter:
 
 
 Lettered = dict[str, list[tuple[str, int | None]]]
-"""Instance id -> (dead letter id, the letter's entry attempt or None), oldest first."""
+"""Instance id -> (dead letter id, the letter's entry attempt or None), newest first."""
 
 
-async def lettered(redis: streams.Redis, dead_key: str) -> Lettered:
-    """Every letter on the dead-letter stream that names an instance, by instance: the whole
-    stream, `SCAN_PAGE` letters a read."""
-    found: Lettered = {}
-    after: str | None = None
-    while page := await dead_letters(redis, dead_key, limit=SCAN_PAGE, after=after):
-        for letter in page:
-            if letter.instance_id:
-                attempt = letter_attempt(letter.fields)
-                found.setdefault(letter.instance_id, []).append((letter.dead_id, attempt))
-        after = page[-1].dead_id
-    return found
+class Letters:
+    """The letters on the dead-letter stream, by the instance they name: read newest first,
+    `SCAN_PAGE` at a time, and only as far back as the failures asked about need."""
+
+    def __init__(self, redis: streams.Redis, dead_key: str) -> None:
+        self._redis, self._dead_key = redis, dead_key
+        self._found: Lettered = {}
+        self._oldest: str | None = None
+        """The id of the oldest letter read."""
+        self._since_ms: int | None = None
+        """Every letter from this time on (Redis's clock, epoch ms) has been read."""
+
+    async def recording(self, failed_ms: int) -> Lettered:
+        """Every letter that can record a failure at or after `failed_ms` (epoch ms, database
+        clock): those from `failed_ms` less `CLOCK_MARGIN_MS` on, each read once, the first
+        time it is needed."""
+        since_ms = failed_ms - CLOCK_MARGIN_MS
+        if self._since_ms is not None and self._since_ms <= since_ms:
+            return self._found
+        while page := await newest_dead_letters(
+            self._redis, self._dead_key, limit=SCAN_PAGE, before=self._oldest, since_ms=since_ms
+        ):
+            for letter in page:
+                if letter.instance_id:
+                    attempt = letter_attempt(letter.fields)
+                    self._found.setdefault(letter.instance_id, []).append((letter.dead_id, attempt))
+            self._oldest = page[-1].dead_id
+            if len(page) < SCAN_PAGE:
+                break
+        self._since_ms = since_ms
+        return self._found
 
 
 def recorded(
@@ -74,23 +113,31 @@ def recorded(
     return recorded_by_letter(attempts, row.status, row.fail_class, row.attempt, life_began=began)
 
 
+async def _judge(store: Store, letters: Letters, rows: Sequence[InstanceRow]) -> list[LostLetter]:
+    """The lost letters of `rows` (FAILED `poison`, the latest failure first), in order."""
+    found = await letters.recording(min(r.updated_at_ms for r in rows))
+    histories = await store.histories([r.id for r in rows])
+    lost = []
+    for row in rows:
+        history = histories.get(row.id, [])
+        if not recorded(found.get(row.id, []), row, history):
+            lost.append(LostLetter(row, _failed_reason(history)))
+    return lost
+
+
 async def lost_letters(
     store: Store, redis: streams.Redis, dead_key: str, *, failed_until_ms: int | None = None
 ) -> AsyncGenerator[LostLetter]:
     """The instances FAILED `poison` whose failure no letter on the stream records, the latest
-    failure first (those that failed at or before `failed_until_ms`, epoch ms, when given).
-    The stream is read once, at the first row FAILED `poison`; none, and it is not read."""
+    failure first (those that failed at or before `failed_until_ms`, epoch ms, when given):
+    every one, for `dead replay --all`. The stream is read as the failures judged need it,
+    newest first, each letter once, down to the oldest failure less `CLOCK_MARGIN_MS`."""
     # (t + 1, "") comes after every row that failed at t or before, and before every later one.
     before = None if failed_until_ms is None else (failed_until_ms + 1, "")
-    letters: Lettered | None = None
+    letters = Letters(redis, dead_key)
     while rows := await store.poisoned(limit=PAGE, before=before):
-        if letters is None:
-            letters = await lettered(redis, dead_key)
-        histories = await store.histories([r.id for r in rows])
-        for row in rows:
-            history = histories.get(row.id, [])
-            if not recorded(letters.get(row.id, []), row, history):
-                yield LostLetter(row, _failed_reason(history))
+        for lost in await _judge(store, letters, rows):
+            yield lost
         before = (rows[-1].updated_at_ms, rows[-1].id)
 
 
@@ -144,11 +191,11 @@ async def lost_letter(
             f"instance {instance_id} is {row.status}: only an instance FAILED poison can have"
             " lost its dead letter"
         )
-    letters = (await lettered(redis, dead_key)).get(instance_id, [])
+    found = await Letters(redis, dead_key).recording(row.updated_at_ms)
     history = await store.history(instance_id)
-    recording = [d for d, a in letters if recorded([(d, a)], row, history)]
+    recording = [d for d, a in found.get(instance_id, []) if recorded([(d, a)], row, history)]
     if recording:
-        dead_id = recording[-1]
+        dead_id = recording[0]
         raise TaskstreamError(
             f"instance {instance_id}: its dead letter {dead_id} is on the stream; replay that"
             f" (`taskstream dead replay {dead_id}`)"

@@ -146,6 +146,21 @@ async def dead_letters(
     return _letters(await redis.xrange(dead_key, start, until or "+", count=limit))
 
 
+async def newest_dead_letters(
+    redis: streams.Redis,
+    dead_key: str,
+    *,
+    limit: int,
+    before: str | None = None,
+    since_ms: int = 0,
+) -> list[DeadLetter]:
+    """The newest `limit` dead letters, newest first: older than the id `before` when given,
+    and none whose id's time (Redis's clock, epoch ms) is before `since_ms`."""
+    end = "+" if before is None else f"({before}"
+    start = f"{since_ms}-0" if since_ms > 0 else "-"
+    return _letters(await redis.xrevrange(dead_key, end, start, count=limit))
+
+
 async def newest_dead_id(redis: streams.Redis, dead_key: str) -> str | None:
     """The id of the newest dead letter, None when there is none."""
     rows: Any = await redis.xrevrange(dead_key, "+", "-", count=1)
