@@ -7,7 +7,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Column, Table
 
-from taskstream.core.lost_letters import LostLetter
+from taskstream.core.lost_letters import LostAmong, LostLetter
 from taskstream.core.operations import DeadLetter
 from taskstream.core.spec import INSTANCE_ID_LENGTH, format_utc_ms
 
@@ -65,14 +65,19 @@ def print_letters(console: Console, letters: list[DeadLetter]) -> None:
     console.print(table)
 
 
-def print_lost(console: Console, lost: list[LostLetter]) -> None:
-    """The lost letters, under a line saying what they are and how to requeue them; nothing
-    when there are none."""
+def print_lost(console: Console, found: LostAmong) -> None:
+    """The lost letters, under a line saying what they are, among which failures they were
+    looked for, and how to requeue them; only that line when there are none and older
+    failures were not judged, nothing when none is lost at all."""
+    lost = found.lost
     if not lost:
+        if not found.all_examined:
+            console.print(f"lost letters: none {examined_text(found)}")
         return
+    among = "" if found.all_examined else f" ({examined_text(found)})"
     console.print(
         "lost letters: instances FAILED poison in the store whose dead letter is not on the"
-        " stream (Redis lost it), the latest failure first; `taskstream dead replay"
+        f" stream (Redis lost it), the latest failure first{among}; `taskstream dead replay"
         " INSTANCE_ID` requeues one, `--all` every one"
     )
     # The id is what `dead replay` takes: never cut it, however narrow the terminal.
@@ -89,6 +94,14 @@ def print_lost(console: Console, lost: list[LostLetter]) -> None:
             _cut(x.row.last_error or "", 60),
         )
     console.print(table)
+
+
+def examined_text(found: LostAmong) -> str:
+    """Among which failures the lost letters were looked for, when not among all of them."""
+    return (
+        f"among the latest {found.examined:,} poison failures; older ones were not examined"
+        " (`taskstream dead replay --all` examines every one)"
+    )
 
 
 def _cut(text: str, width: int) -> str:

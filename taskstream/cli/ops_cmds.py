@@ -61,13 +61,17 @@ def dead_list_cmd(
 ) -> None:
     """The oldest dead letters with their reason and instance; then the instances FAILED
     poison in the store whose letter is not on the stream (lost with Redis's data), the
-    latest failure first. With the store down, the letters alone and the store error, exit 1."""
+    latest failure first, looked for among the latest 1,000 poison failures (or `--limit`,
+    when higher). With the store down, the letters alone and the store error, exit 1."""
     letters, lost, down = run_async(_dead_list(limit))
     if as_json:
-        print_json(dead_view.letters_json(letters, lost or []))
+        print_json(dead_view.letters_json(letters, lost.lost if lost else []))
+        if lost is not None and not lost.all_examined:
+            err_line(f"lost letters: {dead_view.examined_text(lost)}")
     else:
         dead_view.print_letters(console, letters)
-        dead_view.print_lost(console, lost or [])
+        if lost is not None:
+            dead_view.print_lost(console, lost)
     if down is not None:
         err_line(f"error: lost letters unknown: {down}")
         raise typer.Exit(1)
@@ -75,16 +79,19 @@ def dead_list_cmd(
 
 async def _dead_list(
     limit: int,
-) -> tuple[list[operations.DeadLetter], list[LostLetter] | None, str | None]:
+) -> tuple[list[operations.DeadLetter], lost_letters.LostAmong | None, str | None]:
     """Up to `limit` letters (the oldest) and up to `limit` lost letters (the latest failure
-    first); the lost ones None, and why, when the store is unavailable: the letters are
-    still shown."""
+    first) among the latest `LOST_EXAMINED` poison failures, or `limit` when higher; the lost
+    ones None, and why, when the store is unavailable: the letters are still shown."""
     s = settings()
+    examine = max(limit, lost_letters.LOST_EXAMINED)
     async with open_queue(s) as (redis, keys):
         letters = await operations.dead_letters(redis, keys.dead, limit=limit)
         try:
             async with open_cluster(s, need_redis=False) as cluster:
-                lost = await lost_letters.first_lost(cluster.store, redis, keys.dead, count=limit)
+                lost = await lost_letters.latest_lost(
+                    cluster.store, redis, keys.dead, examine=examine, count=limit
+                )
         except StoreUnavailable as exc:
             return letters, None, str(exc)
     return letters, lost, None

@@ -67,13 +67,18 @@ def _print_status(data: dict[str, Any]) -> None:
 
 
 def _lost_text(data: dict[str, Any]) -> str:
-    """`, lost: 2 (...)` after the dead letters' count, when some letters were lost."""
+    """`, lost: 2 (...)` after the dead letters' count, when some letters were lost; `among
+    the latest 1,000 poison failures` when older ones were not judged."""
     count = data["lost_letters"]
     if not count:
         return ""
-    more = "+" if data["lost_letters_more"] else ""
+    among = (
+        ""
+        if data["lost_letters_all_examined"]
+        else f" among the latest {data['lost_letters_examined']:,} poison failures"
+    )
     return (
-        f", lost: {count}{more} (instances FAILED poison with no letter on the stream;"
+        f", lost: {count}{among} (instances FAILED poison with no letter on the stream;"
         " see `taskstream dead list`)"
     )
 
@@ -106,19 +111,21 @@ async def _queue_view(cluster: Cluster) -> dict[str, Any]:
     from Redis."""
     queue = await streams_admin.queue_view(cluster.queue, cluster.keys)
     dead = cluster.keys.dead
-    lost = await lost_letters.count_lost(cluster.store, cluster.queue, dead, most=LOST_COUNTED + 1)
+    lost = await lost_letters.latest_lost(
+        cluster.store, cluster.queue, dead, examine=lost_letters.LOST_EXAMINED
+    )
     upstreams = await upstreams_status(
         cluster.store,
         RedisLimiter(cluster.queue, cluster.keys),
         RedisBreakers(cluster.queue, cluster.keys),
         BreakerConfig(),  # the executors' default; stored `breaker:` settings override it
     )
-    counted = {"lost_letters": min(lost, LOST_COUNTED), "lost_letters_more": lost > LOST_COUNTED}
+    counted = {
+        "lost_letters": len(lost.lost),
+        "lost_letters_examined": lost.examined,
+        "lost_letters_all_examined": lost.all_examined,
+    }
     return {**queue, **counted, **upstreams}
-
-
-LOST_COUNTED = 1000
-"""Lost letters `status` counts, at most (`lost_letters_more` says there are more)."""
 
 
 def instances_cmd(

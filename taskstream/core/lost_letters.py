@@ -14,14 +14,15 @@ is listed as lost too; requeueing it then is harmless: its leftover entry is of 
 attempt, and acked.
 
 The store deletes nothing, so a long-lived cluster holds many instances FAILED `poison`, nearly
-all with their letter on the stream. The stream is read newest first and only back to the
-oldest failure judged, less the clock margin `CLOCK_MARGIN_MS` (`Letters`), not from its start.
+all with their letter on the stream. `status` and `dead list` judge only the latest
+`LOST_EXAMINED` and say so (`latest_lost`); `dead replay --all` judges every one. Either way
+the stream is read newest first and only back to the oldest failure judged, less the clock
+margin `CLOCK_MARGIN_MS` (`Letters`), not from its start.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Sequence
-from contextlib import aclosing
 from dataclasses import dataclass
 
 from taskstream.core import streams
@@ -41,6 +42,12 @@ PAGE = 200
 
 SCAN_PAGE = 1000
 """Dead letters read from the stream at a time, to learn which instances they name."""
+
+LOST_EXAMINED = 1000
+"""Poison failures, the latest ones, that `status` and `dead list` judge (`dead list` more
+when its `--limit` is higher). The store deletes nothing: a long-lived cluster holds many
+more, nearly all with their letter on the stream, and judging all of them at every `status`
+would read them all and the whole dead-letter stream. `dead replay --all` judges all."""
 
 CLOCK_MARGIN_MS = 3_600_000
 """How far the Redis server's clock may be behind the database's (1 hour), for reading the
@@ -65,6 +72,18 @@ class LostLetter:
     """The row as it was judged (a replay requeues only this failure)."""
     reason: str
     """The reason its move to FAILED recorded (`unknown_agent`, `after_owner_lost`, ...)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LostAmong:
+    """The lost letters among the latest poison failures (`latest_lost`)."""
+
+    lost: list[LostLetter]
+    """The latest failure first."""
+    examined: int
+    """How many of the latest poison failures were judged."""
+    all_examined: bool
+    """No older poison failure was left unjudged: `lost` is every lost letter there is."""
 
 
 Lettered = dict[str, list[tuple[str, int | None]]]
@@ -146,31 +165,41 @@ def _failed_reason(history: Sequence[HistoryRow]) -> str:
     return next(failed, "")
 
 
-async def first_lost(
-    store: Store,
-    redis: streams.Redis,
-    dead_key: str,
-    *,
-    count: int,
-    failed_until_ms: int | None = None,
-) -> list[LostLetter]:
-    """The first `count` of `lost_letters` (the latest failures); no more is read."""
+async def latest_lost(
+    store: Store, redis: streams.Redis, dead_key: str, *, examine: int, count: int | None = None
+) -> LostAmong:
+    """The lost letters among the latest `examine` (at least 1) poison failures, the latest
+    first; the search stops at the `count`th when given. Older failures are not read, nor
+    the letters only they could need."""
+    letters = Letters(redis, dead_key)
     found: list[LostLetter] = []
-    if count <= 0:
-        return found
-    async with aclosing(
-        lost_letters(store, redis, dead_key, failed_until_ms=failed_until_ms)
-    ) as it:
-        async for lost in it:
-            found.append(lost)
-            if len(found) == count:
-                break
-    return found
+    examined, more = 0, True
+    before: tuple[int, str] | None = None
+    while more and examined < examine and (count is None or len(found) < count):
+        want = min(PAGE, examine - examined)
+        # One row past those wanted tells whether older ones are left unjudged.
+        rows = await store.poisoned(limit=want + 1, before=before)
+        rows, more = rows[:want], len(rows) > want
+        if not rows:
+            break
+        room = None if count is None else count - len(found)
+        judged, lost = _up_to(rows, await _judge(store, letters, rows), room)
+        found += lost
+        examined += judged
+        more = more or judged < len(rows)
+        before = (rows[-1].updated_at_ms, rows[-1].id)
+    return LostAmong(found, examined, all_examined=not more)
 
 
-async def count_lost(store: Store, redis: streams.Redis, dead_key: str, *, most: int) -> int:
-    """How many lost letters there are, counted up to `most`."""
-    return len(await first_lost(store, redis, dead_key, count=most))
+def _up_to(
+    rows: Sequence[InstanceRow], lost: list[LostLetter], room: int | None
+) -> tuple[int, list[LostLetter]]:
+    """How many of `rows` count as judged, and their lost letters `lost`, when at most `room`
+    more are wanted (None: any number): the rows up to the `room`th lost one."""
+    if room is None or len(lost) < room:
+        return len(rows), lost
+    last = lost[room - 1].row.id
+    return 1 + next(i for i, r in enumerate(rows) if r.id == last), lost[:room]
 
 
 async def lost_letter(

@@ -203,8 +203,21 @@ async def test_lost_letters_come_latest_failure_first_up_to_a_time(h: Harness) -
     await h.redis.delete(h.keys.dead)
     assert [x.row.id for x in await _lost(h)] == [r.id for r in reversed(rows)]
     assert [x.row.id for x in await _lost(h, failed_until_ms=2_000)] == [rows[1].id, rows[0].id]
-    assert await lost_letters.count_lost(h.store, h.redis, h.keys.dead, most=2) == 2
-    assert await lost_letters.count_lost(h.store, h.redis, h.keys.dead, most=5) == 3
+    latest = lost_letters.latest_lost
+    two = await latest(h.store, h.redis, h.keys.dead, examine=2)
+    assert ([x.row.id for x in two.lost], two.examined, two.all_examined) == (
+        [rows[2].id, rows[1].id],
+        2,
+        False,
+    )
+    every = await latest(h.store, h.redis, h.keys.dead, examine=5)
+    assert (len(every.lost), every.examined, every.all_examined) == (3, 3, True)
+    first = await latest(h.store, h.redis, h.keys.dead, examine=5, count=1)
+    assert ([x.row.id for x in first.lost], first.examined, first.all_examined) == (
+        [rows[2].id],
+        1,
+        False,
+    )
 
 
 async def test_replay_all_requeues_the_lost_letters_too(

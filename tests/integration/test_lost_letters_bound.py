@@ -1,16 +1,20 @@
 """Looking for lost dead letters on a long-lived cluster: the store deletes nothing, so it holds
-many instances FAILED `poison`, nearly all with their letter on the stream. The dead-letter
-stream is read only as far back as the oldest failure judged can have a letter; real Redis,
-real store."""
+many instances FAILED `poison`, nearly all with their letter on the stream. `status` and `dead
+list` judge only the latest poison failures and say so, and the dead-letter stream is read only
+as far back as the oldest failure judged can have a letter; real Redis, real store."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 from sqlalchemy import bindparam, update
+from typer.testing import CliRunner, Result
 
+from taskstream.cli.main import app
 from taskstream.core import lost_letters, streams
 from taskstream.core.protocol import Keys, Priority, WorkEntry, dead_fields, encode
 from taskstream.core.states import FailClass, Status
@@ -101,6 +105,18 @@ async def _lettered(redis: streams.Redis, keys: Keys, rows: list[InstanceRow]) -
     return at_ms
 
 
+async def _cli(h: Harness, db_url: str, redis_url: str, *args: str) -> Result:
+    env = {
+        "TASKSTREAM_DATABASE_URL": db_url,
+        "TASKSTREAM_REDIS_URL": redis_url,
+        "TASKSTREAM_NAMESPACE": h.keys.namespace,
+        "TASKSTREAM_KEY_PREFIX": h.keys.prefix,
+        "COLUMNS": "250",
+    }
+    # The command runs its own event loop: in a thread, beside the test's.
+    return await asyncio.to_thread(CliRunner().invoke, app, list(args), env=env)
+
+
 def _count_letters_read(monkeypatch: pytest.MonkeyPatch, dead_key: str) -> list[int]:
     """Letters read from `dead_key` by any client of this process (the CLI's too), one count
     per XRANGE or XREVRANGE."""
@@ -121,6 +137,50 @@ def _count_letters_read(monkeypatch: pytest.MonkeyPatch, dead_key: str) -> list[
     for name in ("xrange", "xrevrange"):
         monkeypatch.setattr(cls, name, counting(name))
     return read
+
+
+async def test_status_judges_the_latest_poison_failures_and_says_so(
+    h: Harness, db_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """1,200 poison failures, each lettered but one among the latest 1,000 and the oldest
+    200: `status` finds the one, says it judged the latest 1,000 (the older failures are
+    not looked at), and reads only the letters as recent as the oldest of those, less the
+    margin for the skew between the database's and Redis's clocks."""
+    rows = await _poisoned(h.store, MANY)
+    judged = lost_letters.LOST_EXAMINED
+    lettered = [r for n, r in enumerate(rows) if n != LOST_AMONG_LATEST]
+    letters_ms = await _lettered(h.redis, h.keys, lettered[: judged + 100])
+    read = _count_letters_read(monkeypatch, h.keys.dead)
+
+    status = await _cli(h, db_url, redis_url, "status", "--json")
+
+    assert status.exit_code == 0, status.output
+    data = json.loads(status.stdout)
+    assert data["lost_letters"] == 1
+    assert data["lost_letters_examined"] == judged
+    assert data["lost_letters_all_examined"] is False
+    since_ms = rows[judged - 1].updated_at_ms - lost_letters.CLOCK_MARGIN_MS
+    assert sum(read) == sum(1 for ms in letters_ms if ms >= since_ms) < len(letters_ms)
+    human = await _cli(h, db_url, redis_url, "status")
+    assert "lost: 1 among the latest 1,000 poison failures" in human.stdout
+
+
+async def test_dead_list_judges_the_latest_poison_failures_and_says_so(
+    h: Harness, db_url: str, redis_url: str
+) -> None:
+    rows = await _poisoned(h.store, MANY)
+    lettered = [r for n, r in enumerate(rows) if n != LOST_AMONG_LATEST]
+    await _lettered(h.redis, h.keys, lettered[: lost_letters.LOST_EXAMINED + 100])
+
+    listed = await _cli(h, db_url, redis_url, "dead", "list", "--limit", "5", "--json")
+
+    assert listed.exit_code == 0, listed.output
+    lost = [x["instance_id"] for x in json.loads(listed.stdout) if x["lost"]]
+    assert lost == [rows[LOST_AMONG_LATEST].id]
+    assert "among the latest 1,000 poison failures" in listed.stderr
+    human = await _cli(h, db_url, redis_url, "dead", "list", "--limit", "5")
+    assert rows[LOST_AMONG_LATEST].id in human.stdout
+    assert "among the latest 1,000 poison failures" in human.stdout
 
 
 async def test_replay_all_and_replay_one_read_the_stream_back_to_their_failures(
