@@ -81,9 +81,12 @@ async def _poisoned(store: SqlStore, count: int) -> list[InstanceRow]:
     return [r for r in rows if r is not None]
 
 
-async def _lettered(redis: streams.Redis, keys: Keys, rows: list[InstanceRow]) -> list[int]:
-    """Dead letters of `rows`, each written a second after its instance failed, as the
-    sweeper writes them (the entry of attempt 0, whose run failed); their ids' times."""
+async def _lettered(
+    redis: streams.Redis, keys: Keys, rows: list[InstanceRow], *, at: str | None = None
+) -> list[int]:
+    """Dead letters of `rows`, each written a second after its instance failed (or with the
+    id `at`), as the sweeper writes them (the entry of attempt 0, whose run failed); their
+    ids' times."""
     at_ms = []
     async with redis.pipeline(transaction=False) as pipe:
         for row in sorted(rows, key=lambda r: r.updated_at_ms):
@@ -100,7 +103,7 @@ async def _lettered(redis: streams.Redis, keys: Keys, rows: list[InstanceRow]) -
                 encode(entry), reason="poison", detail="swept", stream=source, entry_id="1-1"
             )
             at_ms.append(row.updated_at_ms + 1_000)
-            pipe.xadd(keys.dead, fields, id=f"{at_ms[-1]}-0")  # type: ignore[arg-type]
+            pipe.xadd(keys.dead, fields, id=at or f"{at_ms[-1]}-0")  # type: ignore[arg-type]
         await pipe.execute()
     return at_ms
 
@@ -181,6 +184,9 @@ async def test_dead_list_judges_the_latest_poison_failures_and_says_so(
     human = await _cli(h, db_url, redis_url, "dead", "list", "--limit", "5")
     assert rows[LOST_AMONG_LATEST].id in human.stdout
     assert "among the latest 1,000 poison failures" in human.stdout
+    await _lettered(h.redis, h.keys, [rows[LOST_AMONG_LATEST]], at="*")
+    none = await _cli(h, db_url, redis_url, "dead", "list", "--limit", "5")
+    assert "lost letters: none among the latest 1,000 poison failures" in none.stdout
 
 
 async def test_replay_all_and_replay_one_read_the_stream_back_to_their_failures(
