@@ -7,6 +7,10 @@ import uuid
 
 import pytest
 
+# The CLI's consoles take their width from COLUMNS when first imported: in-process CLI tests
+# (CliRunner) see one wide console whatever terminal, if any, runs the suite.
+os.environ["COLUMNS"] = "250"
+
 
 @pytest.fixture(scope="session")
 def redis_url() -> str:
