@@ -7,6 +7,8 @@ import uuid
 
 import pytest
 
+from tests.support.db_templates import drop_templates
+
 # The CLI's consoles take their width from COLUMNS when first imported: in-process CLI tests
 # (CliRunner) see one wide console whatever terminal, if any, runs the suite.
 os.environ["COLUMNS"] = "250"
@@ -37,3 +39,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         layer = item.path.parent.name
         if layer in PROCESS_LAYERS or item.get_closest_marker("roles") is not None:
             item.add_marker(pytest.mark.xdist_group("processes"))
+
+
+def pytest_sessionfinish() -> None:
+    """Drop the migrated templates this process copied its databases from."""
+    drop_templates()

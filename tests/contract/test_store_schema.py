@@ -8,7 +8,7 @@ import ast
 import asyncio
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +41,22 @@ from taskstream.core.store.sql import SqlStore
 from taskstream.core.store.tables import NOPAD_COLLATIONS, SETTLED_SQL, metadata
 from taskstream.core.store.tables import task_instances as inst
 from tests.contract.conftest import Advance, MakeNew
-from tests.support.databases import admin_url, available_kinds, empty_database
+from tests.support.databases import (
+    admin_url,
+    available_kinds,
+    empty_database,
+    migrated_database,
+)
 
 HEAD = ScriptDirectory.from_config(alembic_config()).get_current_head()
+
+
+@pytest.fixture(params=available_kinds())
+async def db_url(request: pytest.FixtureRequest) -> AsyncIterator[str]:
+    """A database of one kind that `upgrade` built from empty: the migrations are this
+    module's subject, so it does not take the copy other contract tests start from."""
+    async with migrated_database(request.param) as url:
+        yield url
 
 
 def _diff(target: MetaData) -> Callable[[Connection], list[Any]]:

@@ -1,4 +1,4 @@
-"""Throwaway databases for tests: one fresh, migrated database per use, dropped afterwards.
+"""Throwaway databases for tests: one fresh database per use, dropped afterwards.
 
 Kinds:
 - "sqlite": a file in a temporary directory.
@@ -14,7 +14,6 @@ is used for CREATE/DROP DATABASE only.
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
 import tempfile
@@ -23,29 +22,37 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from sqlalchemy.engine import URL, make_url
-from sqlalchemy.ext.asyncio import create_async_engine
-from sqlalchemy.pool import NullPool
+from sqlalchemy.engine import make_url
 
 from taskstream.core.store.migrate import upgrade
-from taskstream.core.store.urls import normalize_url
+from tests.support import db_templates
+from tests.support.db_servers import (
+    DEFAULT_MYSQL_URL,
+    DEFAULT_POSTGRES_URL,
+    MYSQL_ENV,
+    POSTGRES_ENV,
+    admin_url,
+    create_ddl,
+    drop_ddl,
+    server_ddl,
+    with_database,
+)
 
-MYSQL_ENV = "TASKSTREAM_TEST_MYSQL_URL"
-POSTGRES_ENV = "TASKSTREAM_TEST_POSTGRES_URL"
-DEFAULT_MYSQL_URL = "mysql://root@127.0.0.1:3306/test"
-DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+__all__ = [
+    "DEFAULT_MYSQL_URL",
+    "DEFAULT_POSTGRES_URL",
+    "KINDS",
+    "MYSQL_ENV",
+    "POSTGRES_ENV",
+    "admin_url",
+    "available_kinds",
+    "empty_database",
+    "migrated_database",
+    "temp_database",
+]
+
 KINDS = ("sqlite", "mariadb", "postgres")
 _PROBE_TIMEOUT_S = 1.0
-_DROP_WAIT_S = 30
-
-
-def admin_url(kind: str) -> str:
-    """The server URL used to create and drop databases of `kind` ("mariadb" | "postgres")."""
-    if kind == "mariadb":
-        return os.environ.get(MYSQL_ENV, DEFAULT_MYSQL_URL)
-    if kind == "postgres":
-        return os.environ.get(POSTGRES_ENV, DEFAULT_POSTGRES_URL)
-    raise ValueError(f"no admin URL for database kind {kind!r}")
 
 
 def _reachable(url: str) -> bool:
@@ -67,66 +74,33 @@ def available_kinds() -> list[str]:
     return kinds
 
 
-def _with_database(url: str, name: str) -> str:
-    parsed: URL = make_url(url).set(database=name)
-    return parsed.render_as_string(hide_password=False)
-
-
-async def _server_ddl(admin: str, *statements: str) -> None:
-    engine = create_async_engine(
-        normalize_url(admin), poolclass=NullPool, isolation_level="AUTOCOMMIT"
-    )
-    try:
-        async with engine.connect() as conn:
-            for statement in statements:
-                await conn.exec_driver_sql(statement)
-    finally:
-        await engine.dispose()
-
-
-def _ddl(kind: str, name: str) -> tuple[list[str], list[str]]:
-    # `name` is generated below from hex digits only, so quoting it is enough.
-    if kind == "mariadb":
-        return (
-            [f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"],
-            # A connection a test leaked would block the DROP for a day; fail instead.
-            [
-                f"SET SESSION lock_wait_timeout = {_DROP_WAIT_S}",
-                f"DROP DATABASE IF EXISTS `{name}`",
-            ],
-        )
-    return (
-        [f"CREATE DATABASE \"{name}\" ENCODING 'UTF8' TEMPLATE template0"],
-        [f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'],
-    )
-
-
-@asynccontextmanager
-async def _server_database(kind: str, name: str) -> AsyncIterator[str]:
-    admin = admin_url(kind)
-    create, drop = _ddl(kind, name)
-    await _server_ddl(admin, *create)
-    try:
-        yield _with_database(admin, name)
-    finally:
-        await _server_ddl(admin, *drop)
-
-
-@asynccontextmanager
-async def _sqlite_database(name: str) -> AsyncIterator[str]:
-    directory = Path(tempfile.mkdtemp(prefix="ts_t_"))
-    try:
-        yield f"sqlite:///{directory / name}.db"
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
-
-
 @asynccontextmanager
 async def temp_database(kind: str) -> AsyncIterator[str]:
-    """A fresh database of `kind`, migrated to head; yields its (user-form) URL, then drops it.
+    """A fresh database of `kind` at the newest schema; yields its (user-form) URL, then
+    drops it.
 
-    Close every store opened on the URL before leaving the block.
+    It is a copy of a database migrated once per kind and test process
+    (`tests.support.db_templates`), so it holds what `upgrade` leaves in an empty database:
+    the schema and the `alembic_version` row. Tests whose subject is migrating use
+    `migrated_database` or `empty_database`. Close every store opened on the URL before
+    leaving the block.
     """
+    _check_kind(kind)
+    template = await db_templates.template(kind)
+    name = _new_name()
+    if kind == "sqlite":
+        holder = _sqlite_database(name, copy_of=Path(template.source))
+    elif kind == "mariadb":
+        holder = _server_database(kind, name, fill=template.statements)
+    else:
+        holder = _server_database(kind, name, template=template.source)
+    async with holder as url:
+        yield url
+
+
+@asynccontextmanager
+async def migrated_database(kind: str) -> AsyncIterator[str]:
+    """A fresh database of `kind` that `upgrade` migrates from empty; dropped afterwards."""
     async with empty_database(kind) as url:
         await upgrade(url)
         yield url
@@ -135,9 +109,47 @@ async def temp_database(kind: str) -> AsyncIterator[str]:
 @asynccontextmanager
 async def empty_database(kind: str) -> AsyncIterator[str]:
     """A fresh database of `kind` with no tables (never migrated); dropped afterwards."""
-    if kind not in KINDS:
-        raise ValueError(f"unknown database kind {kind!r}; expected one of {KINDS}")
-    name = f"ts_t_{uuid.uuid4().hex}"
+    _check_kind(kind)
+    name = _new_name()
     holder = _sqlite_database(name) if kind == "sqlite" else _server_database(kind, name)
     async with holder as url:
         yield url
+
+
+def _check_kind(kind: str) -> None:
+    if kind not in KINDS:
+        raise ValueError(f"unknown database kind {kind!r}; expected one of {KINDS}")
+
+
+def _new_name() -> str:
+    return f"ts_t_{uuid.uuid4().hex}"
+
+
+@asynccontextmanager
+async def _server_database(
+    kind: str, name: str, *, fill: tuple[str, ...] = (), template: str | None = None
+) -> AsyncIterator[str]:
+    """The database `name` on the server of `kind`: a copy of `template` (PostgreSQL) or
+    empty, then `fill` run in it (MariaDB) on the connection that created it."""
+    admin = admin_url(kind)
+    create = create_ddl(kind, name, template=template)
+    if fill:
+        create = [*create, f"USE `{name}`", *fill]
+    await server_ddl(admin, *create)
+    try:
+        yield with_database(admin, name)
+    finally:
+        await server_ddl(admin, *drop_ddl(kind, name))
+
+
+@asynccontextmanager
+async def _sqlite_database(name: str, *, copy_of: Path | None = None) -> AsyncIterator[str]:
+    """A database file `name` in a new temporary directory: a copy of `copy_of`, or none yet."""
+    directory = Path(tempfile.mkdtemp(prefix="ts_t_"))
+    path = directory / f"{name}.db"
+    try:
+        if copy_of is not None:
+            shutil.copyfile(copy_of, path)
+        yield f"sqlite:///{path}"
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
