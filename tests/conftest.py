@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from tests.support.db_templates import drop_templates
+from tests.support import databases
 
 # The CLI's consoles take their width from COLUMNS when first imported: in-process CLI tests
 # (CliRunner) see one wide console whatever terminal, if any, runs the suite.
@@ -42,5 +42,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_sessionfinish() -> None:
-    """Drop the migrated templates this process copied its databases from."""
-    drop_templates()
+    """Drop the databases this process made ahead for tests that never came, and the
+    migrated templates it copied its databases from."""
+    databases.close()

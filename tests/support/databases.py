@@ -14,6 +14,7 @@ is used for CREATE/DROP DATABASE only.
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import socket
 import tempfile
@@ -26,6 +27,7 @@ from sqlalchemy.engine import make_url
 
 from taskstream.core.store.migrate import upgrade
 from tests.support import db_templates
+from tests.support.db_ahead import Ahead
 from tests.support.db_servers import (
     DEFAULT_MYSQL_URL,
     DEFAULT_POSTGRES_URL,
@@ -46,6 +48,7 @@ __all__ = [
     "POSTGRES_ENV",
     "admin_url",
     "available_kinds",
+    "close",
     "empty_database",
     "migrated_database",
     "temp_database",
@@ -53,6 +56,7 @@ __all__ = [
 
 KINDS = ("sqlite", "mariadb", "postgres")
 _PROBE_TIMEOUT_S = 1.0
+_AHEAD = Ahead()
 
 
 def _reachable(url: str) -> bool:
@@ -81,21 +85,35 @@ async def temp_database(kind: str) -> AsyncIterator[str]:
 
     It is a copy of a database migrated once per kind and test process
     (`tests.support.db_templates`), so it holds what `upgrade` leaves in an empty database:
-    the schema and the `alembic_version` row. Tests whose subject is migrating use
+    the schema and the `alembic_version` row; a server kind's copy was made while the test
+    before it ran (`tests.support.db_ahead`). Tests whose subject is migrating use
     `migrated_database` or `empty_database`. Close every store opened on the URL before
     leaving the block.
     """
     _check_kind(kind)
-    template = await db_templates.template(kind)
-    name = _new_name()
     if kind == "sqlite":
-        holder = _sqlite_database(name, copy_of=Path(template.source))
-    elif kind == "mariadb":
-        holder = _server_database(kind, name, fill=template.statements)
-    else:
-        holder = _server_database(kind, name, template=template.source)
-    async with holder as url:
-        yield url
+        template = await db_templates.template(kind)
+        async with _sqlite_database(_new_name(), copy_of=Path(template.source)) as url:
+            yield url
+        return
+    made = _AHEAD.take(kind)
+    try:
+        name = await asyncio.wrap_future(made)
+    except asyncio.CancelledError:
+        _AHEAD.discard(kind, made)
+        raise
+    admin = admin_url(kind)
+    try:
+        yield with_database(admin, name)
+    finally:
+        await server_ddl(admin, *drop_ddl(kind, name))
+
+
+def close() -> None:
+    """Drop what this process made ahead for tests that never came, and the templates; call
+    it with no event loop running (pytest_sessionfinish does)."""
+    _AHEAD.close()
+    db_templates.drop_templates()
 
 
 @asynccontextmanager
@@ -126,16 +144,10 @@ def _new_name() -> str:
 
 
 @asynccontextmanager
-async def _server_database(
-    kind: str, name: str, *, fill: tuple[str, ...] = (), template: str | None = None
-) -> AsyncIterator[str]:
-    """The database `name` on the server of `kind`: a copy of `template` (PostgreSQL) or
-    empty, then `fill` run in it (MariaDB) on the connection that created it."""
+async def _server_database(kind: str, name: str) -> AsyncIterator[str]:
+    """The empty database `name` on the server of `kind`."""
     admin = admin_url(kind)
-    create = create_ddl(kind, name, template=template)
-    if fill:
-        create = [*create, f"USE `{name}`", *fill]
-    await server_ddl(admin, *create)
+    await server_ddl(admin, *create_ddl(kind, name))
     try:
         yield with_database(admin, name)
     finally:
