@@ -85,8 +85,9 @@ async def temp_database(kind: str) -> AsyncIterator[str]:
 
     It is a copy of a database migrated once per kind and test process
     (`tests.support.db_templates`), so it holds what `upgrade` leaves in an empty database:
-    the schema and the `alembic_version` row; a server kind's copy was made while the test
-    before it ran (`tests.support.db_ahead`). Tests whose subject is migrating use
+    the schema and the `alembic_version` row. A server kind's copy was made while the test
+    before it ran, and a PostgreSQL one is dropped on the thread that made it
+    (`tests.support.db_ahead`). Tests whose subject is migrating use
     `migrated_database` or `empty_database`. Close every store opened on the URL before
     leaving the block.
     """
@@ -106,7 +107,10 @@ async def temp_database(kind: str) -> AsyncIterator[str]:
     try:
         yield with_database(admin, name)
     finally:
-        await server_ddl(admin, *drop_ddl(kind, name))
+        if kind == "postgres":
+            _AHEAD.give_back(kind, name)
+        else:
+            await server_ddl(admin, *drop_ddl(kind, name))
 
 
 def close() -> None:

@@ -3,9 +3,12 @@ the next fresh copy of the migrated template (`tests.support.db_templates`) of e
 kind it has used, so the next test of that kind does not wait for the server's disk.
 
 Creating a copy waits 0.05 s (MariaDB) to 0.3 s (PostgreSQL) or more on a loaded machine,
-for nearly every contract and integration test. Each database still serves one test only,
-which drops it when done (on its own loop, so a drop that fails fails that test); only the
-copies made for tests that never came are dropped here, by `close`.
+for nearly every contract and integration test. Each database still serves one test only.
+A MariaDB database is dropped by its test, so a drop that a leaked connection blocks fails
+that test. A PostgreSQL one is handed back and dropped on the thread (its DROP ... WITH
+(FORCE) ends every session, so no leak can block it, and it waits for the copy being made
+next): a drop that fails is raised by the next `take` or by `close`. The copies made for
+tests that never came are dropped by `close`.
 """
 
 from __future__ import annotations
@@ -25,15 +28,28 @@ class Ahead:
     def __init__(self) -> None:
         self._thread: ThreadPoolExecutor | None = None
         self._next: dict[str, Future[str]] = {}
+        self._drops: list[Future[None]] = []
 
     def take(self, kind: str) -> Future[str]:
         """The name of a fresh copy of `kind` ("mariadb" | "postgres"), no one else's; starts
         making the one the next test of `kind` takes."""
+        self._raise_failed_drops()
         if self._thread is None:
             self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ts-db-ahead")
         taken = self._next.pop(kind, None) or self._thread.submit(_make, kind)
         self._next[kind] = self._thread.submit(_make, kind)
         return taken
+
+    def give_back(self, kind: str, name: str) -> None:
+        """Drop the database `name` of `kind`, which its test no longer uses, on the thread."""
+        assert self._thread is not None, "give back only what `take` handed out"
+        self._drops.append(self._thread.submit(_drop, kind, name))
+
+    def _raise_failed_drops(self) -> None:
+        done = [d for d in self._drops if d.done()]
+        self._drops = [d for d in self._drops if not d.done()]
+        for drop in done:
+            drop.result()
 
     def discard(self, kind: str, made: Future[str]) -> None:
         """Drop the database `made` holds once it is made: its test stopped waiting for it."""
@@ -55,6 +71,7 @@ class Ahead:
         if self._thread is not None:
             self._thread.shutdown(wait=True)
             self._thread = None
+        self._raise_failed_drops()
 
 
 def _make(kind: str) -> str:
