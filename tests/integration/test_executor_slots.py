@@ -17,11 +17,11 @@ import pytest
 import redis.asyncio as aioredis
 
 from taskstream.agents.base import AgentContext, FunctionAgent
-from taskstream.agents.registry import default_registry
+from taskstream.agents.registry import Registry, default_registry
 from taskstream.core import streams
 from taskstream.core.definitions import to_records
 from taskstream.core.outbox import row_entry
-from taskstream.core.protocol import GROUP, Keys, Priority, encode
+from taskstream.core.protocol import GROUP, Keys, Priority, WorkEntry, encode
 from taskstream.core.specfile import parse_task_file_text
 from taskstream.core.states import Status
 from taskstream.core.store.sql import SqlStore
@@ -88,17 +88,7 @@ async def test_a_read_that_wakes_on_every_stream_starts_no_more_runs_than_free_s
     on_server: Harness, server_url: str
 ) -> None:
     h = on_server
-    agent = Counted()
-    registry = default_registry(h.registry_modules)
-    registry.register(FunctionAgent(name="counted", params_model=Params, fn=agent.run))
-    taskfile = parse_task_file_text(TASKS, "t.yaml", known_agents=registry.names())
-    await h.store.upsert_definitions(to_records(taskfile))
-    entries = []
-    for spec in taskfile.tasks:
-        created = await h.store.create_instance(new_instance(spec, h.clock.now_ms()))
-        row = await h.store.get_instance(created.instance_id)
-        assert row is not None
-        entries.append((spec.priority, row_entry(row, h.clock.now_ms())))
+    agent, registry, entries = await _one_task_per_stream(h)
     name = f"tstest-executor-{h.keys.namespace}"
     client = aioredis.Redis.from_url(server_url, client_name=name)
     deps = ExecutorDeps(h.store, client, h.keys, registry, h.clock, Random(7))
@@ -137,17 +127,7 @@ async def test_entries_beyond_free_slots_whose_move_redis_denies_run_as_slots_fr
     stay pending for this consumer, and it runs them as slots free, the first at once; none
     waits for the sweeper, which would count it as a delivery never claimed."""
     h = on_server
-    agent = Counted()
-    registry = default_registry(h.registry_modules)
-    registry.register(FunctionAgent(name="counted", params_model=Params, fn=agent.run))
-    taskfile = parse_task_file_text(TASKS, "t.yaml", known_agents=registry.names())
-    await h.store.upsert_definitions(to_records(taskfile))
-    entries = []
-    for spec in taskfile.tasks:
-        created = await h.store.create_instance(new_instance(spec, h.clock.now_ms()))
-        row = await h.store.get_instance(created.instance_id)
-        assert row is not None
-        entries.append((spec.priority, row_entry(row, h.clock.now_ms())))
+    agent, registry, entries = await _one_task_per_stream(h)
     name = f"tstest-executor-{h.keys.namespace}"
     async with acl_user(h.redis, server_url, [*namespace_rules(h.keys), "-evalsha"]) as (u, _):
         client = aioredis.Redis.from_url(as_user(server_url, u), client_name=name)
@@ -168,6 +148,25 @@ async def test_entries_beyond_free_slots_whose_move_redis_denies_run_as_slots_fr
             await ex.close()
             await client.aclose()
     assert agent.most == 1
+
+
+async def _one_task_per_stream(
+    h: Harness,
+) -> tuple[Counted, Registry, list[tuple[Priority, WorkEntry]]]:
+    """The `counted` agent, a registry with it, and one instance of each task of `TASKS`
+    (one per priority stream) made in the store, with the entry each would be published as."""
+    agent = Counted()
+    registry = default_registry(h.registry_modules)
+    registry.register(FunctionAgent(name="counted", params_model=Params, fn=agent.run))
+    taskfile = parse_task_file_text(TASKS, "t.yaml", known_agents=registry.names())
+    await h.store.upsert_definitions(to_records(taskfile))
+    entries = []
+    for spec in taskfile.tasks:
+        created = await h.store.create_instance(new_instance(spec, h.clock.now_ms()))
+        row = await h.store.get_instance(created.instance_id)
+        assert row is not None
+        entries.append((spec.priority, row_entry(row, h.clock.now_ms())))
+    return agent, registry, entries
 
 
 async def _is(value: bool) -> bool:

@@ -5,17 +5,14 @@ them; real Redis, real store."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from sqlalchemy import update
-from typer.testing import CliRunner, Result
 
 from taskstream.cli import ops_cmds
-from taskstream.cli.main import app
 from taskstream.core import lost_letters, operations, streams
 from taskstream.core.errors import TaskstreamError
 from taskstream.core.protocol import Keys
@@ -23,6 +20,7 @@ from taskstream.core.states import FailClass, Status
 from taskstream.core.store.port import ClaimRequest, InstanceRow
 from taskstream.core.store.sql import SqlStore
 from taskstream.core.store.tables import task_instances
+from tests.integration.cli_in_process import run_cli
 from tests.integration.harness import Harness, until
 from tests.integration.test_operations import _Cluster, _poisoned_unclaimed
 from tests.support.keyspace import drop_keys
@@ -82,18 +80,6 @@ async def _lost(h: Harness, **kwargs: Any) -> list[lost_letters.LostLetter]:
     return [x async for x in lost_letters.lost_letters(h.store, h.redis, h.keys.dead, **kwargs)]
 
 
-async def _cli(h: Harness, db_url: str, redis_url: str, *args: str) -> Result:
-    env = {
-        "TASKSTREAM_DATABASE_URL": db_url,
-        "TASKSTREAM_REDIS_URL": redis_url,
-        "TASKSTREAM_NAMESPACE": h.keys.namespace,
-        "TASKSTREAM_KEY_PREFIX": h.keys.prefix,
-        "COLUMNS": "250",
-    }
-    # The command runs its own event loop: in a thread, beside the test's.
-    return await asyncio.to_thread(CliRunner().invoke, app, list(args), env=env)
-
-
 @pytest.mark.parametrize("how", ["xdel", "emptied"])
 async def test_a_lost_letter_is_listed_and_its_replay_runs_the_instance(
     h: Harness, emptied: Harness, db_url: str, redis_url: str, how: str
@@ -108,7 +94,7 @@ async def test_a_lost_letter_is_listed_and_its_replay_runs_the_instance(
 
     [lost] = await _lost(h)
     assert (lost.row.id, lost.row.attempt, lost.reason) == (row.id, row.attempt, "unknown_agent")
-    listed = await _cli(h, db_url, redis_url, "dead", "list", "--json")
+    listed = await run_cli(h, db_url, redis_url, "dead", "list", "--json")
     assert listed.exit_code == 0, listed.output
     [shown] = json.loads(listed.stdout)
     assert (shown["lost"], shown["dead_id"], shown["instance_id"]) == (True, None, row.id)
@@ -117,12 +103,12 @@ async def test_a_lost_letter_is_listed_and_its_replay_runs_the_instance(
         "late-agent",
         row.updated_at_ms,
     )
-    human = await _cli(h, db_url, redis_url, "dead", "list")
+    human = await run_cli(h, db_url, redis_url, "dead", "list")
     assert "lost" in human.stdout and row.id in human.stdout
-    status = await _cli(h, db_url, redis_url, "status", "--json")
+    status = await run_cli(h, db_url, redis_url, "status", "--json")
     assert (json.loads(status.stdout)["dead"], json.loads(status.stdout)["lost_letters"]) == (0, 1)
 
-    replayed = await _cli(h, db_url, redis_url, "dead", "replay", row.id)
+    replayed = await run_cli(h, db_url, redis_url, "dead", "replay", row.id)
 
     assert replayed.exit_code == 0, replayed.output
     assert replayed.stdout == f"{row.id} (lost letter): requeued\n"

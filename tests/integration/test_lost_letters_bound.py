@@ -5,16 +5,13 @@ as far back as the oldest failure judged can have a letter; real Redis, real sto
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 from sqlalchemy import bindparam, update
-from typer.testing import CliRunner, Result
 
-from taskstream.cli.main import app
 from taskstream.core import lost_letters, streams
 from taskstream.core.protocol import Keys, Priority, WorkEntry, dead_fields, encode
 from taskstream.core.states import FailClass, Status
@@ -22,6 +19,7 @@ from taskstream.core.store.port import InstanceRow
 from taskstream.core.store.records import ClaimRequest, DispatchRequest, FinishRequest, NewInstance
 from taskstream.core.store.sql import SqlStore
 from taskstream.core.store.tables import task_instances
+from tests.integration.cli_in_process import run_cli
 from tests.integration.harness import Harness
 
 TASKS = """
@@ -108,18 +106,6 @@ async def _lettered(
     return at_ms
 
 
-async def _cli(h: Harness, db_url: str, redis_url: str, *args: str) -> Result:
-    env = {
-        "TASKSTREAM_DATABASE_URL": db_url,
-        "TASKSTREAM_REDIS_URL": redis_url,
-        "TASKSTREAM_NAMESPACE": h.keys.namespace,
-        "TASKSTREAM_KEY_PREFIX": h.keys.prefix,
-        "COLUMNS": "250",
-    }
-    # The command runs its own event loop: in a thread, beside the test's.
-    return await asyncio.to_thread(CliRunner().invoke, app, list(args), env=env)
-
-
 def _unwrapped(text: str) -> str:
     """`text` with every run of whitespace (a line break where rich wrapped) one space."""
     return " ".join(text.split())
@@ -160,7 +146,7 @@ async def test_status_judges_the_latest_poison_failures_and_says_so(
     letters_ms = await _lettered(h.redis, h.keys, lettered[: judged + 100])
     read = _count_letters_read(monkeypatch, h.keys.dead)
 
-    status = await _cli(h, db_url, redis_url, "status", "--json")
+    status = await run_cli(h, db_url, redis_url, "status", "--json")
 
     assert status.exit_code == 0, status.output
     data = json.loads(status.stdout)
@@ -169,7 +155,7 @@ async def test_status_judges_the_latest_poison_failures_and_says_so(
     assert data["lost_letters_all_examined"] is False
     since_ms = rows[judged - 1].updated_at_ms - lost_letters.CLOCK_MARGIN_MS
     assert sum(read) == sum(1 for ms in letters_ms if ms >= since_ms) < len(letters_ms)
-    human = await _cli(h, db_url, redis_url, "status")
+    human = await run_cli(h, db_url, redis_url, "status")
     assert "lost: 1 among the latest 1,000 poison failures" in human.stdout
 
 
@@ -180,18 +166,18 @@ async def test_dead_list_judges_the_latest_poison_failures_and_says_so(
     lettered = [r for n, r in enumerate(rows) if n != LOST_AMONG_LATEST]
     await _lettered(h.redis, h.keys, lettered[: lost_letters.LOST_EXAMINED + 100])
 
-    listed = await _cli(h, db_url, redis_url, "dead", "list", "--limit", "5", "--json")
+    listed = await run_cli(h, db_url, redis_url, "dead", "list", "--limit", "5", "--json")
 
     assert listed.exit_code == 0, listed.output
     lost = [x["instance_id"] for x in json.loads(listed.stdout) if x["lost"]]
     assert lost == [rows[LOST_AMONG_LATEST].id]
     assert "among the latest 1,000 poison failures" in listed.stderr
-    human = await _cli(h, db_url, redis_url, "dead", "list", "--limit", "5")
+    human = await run_cli(h, db_url, redis_url, "dead", "list", "--limit", "5")
     assert rows[LOST_AMONG_LATEST].id in human.stdout
     # Rich wraps long lines at the console's width, which another test may have set.
     assert "among the latest 1,000 poison failures" in _unwrapped(human.stdout)
     await _lettered(h.redis, h.keys, [rows[LOST_AMONG_LATEST]], at="*")
-    none = await _cli(h, db_url, redis_url, "dead", "list", "--limit", "5")
+    none = await run_cli(h, db_url, redis_url, "dead", "list", "--limit", "5")
     assert "lost letters: none among the latest 1,000 poison failures" in _unwrapped(none.stdout)
 
 
