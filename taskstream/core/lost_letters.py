@@ -34,7 +34,13 @@ from taskstream.core.operations import (
     requeue,
 )
 from taskstream.core.outbox import Outbox
-from taskstream.core.states import Status, failed_as_poison, life_began, recorded_by_letter
+from taskstream.core.states import (
+    Status,
+    failed_as_poison,
+    last_failure,
+    life_began,
+    recorded_by_letter,
+)
 from taskstream.core.store.port import HistoryRow, InstanceRow, Store
 
 PAGE = 200
@@ -161,8 +167,7 @@ async def lost_letters(
 
 
 def _failed_reason(history: Sequence[HistoryRow]) -> str:
-    failed = (h.reason for h in reversed(history) if h.to_status is Status.FAILED)
-    return next(failed, "")
+    return last_failure((h.to_status, h.reason) for h in history) or ""
 
 
 async def latest_lost(

@@ -123,6 +123,16 @@ def life_began(history: Iterable[tuple[str, int]]) -> int:
     return began
 
 
+def last_failure(moves: Iterable[tuple[Status, str]]) -> str | None:
+    """The reason recorded with an instance's last move to FAILED, given its history as
+    (to status, reason) pairs, oldest first; None when it never failed."""
+    failed = None
+    for to_status, reason in moves:
+        if to_status is Status.FAILED:
+            failed = reason
+    return failed
+
+
 def can_transition(src: Status, dst: Status) -> bool:
     """True when the state table allows `src -> dst`."""
     return dst in TRANSITIONS[src]

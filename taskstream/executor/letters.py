@@ -10,8 +10,8 @@ from taskstream.core import streams
 from taskstream.core.denials import log_denied
 from taskstream.core.errors import CommandDenied
 from taskstream.core.protocol import Keys
-from taskstream.core.states import Status, failed_as_poison, life_began, poisoned_by
-from taskstream.core.store.port import HistoryRow, InstanceRow, Store
+from taskstream.core.states import failed_as_poison, last_failure, life_began, poisoned_by
+from taskstream.core.store.port import InstanceRow, Store
 from taskstream.executor.sweep import poison_reason
 
 
@@ -50,12 +50,6 @@ def moved_meanwhile(log: FilteringBoundLogger, delivery: streams.Delivery) -> No
     log.info("entry.moved_meanwhile", entry_id=delivery.entry_id, stream=delivery.stream)
 
 
-async def owed_reason(store: Store, instance_id: str) -> str:
-    """The dead-letter reason of an entry whose instance FAILED as poison before its mover
-    moved it (`sweep.poison_reason` of the reason recorded with the last move to FAILED)."""
-    return _failed_reason(await store.history(instance_id))
-
-
 async def owed_letter(store: Store, entry_attempt: int, row: InstanceRow) -> str | None:
     """The dead-letter reason an entry of `entry_attempt` still owes when `row` FAILED as
     poison by it (`states.poisoned_by`) and its mover failed before moving it; None when it
@@ -68,9 +62,4 @@ async def owed_letter(store: Store, entry_attempt: int, row: InstanceRow) -> str
     began = life_began((h.reason, h.attempt) for h in history)
     if not poisoned_by(entry_attempt, row.status, row.fail_class, row.attempt, life_began=began):
         return None
-    return _failed_reason(history)
-
-
-def _failed_reason(history: list[HistoryRow]) -> str:
-    failed = next((h.reason for h in reversed(history) if h.to_status is Status.FAILED), None)
-    return poison_reason(failed)
+    return poison_reason(last_failure((h.to_status, h.reason) for h in history))

@@ -43,7 +43,8 @@ class Action(StrEnum):
 @dataclass(frozen=True, slots=True)
 class RowFacts:
     """What the store says about the entry's instance. `life_began`: the attempt its
-    current life began at (`states.life_began` of its history; 0 when never requeued), needed
+    current life began at (`states.life_began` of its history; 0 when never requeued), and
+    `failed_with`: the reason of its last move to FAILED (`states.last_failure`), both needed
     only for a row that FAILED as poison."""
 
     status: Status
@@ -52,6 +53,7 @@ class RowFacts:
     fail_class: FailClass | None = None
     lease_owner: str | None = None
     life_began: int = 0
+    failed_with: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +157,7 @@ def _gate(entry: EntryFacts, row: RowFacts | None) -> Verdict | None:
             # Failed as poison, but the move to the dead-letter stream did not happen (Redis
             # failed after the store's commit): the entry still belongs there. One from before
             # a requeue is acked, as every entry of a failure the requeue took back is.
-            return Verdict(Action.DEAD_LETTER, "poison")
+            return Verdict(Action.DEAD_LETTER, poison_reason(row.failed_with))
         return Verdict(Action.ACK, f"instance is {row.status}")
     return None
 

@@ -8,7 +8,13 @@ from dataclasses import dataclass
 from taskstream.core import streams
 from taskstream.core import streams_admin as admin
 from taskstream.core.protocol import Keys, WorkEntry
-from taskstream.core.states import AWAITING_CLAIM, Status, failed_as_poison, life_began
+from taskstream.core.states import (
+    AWAITING_CLAIM,
+    Status,
+    failed_as_poison,
+    last_failure,
+    life_began,
+)
 from taskstream.core.store.port import HistoryRow, InstanceRow, Store
 from taskstream.executor import handover
 from taskstream.executor.retry import owner_losses
@@ -75,4 +81,5 @@ def _row_facts(row: InstanceRow | None, history: list[HistoryRow]) -> RowFacts |
         row.fail_class,
         row.lease_owner,
         life_began=life_began((h.reason, h.attempt) for h in history),
+        failed_with=last_failure((h.to_status, h.reason) for h in history),
     )

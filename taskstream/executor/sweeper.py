@@ -199,12 +199,13 @@ class Sweeper:
             moved = await self._dead(d, exc.reason)
             return (Action.DEAD_LETTER if moved else Action.LEAVE).value
         row = await self._store.get_instance(entry.instance_id)
-        facts = SweepFacts(self._store, self._redis, self._keys, self._clock.now_ms())
+        now_ms = self._clock.now_ms()
+        facts = SweepFacts(self._store, self._redis, self._keys, now_ms)
         entry_facts, row_facts = await facts.gather(p, entry, row, alive)
         verdict = decide(
             entry_facts,
             row_facts,
-            db_now_ms=self._clock.now_ms(),
+            db_now_ms=now_ms,
             max_deliveries=self._config.max_deliveries,
             unclaimed_ms=self._config.unclaimed_ms,
         )
@@ -239,10 +240,7 @@ class Sweeper:
         if verdict.action is Action.ACK:
             await streams.ack(self._redis, d.stream, d.entry_id)
         elif verdict.action is Action.DEAD_LETTER:
-            reason = verdict.reason
-            if reason == "poison" and instance is not None:
-                reason = await letters.owed_reason(self._store, instance.id)
-            if not await self._dead(d, reason):
+            if not await self._dead(d, verdict.reason):
                 return Action.LEAVE
         elif verdict.action is Action.TIMEOUT and instance is not None:
             await self._time_out(verdict, d, instance)

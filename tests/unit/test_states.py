@@ -15,6 +15,7 @@ from taskstream.core.states import (
     Status,
     can_transition,
     check_transition,
+    last_failure,
     life_began,
     poisoned_by,
 )
@@ -106,3 +107,14 @@ def test_poisoned_by_tells_the_run_an_entry_started_from_a_later_life(
 )
 def test_a_life_begins_at_the_last_requeue(history: list[tuple[str, int]], began: int) -> None:
     assert life_began(history) == began
+
+
+def test_last_failure_is_the_reason_of_the_last_move_to_failed() -> None:
+    moves = [
+        (Status.FAILED, "unknown_agent"),
+        (Status.PENDING, "requeued"),
+        (Status.FAILED, "after_owner_lost"),
+        (Status.PENDING, "requeued"),
+    ]
+    assert last_failure(moves) == "after_owner_lost"
+    assert last_failure([(Status.SUCCESS, "completed")]) is None

@@ -198,3 +198,15 @@ def test_a_finished_poison_move_keeps_its_movers_reason(
     failed_with: str | None, reason: str
 ) -> None:
     assert poison_reason(failed_with) == reason
+
+
+@pytest.mark.parametrize(
+    ("failed_with", "reason"),
+    [("unknown_agent", "unknown_agent"), ("after_owner_lost", "poison"), (None, "poison")],
+)
+def test_an_owed_letter_carries_the_reason_of_the_move_to_failed(
+    failed_with: str | None, reason: str
+) -> None:
+    facts = RowFacts(Status.FAILED, 1, None, fail_class=POISON, failed_with=failed_with)
+    verdict = decide(EntryFacts(1, 1, False), facts, db_now_ms=NOW, max_deliveries=3)
+    assert (verdict.action, verdict.reason) == (Action.DEAD_LETTER, reason)
