@@ -5,7 +5,7 @@ Every store write goes through `check_transition`; terminal states have no exits
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from enum import StrEnum
 
 from taskstream.core.errors import InvalidTransition
@@ -111,16 +111,24 @@ def recorded_by_letter(
     )
 
 
+def life_start(reasons: Sequence[str]) -> int:
+    """Where an instance's current life begins in its history, given the reasons of its
+    history rows, oldest first: the index just after its last manual requeue, else 0. The
+    counts of a life (attempts, lost runs) start again there."""
+    for i in range(len(reasons) - 1, -1, -1):
+        if reasons[i] == REQUEUED:
+            return i + 1
+    return 0
+
+
 def life_began(history: Iterable[tuple[str, int]]) -> int:
     """The attempt an instance's current life began at, given its history as (reason,
     attempt) pairs, oldest first: that of its last manual requeue (FAILED -> PENDING moves to
     attempt + 1, and the history row carries the new attempt), else 0. Attempts only grow, so
     every entry and run of an earlier life is of an attempt below it."""
-    began = 0
-    for reason, attempt in history:
-        if reason == REQUEUED:
-            began = attempt
-    return began
+    pairs = list(history)
+    start = life_start([reason for reason, _ in pairs])
+    return pairs[start - 1][1] if start else 0
 
 
 def last_failure(moves: Iterable[tuple[Status, str]]) -> str | None:

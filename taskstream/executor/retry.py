@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from random import Random
 
-from taskstream.core.reasons import DEFERRED, OWNER_LOST, RELEASED, REQUEUED, after
+from taskstream.core.reasons import DEFERRED, OWNER_LOST, RELEASED, after
 from taskstream.core.spec import TaskSpec
 from taskstream.core.spec_parts import Backoff, RetryPolicy
-from taskstream.core.states import FailClass, Status
+from taskstream.core.states import FailClass, Status, life_began, life_start
 from taskstream.core.store.records import HistoryRow
 
 
@@ -91,14 +91,9 @@ def attempts_used(token: int, history: list[tuple[str, int]]) -> int:
     """Attempts that count against `max_attempts` for a run holding `token`, given the
     instance's history as (reason, attempt) pairs, oldest first: attempts before the last
     manual requeue, and runs released or deferred unrun since then, do not count."""
-    base = 0
-    released = 0
-    for reason, attempt in history:
-        if reason == REQUEUED:
-            base, released = attempt, 0
-        elif reason in (RELEASED, DEFERRED):
-            released += 1
-    return token - base - released
+    start = life_start([reason for reason, _ in history])
+    unrun = sum(1 for reason, _ in history[start:] if reason in (RELEASED, DEFERRED))
+    return token - life_began(history) - unrun
 
 
 def every_run_lost(history: list[HistoryRow]) -> bool:
@@ -106,13 +101,12 @@ def every_run_lost(history: list[HistoryRow]) -> bool:
     first): the work itself kills its executor (poison). Runs released or deferred unrun do
     not count, as in `attempts_used`; one run that failed or timed out on its own makes the
     instance merely exhausted."""
-    lost: bool | None = None  # None: no counted run since the last requeue
-    for h in history:
-        if h.reason == REQUEUED:
-            lost = None
-        elif h.from_status is Status.RUNNING and h.reason not in (RELEASED, DEFERRED):
-            lost = lost is not False and h.reason == OWNER_LOST
-    return lost is True
+    ended = [
+        h.reason
+        for h in _this_life(history)
+        if h.from_status is Status.RUNNING and h.reason not in (RELEASED, DEFERRED)
+    ]
+    return bool(ended) and all(reason == OWNER_LOST for reason in ended)
 
 
 def timed_out_for(history: list[HistoryRow], attempt: int) -> str | None:
@@ -128,13 +122,12 @@ def owner_losses(history: list[HistoryRow]) -> int:
     """Runs that lost their owner since the last manual requeue (history oldest first), as
     the sweeper counts them towards `max_deliveries`: a requeue starts this count again, as
     it starts the attempt budget (`attempts_used`)."""
-    losses = 0
-    for h in history:
-        if h.reason == REQUEUED:
-            losses = 0
-        elif h.reason == after(OWNER_LOST):
-            losses += 1
-    return losses
+    return sum(1 for h in _this_life(history) if h.reason == after(OWNER_LOST))
+
+
+def _this_life(history: list[HistoryRow]) -> list[HistoryRow]:
+    """The rows of the instance's current life (`states.life_start`)."""
+    return history[life_start([h.reason for h in history]) :]
 
 
 def policy_of(spec: TaskSpec | None, max_attempts: int) -> RetryPolicy:
