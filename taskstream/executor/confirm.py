@@ -7,6 +7,7 @@ from structlog.typing import FilteringBoundLogger
 from taskstream.core.errors import StoreError
 from taskstream.core.states import Status
 from taskstream.core.store.port import CasResult, FinishRequest, Store
+from taskstream.core.store.records import made_move
 
 
 async def landed(
@@ -23,8 +24,15 @@ async def landed(
         history = await store.history(finish.instance_id)
     except StoreError:
         return False
-    mine = (Status.RUNNING, finish.dst, finish.token, finish.owner, finish.reason)
-    if not any((h.from_status, h.to_status, h.attempt, h.owner, h.reason) == mine for h in history):
+    mine = made_move(
+        history,
+        finish.dst,
+        attempt=finish.token,
+        owner=finish.owner,
+        reason=finish.reason,
+        from_status=Status.RUNNING,
+    )
+    if not mine:
         return False
     log.info("instance.commit_confirmed", instance_id=finish.instance_id, attempt=finish.token)
     return True

@@ -27,6 +27,7 @@ from taskstream.core.outbox import seen_on_stream
 from taskstream.core.protocol import WorkEntry
 from taskstream.core.states import FailClass, Status, life_began
 from taskstream.core.store.port import CasResult, Store
+from taskstream.core.store.records import made_move
 
 UNKNOWN_AGENT: Final = "unknown_agent"
 OWED_KEPT: Final = 1024
@@ -95,12 +96,12 @@ class Strangers:
             return False
         if answered is not None:
             return answered
-        return any(
-            h.to_status is Status.FAILED
-            and h.reason == UNKNOWN_AGENT
-            and h.attempt == entry.attempt
-            and h.owner == self._consumer
-            for h in history
+        return made_move(
+            history,
+            Status.FAILED,
+            attempt=entry.attempt,
+            owner=self._consumer,
+            reason=UNKNOWN_AGENT,
         )
 
     def _remember(self, entry_id: str, landed: bool | None) -> None:

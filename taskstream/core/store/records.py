@@ -4,6 +4,7 @@ Times are UTC epoch milliseconds (`*_ms`)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,6 +103,28 @@ class HistoryRow:
     note: str | None = None
     """The why of the move beyond its reason, else None: what the person who made it gave
     (`retry --reason`), or what the sweeper found (a release of a run whose end was lost)."""
+
+
+def made_move(
+    history: Iterable[HistoryRow],
+    to_status: Status,
+    *,
+    attempt: int,
+    owner: str | None,
+    reason: str,
+    from_status: Status | None = None,
+) -> bool:
+    """Whether `history` holds the move to `to_status` at `attempt` by `owner` with `reason`
+    (and from `from_status`, when given): how a writer whose answer was lost recognises its
+    own move, which only it makes, once per attempt."""
+    return any(
+        h.to_status is to_status
+        and h.attempt == attempt
+        and h.owner == owner
+        and h.reason == reason
+        and (from_status is None or h.from_status is from_status)
+        for h in history
+    )
 
 
 @dataclass(frozen=True, slots=True)
