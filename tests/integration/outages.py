@@ -10,6 +10,8 @@ from contextlib import asynccontextmanager
 from random import Random
 from typing import Any
 
+import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -271,3 +273,15 @@ async def forever() -> None:
 async def no_dead_letters(delivery: streams.Delivery, reason: str, error: str) -> None:
     """A committer's dead-letter hook for tests that expect none."""
     raise AssertionError(f"unexpected dead letter: {reason}")
+
+
+def fail_next_dead_letter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The next `streams.dead_letter` fails as Redis going away (after the store's move, so
+    an entry owes its letter); the one after works again."""
+    dead_letter = streams.dead_letter
+
+    async def letter_fails_once(*args: Any, **kwargs: Any) -> Any:
+        monkeypatch.setattr(streams, "dead_letter", dead_letter)
+        raise RedisConnectionError("redis: connection reset")
+
+    monkeypatch.setattr(streams, "dead_letter", letter_fails_once)

@@ -24,7 +24,7 @@ from taskstream.executor.recovery import Recovery
 from taskstream.executor.sweeper import Sweeper
 from tests.integration.executor_cases import TASKS, harness, reach
 from tests.integration.harness import Harness, Running, until
-from tests.integration.outages import intake
+from tests.integration.outages import fail_next_dead_letter, intake
 
 
 @pytest.fixture
@@ -274,13 +274,7 @@ async def test_a_poisoned_entry_whose_letter_failed_is_dead_lettered_by_its_waki
     would leave a poison instance that `dead list` and `dead replay` never show."""
     row = await h.trigger(TASKS, "slow")
     [delivery] = await streams.read(h.redis, h.keys, "c1", count=1, block_ms=10)
-    dead_letter = streams.dead_letter
-
-    async def letter_fails_once(*args: Any, **kwargs: Any) -> Any:
-        monkeypatch.setattr(streams, "dead_letter", dead_letter)
-        raise RedisConnectionError("redis: connection reset")
-
-    monkeypatch.setattr(streams, "dead_letter", letter_fails_once)
+    fail_next_dead_letter(monkeypatch)
     with pytest.raises(RedisConnectionError):
         await h.sweeper(max_deliveries=0).sweep_once()  # 1 delivery > 0: poison
     failed = await h.store.get_instance(row.id)

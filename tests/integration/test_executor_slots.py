@@ -89,16 +89,9 @@ async def test_a_read_that_wakes_on_every_stream_starts_no_more_runs_than_free_s
 ) -> None:
     h = on_server
     agent, registry, entries = await _one_task_per_stream(h)
-    name = f"tstest-executor-{h.keys.namespace}"
-    client = aioredis.Redis.from_url(server_url, client_name=name)
-    deps = ExecutorDeps(h.store, client, h.keys, registry, h.clock, Random(7))
-    ex = Running(Executor(deps, ExecutorConfig(consumer="c1", block_ms=2000, concurrency=1)))
+    client, ex = await _one_slot_executor(h, server_url, registry)
     try:
-        await until(lambda: blocked_in_read(h.redis, name))
-        async with h.redis.pipeline(transaction=True) as pipe:  # one wake-up, three streams
-            for priority, entry in entries:
-                pipe.xadd(h.keys.stream(priority), encode(entry))  # type: ignore[arg-type]
-            await pipe.execute()
+        await _publish_at_once(h, entries)
 
         await until(lambda: _is(agent.inside > 0))
         # Only the running entry is this consumer's: the surplus is back on its streams,
@@ -128,17 +121,10 @@ async def test_entries_beyond_free_slots_whose_move_redis_denies_run_as_slots_fr
     waits for the sweeper, which would count it as a delivery never claimed."""
     h = on_server
     agent, registry, entries = await _one_task_per_stream(h)
-    name = f"tstest-executor-{h.keys.namespace}"
     async with acl_user(h.redis, server_url, [*namespace_rules(h.keys), "-evalsha"]) as (u, _):
-        client = aioredis.Redis.from_url(as_user(server_url, u), client_name=name)
-        deps = ExecutorDeps(h.store, client, h.keys, registry, h.clock, Random(7))
-        ex = Running(Executor(deps, ExecutorConfig(consumer="c1", block_ms=2000, concurrency=1)))
+        client, ex = await _one_slot_executor(h, as_user(server_url, u), registry)
         try:
-            await until(lambda: blocked_in_read(h.redis, name))
-            async with h.redis.pipeline(transaction=True) as pipe:  # one wake-up, three streams
-                for priority, entry in entries:
-                    pipe.xadd(h.keys.stream(priority), encode(entry))  # type: ignore[arg-type]
-                await pipe.execute()
+            await _publish_at_once(h, entries)
             for ended in range(1, 4):
                 await until(lambda: _is(agent.inside > 0))
                 agent.release.release()
@@ -148,6 +134,31 @@ async def test_entries_beyond_free_slots_whose_move_redis_denies_run_as_slots_fr
             await ex.close()
             await client.aclose()
     assert agent.most == 1
+
+
+async def _one_slot_executor(
+    h: Harness, url: str, registry: Registry
+) -> tuple[aioredis.Redis, Running]:
+    """Consumer c1 with one slot on its own client to `url`, blocked in its read."""
+    name = f"tstest-executor-{h.keys.namespace}"
+    client = aioredis.Redis.from_url(url, client_name=name)
+    deps = ExecutorDeps(h.store, client, h.keys, registry, h.clock, Random(7))
+    ex = Running(Executor(deps, ExecutorConfig(consumer="c1", block_ms=2000, concurrency=1)))
+    try:
+        await until(lambda: blocked_in_read(h.redis, name))
+    except BaseException:
+        await ex.close()
+        await client.aclose()
+        raise
+    return client, ex
+
+
+async def _publish_at_once(h: Harness, entries: list[tuple[Priority, WorkEntry]]) -> None:
+    """XADD every entry in one MULTI: one wake-up of a read blocked on all three streams."""
+    async with h.redis.pipeline(transaction=True) as pipe:
+        for priority, entry in entries:
+            pipe.xadd(h.keys.stream(priority), encode(entry))  # type: ignore[arg-type]
+        await pipe.execute()
 
 
 async def _one_task_per_stream(

@@ -15,7 +15,7 @@ from taskstream.core.protocol import GROUP, decode
 from taskstream.core.states import FailClass, Status
 from taskstream.core.store.port import ClaimRequest, FinishRequest
 from tests.integration.harness import Harness
-from tests.integration.outages import intake
+from tests.integration.outages import fail_next_dead_letter, intake
 from tests.integration.test_operations import TASKS, h
 
 __all__ = ["h"]  # the fixture, shared with test_operations
@@ -30,13 +30,7 @@ async def _poisoned_then_letter_lost(
     Returns the instance id and the old entry, still pending in `reader`'s list."""
     row = await h.trigger(TASKS, "once-fails")
     [old] = await streams.read(h.redis, h.keys, reader, count=1, block_ms=10)
-    dead_letter = streams.dead_letter
-
-    async def letter_fails_once(*args: Any, **kwargs: Any) -> Any:
-        monkeypatch.setattr(streams, "dead_letter", dead_letter)
-        raise RedisConnectionError("redis: connection reset")
-
-    monkeypatch.setattr(streams, "dead_letter", letter_fails_once)
+    fail_next_dead_letter(monkeypatch)
     with pytest.raises(RedisConnectionError):
         await h.sweeper(max_deliveries=0).sweep_once()  # 1 delivery > 0: poison
     failed = await h.store.get_instance(row.id)
