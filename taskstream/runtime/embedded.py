@@ -17,6 +17,7 @@ import secrets
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import redis
@@ -57,8 +58,10 @@ def _free_port() -> int:
 class EmbeddedValkey:
     """One Valkey server process whose data survives restarts of `taskstream up`."""
 
-    def __init__(self, home: Path) -> None:
+    def __init__(self, home: Path, extra_config: Sequence[str] = ()) -> None:
+        """`extra_config`: config lines added after ours (a `rename-command`, say)."""
         self._dir = (home / "valkey").resolve()
+        self._extra = tuple(extra_config)
         self._proc: subprocess.Popen[bytes] | None = None
         self._url = ""
 
@@ -70,7 +73,8 @@ class EmbeddedValkey:
         conf = self._dir / "valkey.conf"
         # `dir .`: the server runs in its folder, whose path may hold what the config file
         # cannot (a space ends a value there).
-        _write_private(conf, CONFIG.format(port=port, password=password))
+        lines = [CONFIG.format(port=port, password=password), *self._extra]
+        _write_private(conf, "\n".join(lines).rstrip("\n") + "\n")
         self._url = f"redis://:{password}@127.0.0.1:{port}/0"
         self._spawn(timeout_s)
         return self._url

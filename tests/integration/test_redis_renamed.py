@@ -18,8 +18,8 @@ from taskstream.core import redis_needs, streams
 from taskstream.core import streams_admin as admin
 from taskstream.core.protocol import GROUP, Priority
 from taskstream.executor.sweeper import Sweeper, SweeperConfig
+from taskstream.runtime.embedded import EmbeddedValkey
 from tests.integration.harness import Harness, until
-from tests.support.valkey import valkey_server
 
 RENAMED = "XADD_RENAMED_FOR_TEST"
 
@@ -27,8 +27,11 @@ RENAMED = "XADD_RENAMED_FOR_TEST"
 @pytest.fixture(scope="module")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A Valkey server of this module's own, whose XADD is known by another name only."""
-    with valkey_server(tmp_path_factory.mktemp("valkey"), f"rename-command XADD {RENAMED}") as url:
-        yield url
+    server = EmbeddedValkey(tmp_path_factory.mktemp("valkey"), [f"rename-command XADD {RENAMED}"])
+    try:
+        yield server.start()
+    finally:
+        server.stop()
 
 
 async def test_the_start_check_names_the_unknown_command(outage: Harness) -> None:
