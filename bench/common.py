@@ -109,13 +109,20 @@ async def mysql_value(svc: Services, sql: str, db: str | None = None) -> Any:
         conn.close()
 
 
-COUNTERS = ("Questions", "Com_admin_commands", "Com_commit", "Com_rollback")
+COUNTERS = (
+    "Questions",
+    "Com_admin_commands",
+    "Com_commit",
+    "Com_rollback",
+    "Bytes_received",
+    "Bytes_sent",
+)
 
 
 async def server_counters(svc: Services) -> dict[str, int]:
     """Server-wide counters: MariaDB statements (`Questions`; pings count as
-    `Com_admin_commands`), commits, rollbacks, and Redis commands processed. They include any
-    foreign load on the same servers."""
+    `Com_admin_commands`), commits, rollbacks, bytes in and out, and Redis commands
+    processed. They include any foreign load on the same servers."""
     conn = await mysql_connect(svc)
     try:
         async with conn.cursor() as cur:

@@ -63,6 +63,10 @@ class DrainResult:
     success: int
     cpu: dict[str, float]
     """CPU seconds by category (`bench.cpu`) from starting the executors to the end."""
+    steady_cpu: dict[str, float]
+    """The same from the first poll that saw a SUCCESS to the end: no process start-up."""
+    steady_instances: int
+    """Instances that reached SUCCESS in that span."""
     claim_batches: int
     commit_batches: int
     calls: dict[str, float]
@@ -70,6 +74,12 @@ class DrainResult:
 
     def cpu_ms_per_instance(self, category: str) -> float:
         return self.cpu.get(category, 0.0) * 1000 / self.instances
+
+    def steady_ms_per_instance(self, category: str) -> float:
+        """CPU ms per instance while draining (start-up left out); 0 when no span was seen."""
+        if self.steady_instances <= 0:
+            return 0.0
+        return self.steady_cpu.get(category, 0.0) * 1000 / self.steady_instances
 
     @property
     def rate(self) -> float:
@@ -129,17 +139,23 @@ async def _measure(
         if profile is not None and i == 0:
             spy = _py_spy(svc, pid, profile)
     success = 0
+    steady: tuple[cpu.Snapshot, int] | None = None
     deadline = started + max(120.0, n / 100)
     try:
         while time.monotonic() < deadline:
             success = (await store.count_by_status())[Status.SUCCESS]
             if success >= n:
                 break
+            if steady is None and success > 0:
+                steady = (cpu.snapshot(), success)
             if dead := children.exited():
                 raise RuntimeError(f"an executor exited: {dead} (logs: {logdir})")
             await asyncio.sleep(POLL_S)
         wall_s = time.monotonic() - started
-        used = cpu.usage(before, cpu.snapshot())
+        after = cpu.snapshot()
+        used = cpu.usage(before, after)
+        steady_used = {} if steady is None else cpu.usage(steady[0], after)
+        steady_n = 0 if steady is None else success - steady[1]
         calls = per_instance(counted, await server_counters(svc), n)
     finally:
         codes = await children.stop()
@@ -149,7 +165,19 @@ async def _measure(
     claims, commits = await _batches(store)
     drain_s = (last_success - first_claim) / 1000 if first_claim and last_success else 0.0
     result = DrainResult(
-        n, concurrency, mode, publish_s, drain_s, wall_s, success, used, claims, commits, calls
+        n,
+        concurrency,
+        mode,
+        publish_s,
+        drain_s,
+        wall_s,
+        success,
+        used,
+        steady_used,
+        steady_n,
+        claims,
+        commits,
+        calls,
     )
     say(
         f"(b) drained {success}/{n}: {result.rate:,.0f}/s first claim -> last commit "
@@ -157,6 +185,8 @@ async def _measure(
         f" executors exited {sorted(codes.values())}; mean batch: claim"
         f" {n / max(claims, 1):.0f}, commit {n / max(commits, 1):.0f}; CPU ms/instance: "
         + ", ".join(f"{k} {result.cpu_ms_per_instance(k):.2f}" for k in cpu.CATEGORIES)
+        + f"; while draining ({steady_n} instances): "
+        + ", ".join(f"{k} {result.steady_ms_per_instance(k):.3f}" for k in cpu.CATEGORIES)
         + "; per instance: "
         + ", ".join(f"{k} {v:.2f}" for k, v in calls.items())
     )

@@ -129,6 +129,8 @@ def _drain_cost_specs(args: argparse.Namespace) -> list[Spec]:
             MS3,
         ),
         ("(b) MariaDB CPU per instance", _per_instance("mariadb"), " ms", "", MS3),
+        ("(b) executor CPU per instance while draining", _steady("executor"), " ms", "", MS3),
+        ("(b) MariaDB CPU per instance while draining", _steady("mariadb"), " ms", "", MS3),
         (f"(b) pre-publish ({args.publish}) rate", lambda x: x.publish_rate, "/s", "", RATE),
     ]
 
@@ -161,6 +163,12 @@ def _per_entry(category: str) -> Callable[[Any], float]:
 
 def _per_instance(category: str) -> Callable[[Any], float]:
     return lambda x: x.cpu_ms_per_instance(category)
+
+
+def _steady(category: str) -> Callable[[Any], float]:
+    """CPU per instance from the first SUCCESS seen to the end: the processes' start-up
+    (imports, connecting) left out, so that a change to the run path shows in full."""
+    return lambda x: x.steady_ms_per_instance(category)
 
 
 def _latency_specs(label: str, rate: float, executors: int) -> list[Spec]:
