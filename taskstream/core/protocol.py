@@ -203,20 +203,29 @@ def _wire_size(value: bytes | str) -> int:
     return len(value)
 
 
+def _size(raw: RawFields) -> int:
+    """Bytes of an entry's names and values (`_wire_size`). One loop without calls for the
+    bytes Redis returns: it runs for every entry read."""
+    size = 0
+    for k, v in raw.items():
+        size += len(k) if type(k) is bytes else _wire_size(k)
+        size += len(v) if type(v) is bytes else _wire_size(v)
+    return size
+
+
 def _text(raw: RawFields) -> dict[str, str]:
     """Fields as text. Their size (names and values, bytes) is checked against
     `MAX_ENTRY_BYTES` before anything is decoded, so a large entry costs no copies."""
-    size = sum(_wire_size(k) + _wire_size(v) for k, v in raw.items())
+    size = _size(raw)
     if size > MAX_ENTRY_BYTES:
         raise ProtocolError("oversize", f"{size} bytes > {MAX_ENTRY_BYTES}")
     out: dict[str, str] = {}
-    for k, v in raw.items():
-        try:
+    try:
+        for k, v in raw.items():
             key = k.decode() if isinstance(k, bytes) else k
-            val = v.decode() if isinstance(v, bytes) else v
-        except UnicodeDecodeError as exc:
-            raise ProtocolError("bad_encoding", str(exc)) from exc
-        out[key] = val
+            out[key] = v.decode() if isinstance(v, bytes) else v
+    except UnicodeDecodeError as exc:
+        raise ProtocolError("bad_encoding", str(exc)) from exc
     return out
 
 
