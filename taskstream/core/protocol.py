@@ -230,13 +230,20 @@ def _text(raw: RawFields) -> dict[str, str]:
 
 
 def decode(raw: RawFields) -> WorkEntry:
-    """Stream fields -> entry. Raises `ProtocolError` with a reason; never anything else."""
+    """Stream fields -> entry. Raises `ProtocolError` with a reason; never anything else.
+
+    A value holding a NUL is a bad field: no id or name of ours holds one, and PostgreSQL's
+    text refuses it, so the store could not even look its instance up (the sweeper's pass,
+    or an executor's whole batch, would fail on the refusal instead of dead-lettering it)."""
     fields = _text(raw)
     version = fields.get("v")
     if version is None:
         raise ProtocolError("missing_version")
     if version != PROTOCOL_VERSION:
         raise ProtocolError("unknown_version", version)
+    for name, value in fields.items():
+        if "\x00" in value:
+            raise ProtocolError("bad_field", f"{name[:40]!r} holds a NUL")
     values: dict[str, object] = dict(fields)
     for name in _INT_FIELDS:
         text = fields.get(name)

@@ -98,6 +98,10 @@ def test_round_trip_property(attempt: int, at: int, task: str) -> None:
         ({**encode(ENTRY), "scheduled_for_ms": "\u0661"}, "bad_field"),  # Arabic-Indic 1
         ({**encode(ENTRY), "surprise": "x"}, "bad_field"),
         ({**encode(ENTRY), "redeliveries": "-1"}, "bad_field"),
+        # A NUL, which PostgreSQL's text refuses: the store could not look the instance up.
+        ({**encode(ENTRY), "instance_id": "i_\x00"}, "bad_field"),
+        ({**encode(ENTRY), "trace_id": "\x00"}, "bad_field"),
+        ({**encode(ENTRY), "agent": b"slow\x00"}, "bad_field"),
         ({k: v for k, v in encode(ENTRY).items() if k != "agent"}, "bad_field"),
         ({b"v": b"1", b"instance_id": b"\xff\xfe"}, "bad_encoding"),
         ({**encode(ENTRY), "trace_id": "x" * (MAX_ENTRY_BYTES + 1)}, "oversize"),
