@@ -21,7 +21,8 @@ class Action(StrEnum):
     """What the sweeper does with the entry."""
 
     ACK = "ack"
-    """Nothing left to do for it (settled instance, or a stale attempt): XACK+XDEL."""
+    """Nothing left to do for it (settled instance, a stale attempt, or one the store never
+    made): XACK+XDEL."""
     LEAVE = "leave"
     """Its owner is alive and holds a live lease: leave it."""
     REDELIVER = "redeliver"
@@ -124,7 +125,12 @@ def decide(
         return Verdict(Action.TIMEOUT, LEFT_IN_TIMEOUT)
     if row.attempt > entry.attempt:
         return Verdict(Action.ACK, "entry of an older attempt")
-    return Verdict(Action.LEAVE, f"instance is {row.status}")
+    # An entry is made from its row at the entry's attempt, which only grows, and the row is
+    # read after the entry: none can be ahead of it, nor RUNNING or TIMEOUT at its attempt
+    # (the claim moved it on). Only a store restored from an older backup shows one. The
+    # store is the truth: the entry is no run of it, and left pending it would hide the row
+    # from the reconciler, which republishes the row's own attempt once it is acked.
+    return Verdict(Action.ACK, f"entry of an attempt the store never made ({row.status})")
 
 
 def poison_reason(failed_with: str | None) -> str:

@@ -97,6 +97,11 @@ POISON = FailClass.POISON
         # entry. An entry of an older attempt is acked.
         (EntryFacts(3, 1, True), row(Status.TIMEOUT, 4), Action.TIMEOUT),
         (EntryFacts(2, 1, False), row(Status.TIMEOUT, 4), Action.ACK),
+        # An entry ahead of its row (a store restored from an older backup) is no run of it.
+        (EntryFacts(2, 1, False), row(Status.DISPATCHED, 0), Action.ACK),
+        (EntryFacts(2, 1, True), row(Status.RETRYING, 1), Action.ACK),
+        (EntryFacts(1, 1, False), row(Status.RUNNING, 1, NOW + 1), Action.ACK),
+        (EntryFacts(1, 1, False), row(Status.TIMEOUT, 1), Action.ACK),
         # Every delivery that ended without an outcome counts once, whichever its kind.
         (
             EntryFacts(4, 1, False, owner_losses=2, earlier_deliveries=2),
