@@ -17,7 +17,13 @@ from taskstream.core.spec_parts import RetryPolicy
 from taskstream.core.states import FailClass, Status
 from taskstream.core.store.port import FinishRequest
 from taskstream.core.store.records import stored_json, utf8_size
-from taskstream.executor.retry import Failure, RetryDecision, before_deadline, decide
+from taskstream.executor.retry import (
+    DEADLINE_REACHED,
+    Failure,
+    RetryDecision,
+    before_deadline,
+    decide,
+)
 
 MAX_ERROR_CHARS = 2000
 
@@ -39,6 +45,9 @@ class RunEnd:
     retry_after_ms: int | None = None
     """Set when the failure asked for a pause (an upstream's Retry-After): a retry waits at
     least this long (ms), or the backoff when that is longer."""
+    at_deadline: bool = False
+    """Set for a timeout at the instance's deadline (the attempt's limit was the deadline, or
+    the deadline passed before the run started): no retry can follow it."""
 
 
 MAX_RESULT_BYTES = 4 * 1024 * 1024
@@ -62,12 +71,13 @@ def succeeded(result: Any) -> RunEnd:
     return RunEnd("completed", result=result, result_json=text)
 
 
-def timed_out(why: str) -> RunEnd:
-    """A run past its attempt's limit (its `timeout`, or the time left before its deadline);
-    `why` names the limit. Only the executor's own limit ends a run so: a `TimeoutError` the
-    agent's code raises (a socket's, an inner `wait_for`) is an unexpected error like any
-    other, see `failed`."""
-    return RunEnd("timeout", failure=Failure.TIMEOUT, error=f"TimeoutError: {why}")
+def timed_out(why: str, *, at_deadline: bool = False) -> RunEnd:
+    """A run past its attempt's limit (its `timeout`, or the time left before its deadline:
+    `at_deadline`); `why` names the limit. Only the executor's own limit ends a run so: a
+    `TimeoutError` the agent's code raises (a socket's, an inner `wait_for`) is an unexpected
+    error like any other, see `failed`."""
+    error = f"TimeoutError: {why}"
+    return RunEnd("timeout", failure=Failure.TIMEOUT, error=error, at_deadline=at_deadline)
 
 
 def failed(exc: BaseException) -> RunEnd:
@@ -184,7 +194,9 @@ def plan(attempt: Attempt, end: RunEnd, *, now_ms: int, rng: Random) -> Plan:
         return Plan(_failed(base, end.fail_class))
     decision = _retry(attempt, end.failure, now_ms, rng, end.retry_after_ms or 0)
     if end.failure is Failure.TIMEOUT:
-        return Plan(replace(base, dst=Status.TIMEOUT), after_timeout=decision)
+        # At the deadline no retry can be planned, whatever `retry_on` says of timeouts.
+        after = DEADLINE_REACHED if end.at_deadline else decision
+        return Plan(replace(base, dst=Status.TIMEOUT), after_timeout=after)
     if decision.fail_class is not None:
         return Plan(_failed(base, decision.fail_class))
     return Plan(replace(base, dst=decision.status, next_attempt_at_ms=decision.next_attempt_at_ms))

@@ -13,10 +13,12 @@ from taskstream.core.reasons import LEASE_EXPIRED, OWNER_LOST, after
 from taskstream.core.states import FailClass, Status
 from taskstream.core.store.port import InstanceRow, Store
 from taskstream.executor.retry import (
+    DEADLINE_REACHED,
     Failure,
     RetryDecision,
     attempts_used,
     before_deadline,
+    deadline_passed,
     decide,
     every_run_lost,
     policy_of,
@@ -61,9 +63,10 @@ class Recovery:
     ) -> Recovered:
         """TIMEOUT -> RETRYING (backoff) or FAILED (exhausted; poison when every run so far
         lost its owner; fatal when the run hit its own timeout and the task's `retry_on` has
-        no `timeout`). `reason`: why the run timed out; None (a TIMEOUT left behind when the
-        second move failed) reads it from the move into TIMEOUT, so an `owner_lost` run still
-        counts as one that lost its owner and a `timeout` run as one that timed out."""
+        no `timeout`, unless the deadline has passed: no retry can follow, so exhausted).
+        `reason`: why the run timed out; None (a TIMEOUT left behind when the second move
+        failed) reads it from the move into TIMEOUT, so an `owner_lost` run still counts as
+        one that lost its owner and a `timeout` run as one that timed out."""
         policy = policy_of(self._defs.get(row.task_id), row.max_attempts)
         rows = await self._store.history(row.id)
         if reason is None:
@@ -79,6 +82,8 @@ class Recovery:
             rng=self._rng,
         )
         decision = before_deadline(decided, row.deadline_ms)
+        if failure is Failure.TIMEOUT and deadline_passed(row.deadline_ms, now_ms):
+            decision = DEADLINE_REACHED  # as the executor ends a run stopped at its deadline
         # Poison only when the attempts ran out, not when the deadline stopped a retry.
         if decided.status is Status.FAILED and reason == OWNER_LOST and every_run_lost(rows):
             decision = RetryDecision(Status.FAILED, fail_class=FailClass.POISON)

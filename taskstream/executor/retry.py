@@ -78,12 +78,23 @@ def decide(
     return RetryDecision(Status.RETRYING, next_attempt_at_ms=now_ms + delay, delay_ms=delay)
 
 
+DEADLINE_REACHED = RetryDecision(Status.FAILED, fail_class=FailClass.EXHAUSTED)
+"""What follows a run stopped by its instance's deadline, or a retry the deadline stops: no
+attempt can start in time, so the instance fails `exhausted` (never `fatal`, whatever the
+task's `retry_on`: the agent did not declare the work hopeless)."""
+
+
+def deadline_passed(deadline_ms: int | None, now_ms: int) -> bool:
+    """The instance's deadline (epoch ms; None: none) has come at `now_ms`."""
+    return deadline_ms is not None and now_ms >= deadline_ms
+
+
 def before_deadline(decision: RetryDecision, deadline_ms: int | None) -> RetryDecision:
     """`decision`, unless it plans a retry due at or after `deadline_ms` (epoch ms): a retry
     that could not start in time is not planned, and the instance fails `exhausted`."""
     due = decision.next_attempt_at_ms
     if due is not None and deadline_ms is not None and due >= deadline_ms:
-        return RetryDecision(Status.FAILED, fail_class=FailClass.EXHAUSTED)
+        return DEADLINE_REACHED
     return decision
 
 

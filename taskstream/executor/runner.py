@@ -82,7 +82,7 @@ async def execute(run: Run, env: RunEnv) -> RunEnd:
     timeout_s = run.spec.timeout if run.spec else DEFAULT_TIMEOUT_S
     limit = time_limit(timeout_s, row.deadline_ms, env.clock.now_ms())
     if limit.seconds <= 0:
-        return timed_out("deadline passed before the run started")
+        return timed_out("deadline passed before the run started", at_deadline=True)
     return await _admitted_call(run, log, params, limit, env)
 
 
@@ -97,6 +97,11 @@ class TimeLimit:
     def expired(self) -> str:
         """Why an attempt that ran past this limit ended (in its `last_error`)."""
         return f"the attempt ran past its {self.source} ({self.seconds:g} s)"
+
+    def ended(self) -> RunEnd:
+        """The end of an attempt that ran past this limit: a timeout, at the deadline when
+        the deadline set the limit."""
+        return timed_out(self.expired(), at_deadline=self.source == "deadline")
 
 
 def time_limit(timeout_s: float, deadline_ms: int | None, now_ms: int) -> TimeLimit:
@@ -210,7 +215,7 @@ async def _call(run: Run, ctx: AgentContext, params: BaseModel, limit: TimeLimit
     except TimeoutError as exc:
         ctx.log.warning("instance.run_failed", error_type="TimeoutError")
         # asyncio's own TimeoutError says nothing; name the limit the attempt ran past.
-        return timed_out(limit.expired()) if timer.expired() else failed(exc)
+        return limit.ended() if timer.expired() else failed(exc)
     except UpstreamDeferred as exc:  # a call refused by its limiter or breaker: not an attempt
         _raise_if_cut_short(exc)
         ctx.log.info("instance.upstream_deferred", upstream=exc.upstream)
@@ -226,7 +231,7 @@ async def _call(run: Run, ctx: AgentContext, params: BaseModel, limit: TimeLimit
         _raise_if_cut_short(exc)
         if timer.expired():  # it raised something else on its way out of the time limit
             ctx.log.warning("instance.run_failed", error_type="TimeoutError")
-            return timed_out(limit.expired())
+            return limit.ended()
         ctx.log.warning("instance.run_failed", error_type=type(exc).__name__)
         return failed(exc)
     return succeeded(result)

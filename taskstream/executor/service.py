@@ -43,6 +43,7 @@ from taskstream.executor.heartbeat import OVERRUN_S, Heartbeat
 from taskstream.executor.intake import Intake, Run
 from taskstream.executor.outcome import failed, timed_out
 from taskstream.executor.reader import Reader
+from taskstream.executor.retry import deadline_passed
 from taskstream.executor.runner import AGENT_FAILURES, RunEnv, execute
 
 ERROR_PAUSE_S = 1.0
@@ -265,7 +266,8 @@ class Executor:
         attempt ends now as the timeout it is (retried or failed under the task's `retry_on`,
         its entry acked), while the agent keeps its slot until it ends."""
         why = f"the attempt ran {OVERRUN_S:g} s past its time limit, ignoring its cancellation"
-        done = self._handover.end(run, timed_out(why))
+        past = deadline_passed(run.row.deadline_ms, self._deps.clock.now_ms())
+        done = self._handover.end(run, timed_out(why, at_deadline=past))
         done.add_done_callback(lambda _: self._heartbeat.untrack(run))
 
     async def _marker_set(self) -> None:

@@ -274,3 +274,41 @@ async def test_a_run_whose_lease_was_extended_after_the_sweepers_read_is_left_ru
         "exec-1",
     )
     assert await h.store.history(row.id) == before
+
+
+LATE = """
+tasks:
+  - id: late
+    agent: slow
+    timeout: 30s
+    deadline: 5s
+    retry: {max_attempts: 3, backoff: {base: 1s}, jitter: 0, retry_on: [retriable]}
+    payload: {seconds: 0}
+"""
+
+
+async def test_a_timeout_left_behind_past_the_deadline_is_exhausted_whatever_retry_on(
+    h: Harness,
+) -> None:
+    """The executor stopped its run at the deadline and its move into TIMEOUT landed, the
+    move out of it did not; recovery finishes it past the deadline. No retry can follow, so
+    the instance is `exhausted`, as the executor would have moved it: not `fatal` because
+    the task's `retry_on` leaves timeouts out."""
+    h.clock.set(await h.store.db_now_ms())
+    await h.apply(LATE)
+    row = await h.trigger(LATE, "late", fire_ms=h.clock.now_ms())
+    assert row.id in await h.store.claim_many([ClaimRequest(row.id, 0, 30)], owner="gone")
+    moved = await h.store.transition(
+        row.id, Status.RUNNING, Status.TIMEOUT, reason="timeout", attempt=1
+    )
+    assert moved.ok
+    h.clock.advance(6_000)
+    left = await h.store.get_instance(row.id)
+    assert left is not None
+    defs = DefinitionCache(h.store)
+    await defs.refresh(force=True)
+    done = await Recovery(h.store, defs, Random(7)).leave_timeout(left, now_ms=h.clock.now_ms())
+    assert done.ok
+    final = await h.store.get_instance(row.id)
+    assert final is not None
+    assert (final.status, final.fail_class) == (Status.FAILED, FailClass.EXHAUSTED)

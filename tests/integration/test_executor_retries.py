@@ -228,3 +228,31 @@ async def test_a_defect_around_the_agent_fails_the_attempt_instead_of_losing_the
     found = await h.store.get_instance(row.id)
     assert found is not None and found.last_error == "RuntimeError: defect"
     assert (await h.redis.xpending(h.keys.stream(Priority.DEFAULT), GROUP))["pending"] == 0
+
+
+NO_TIMEOUT_RETRIES = """
+tasks:
+  - id: late
+    agent: slow
+    timeout: 30s
+    deadline: 5s
+    retry: {max_attempts: 3, backoff: {base: 1s}, jitter: 0, retry_on: [retriable]}
+    payload: {seconds: 0}
+"""
+
+
+async def test_a_run_that_cannot_start_before_its_deadline_is_exhausted_whatever_retry_on(
+    h: Harness,
+) -> None:
+    """Its deadline passed before an executor got to it: the attempt times out at once and
+    no retry can be planned at or after the deadline, so the instance is `exhausted`, as
+    docs/tasks.md says of a deadline, whatever `retry_on` says of timeouts: not `fatal`,
+    the class of a run its agent declared hopeless."""
+    await h.apply(NO_TIMEOUT_RETRIES)
+    row = await h.trigger(NO_TIMEOUT_RETRIES, "late", fire_ms=h.clock.now_ms())
+    h.clock.advance(6_000)
+    await run_until(h, h.executor(), [row.id], Status.FAILED)
+    done = await h.store.get_instance(row.id)
+    assert done is not None
+    assert (done.attempt, done.fail_class) == (1, FailClass.EXHAUSTED)
+    assert done.last_error == "TimeoutError: deadline passed before the run started"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from random import Random
+from typing import Literal
 
 import pytest
 
@@ -133,6 +134,23 @@ def test_timeout_goes_through_timeout_then_retries_or_fails() -> None:
     assert got.after_timeout is not None and got.after_timeout.status is Status.RETRYING
     last = plan(attempt(3), timed_out("limit"), now_ms=0, rng=Random(0))
     assert last.after_timeout is not None and last.after_timeout.status is Status.FAILED
+
+
+@pytest.mark.parametrize("retry_on", [("retriable",), ("retriable", "timeout")])
+def test_a_timeout_at_the_deadline_is_exhausted_whatever_retry_on(
+    retry_on: tuple[Literal["retriable", "timeout"], ...],
+) -> None:
+    """No retry can follow a run stopped at its deadline: `exhausted`, not `fatal` for a task
+    whose `retry_on` leaves timeouts out, though attempts are left."""
+    policy = POLICY.model_copy(update={"retry_on": retry_on})
+    at = Attempt("i1", token=1, attempts_used=1, policy=policy, deadline_ms=10_000)
+    got = plan(at, timed_out("limit", at_deadline=True), now_ms=10_000, rng=Random(0))
+    assert got.finish.dst is Status.TIMEOUT
+    assert got.after_timeout is not None
+    assert (got.after_timeout.status, got.after_timeout.fail_class) == (
+        Status.FAILED,
+        FailClass.EXHAUSTED,
+    )
 
 
 def test_a_timeout_error_the_agent_raised_is_an_ordinary_retriable_failure() -> None:
