@@ -80,10 +80,13 @@ async def execute(run: Run, env: RunEnv) -> RunEnd:
     except ValidationError as exc:
         return final("bad_params", FailClass.FATAL, str(exc))
     timeout_s = run.spec.timeout if run.spec else DEFAULT_TIMEOUT_S
-    limit = time_limit(timeout_s, row.deadline_ms, env.clock.now_ms())
-    if limit.seconds <= 0:
-        return timed_out("deadline passed before the run started", at_deadline=True)
-    return await _admitted_call(run, log, params, limit, env)
+    if time_limit(timeout_s, row.deadline_ms, env.clock.now_ms()).seconds <= 0:
+        return timed_out(TOO_LATE, at_deadline=True)
+    return await _admitted_call(run, log, params, timeout_s, env)
+
+
+TOO_LATE = "deadline passed before the run started"
+"""Why an attempt whose deadline came before its agent could be called ended."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,21 +119,23 @@ async def _admitted_call(
     run: Run,
     log: FilteringBoundLogger,
     params: BaseModel,
-    limit: TimeLimit,
+    timeout_s: float,
     env: RunEnv,
 ) -> RunEnd:
     """Admit the run to its declared upstreams (deferred when refused), run the agent with an
-    HTTP client bound to the gate, then record the outcomes no call recorded itself."""
-    access: RunUpstreams | None = None
-    gate, upstreams = env.gate, run.upstreams
-    if gate is not None:
-        admitted = await _admission(gate, upstreams, log)
-        if isinstance(admitted, RunEnd):
-            return admitted
-        access = admitted
+    HTTP client bound to the gate within its time limit (`timeout_s`, or less before the
+    deadline), then record the outcomes no call recorded itself."""
+    admitted = None if env.gate is None else await _admission(env.gate, run.upstreams, log)
+    if isinstance(admitted, RunEnd):
+        return admitted
+    access = admitted
+    # From here the agent's own timer runs: time spent in admission is not time it overran,
+    # but it is time gone before the deadline, so the limit is taken now.
+    limit = time_limit(timeout_s, run.row.deadline_ms, env.clock.now_ms())
+    if limit.seconds <= 0:
+        return await _too_late(access, log)
     http = UpstreamClient(access, http=env.http, log=log, clock=env.clock)
     ctx = agent_context(run, env.store, env.on_marker, log, http)
-    # From here the agent's own timer runs: time spent in admission is not time it overran.
     run.ends_by_ms = env.clock.now_ms() + math.ceil(limit.seconds * 1000)
     try:
         end = await _call(run, ctx, params, limit)
@@ -155,6 +160,14 @@ async def _admitted_call(
     # A longer wait the failure itself asked for (a `Retry-After`) is honoured, as the HTTP
     # client does for a call whose failure left the breaker open.
     return replace(deferred(max(wait_ms, end.retry_after_ms or 0)), error=end.error)
+
+
+async def _too_late(access: RunUpstreams | None, log: FilteringBoundLogger) -> RunEnd:
+    """The end of a run whose deadline passed while it was admitted: its agent is not called,
+    and what its admission took is given back."""
+    if access is not None and access.unsettled:
+        await _give_back(access, log)
+    return timed_out(TOO_LATE, at_deadline=True)
 
 
 async def _settle(access: RunUpstreams, outcome: Outcome) -> int | None:

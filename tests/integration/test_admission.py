@@ -13,7 +13,7 @@ from taskstream.agents.registry import default_registry
 from taskstream.core import streams
 from taskstream.core.clock import FixedClock
 from taskstream.core.protocol import GROUP, Keys, Priority
-from taskstream.core.states import Status
+from taskstream.core.states import FailClass, Status
 from taskstream.core.store.sql import SqlStore
 from taskstream.executor.admission import UpstreamGate
 from taskstream.executor.outcome import defer_jitter_max_ms
@@ -436,3 +436,52 @@ async def test_a_store_that_drops_a_settings_read_keeps_the_last_settings(
         wait_ms, hit, probe_round = await call
         await conn.execute(text("UNLOCK TABLES"))
     assert (wait_ms, hit is not None, probe_round) == (None, True, None)
+
+
+class _SlowLimiter(RedisLimiter):
+    """The real limiter, whose answer takes `seconds` on `clock` (a Redis that is slow)."""
+
+    def __init__(self, redis: streams.Redis, keys: Keys, clock: FixedClock, seconds: float):
+        super().__init__(redis, keys)
+        self._clock, self._ms = clock, round(seconds * 1000)
+
+    async def acquire(self, *args: Any, **kwargs: Any) -> Any:
+        self._clock.advance(self._ms)
+        return await super().acquire(*args, **kwargs)
+
+
+LATE = """
+tasks:
+  - {id: late, agent: echo, upstreams: [llm], deadline: 5s, retry: {max_attempts: 1}}
+"""
+
+
+async def test_the_deadline_counts_the_time_the_admission_took(h: Harness) -> None:
+    """The run starts 1 s before its deadline, and its admission answers 2 s later: the
+    deadline has passed, so the agent is not called and the attempt times out (FAILED
+    `exhausted`), instead of a run that starts after its deadline and succeeds."""
+    await h.apply(LATE)
+    limiter = _SlowLimiter(h.redis, h.keys, h.clock, 2.0)
+    gate = UpstreamGate(h.store, limiter, RedisBreakers(h.redis, h.keys))
+    deps = ExecutorDeps(
+        h.store, h.redis, h.keys, default_registry(("tests.agents",)), h.clock, gate=gate
+    )
+    row = await h.trigger(LATE, "late", h.clock.now_ms())
+    h.clock.advance(4_000)
+    ex = Running(Executor(deps, ExecutorConfig(consumer="g1", block_ms=20)))
+    try:
+        await until(lambda: _settled(h, row.id))
+    finally:
+        await ex.close()
+    found = await h.store.get_instance(row.id)
+    assert found is not None
+    assert (found.status, found.fail_class, found.result) == (
+        Status.FAILED,
+        FailClass.EXHAUSTED,
+        None,
+    )
+    assert found.last_error == "TimeoutError: deadline passed before the run started"
+
+
+async def _settled(h: Harness, instance_id: str) -> bool:
+    return await status(h, instance_id) in (Status.SUCCESS, Status.FAILED)
