@@ -214,10 +214,13 @@ async def _admission(
     return admitted
 
 
-AGENT_FAILURES = (Exception, SystemExit, KeyboardInterrupt, GeneratorExit)
-"""What agent code may raise, but a cancellation: `sys.exit()` or a stray `KeyboardInterrupt`
-from an agent fails its attempt, not the executor (asyncio would let them out of the event
-loop, stopping every run of the process)."""
+AGENT_FAILURES = (BaseException,)
+"""What agent code may raise, caught after a cancellation (which is handled first): not only
+an `Exception`. `sys.exit()` or a stray `KeyboardInterrupt` from an agent fails its attempt,
+not the executor (asyncio would let them out of the event loop, stopping every run of the
+process); `GeneratorExit` or a library's own `BaseException` (gevent's `Timeout`, say) fails
+it too, where it would end the run's task with no outcome, its run RUNNING until its lease
+ran out."""
 
 
 async def _call(run: Run, ctx: AgentContext, params: BaseModel, limit: TimeLimit) -> RunEnd:

@@ -236,6 +236,8 @@ class Executor:
         try:
             try:
                 end = await execute(run, self._env)
+            except asyncio.CancelledError:  # a stop, a fence or an overrun: handled below
+                raise
             except AGENT_FAILURES as exc:  # a defect around the agent: retriable, never lost
                 self._log.error(
                     "instance.run_crashed",

@@ -31,6 +31,11 @@ class Params(BaseModel):
     forget: bool = False
 
 
+class Abort(BaseException):
+    """An error of some library's own that derives from `BaseException` alone (as gevent's
+    `Timeout` or trio's `Cancelled` do): neither an `Exception` nor asyncio's."""
+
+
 async def _flaky(ctx: AgentContext, p: Params) -> dict[str, Any]:
     if ctx.attempt <= p.stall_until:
         await asyncio.sleep(p.seconds)
@@ -53,6 +58,7 @@ async def _flaky(ctx: AgentContext, p: Params) -> dict[str, Any]:
             "exit": SystemExit,
             "interrupt": KeyboardInterrupt,
             "generator_exit": GeneratorExit,
+            "abort": Abort,
         }
         raise errors[p.kind](f"attempt {ctx.attempt} fails")
     return {"attempt": ctx.attempt}

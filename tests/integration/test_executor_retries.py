@@ -150,19 +150,21 @@ async def test_a_cancellation_inside_the_agent_is_a_retriable_failure(h: Harness
     assert pending["pending"] == 0
 
 
-@pytest.mark.parametrize("kind", ["exit", "interrupt", "generator_exit"])
+@pytest.mark.parametrize("kind", ["exit", "interrupt", "generator_exit", "abort"])
 async def test_an_agent_raising_what_is_not_an_exception_fails_its_attempt_only(
     h: Harness, kind: str
 ) -> None:
-    """`sys.exit()`, `KeyboardInterrupt` or `GeneratorExit` from agent code: the attempt is a
-    retriable failure like any unexpected error. `SystemExit` and `KeyboardInterrupt` used
-    to stop the whole executor with exit code 0, its other runs left RUNNING; a
-    `GeneratorExit` left its own run RUNNING with no outcome until its lease ran out."""
+    """`sys.exit()`, `KeyboardInterrupt`, `GeneratorExit` or a library's own `BaseException`
+    from agent code: the attempt is a retriable failure like any unexpected error.
+    `SystemExit` and `KeyboardInterrupt` used to stop the whole executor with exit code 0,
+    its other runs left RUNNING; a `GeneratorExit` or a library's `BaseException` left its
+    own run RUNNING with no outcome until its lease ran out."""
     error = await _first_attempt_error(h, kind)
     names = {
         "exit": "SystemExit",
         "interrupt": "KeyboardInterrupt",
         "generator_exit": "GeneratorExit",
+        "abort": "Abort",
     }
     assert error.split(":")[0] == names[kind]
 
