@@ -4,6 +4,8 @@ The liveness loop refreshes the liveness key every third of the liveness TTL (th
 reclaims the work of a consumer whose key has expired, without waiting for leases). It never
 waits for the store: a store write held up by a lock wait, SQLite's busy timeout or an
 exhausted pool must not make a live process look dead, which would time out its healthy runs.
+Nor must an agent that holds the event loop: the executor keeps the key from a thread too
+(`liveness`).
 
 The lease loop beats every third of the liveness TTL, or of the shortest lease held when that
 is shorter. When a third of the shortest lease has passed it extends every held lease by its
@@ -77,6 +79,11 @@ class Heartbeat:
         self._waiting_s = math.inf
         """How long the lease loop's current sleep lasts (s; inf when it is not sleeping)."""
         self._log = get_logger(role="executor", consumer=consumer)
+
+    @property
+    def ttl_ms(self) -> int:
+        """The liveness key's TTL (ms)."""
+        return self._ttl_ms
 
     @property
     def alive_interval_s(self) -> float:

@@ -41,6 +41,7 @@ from taskstream.executor.committer import Committer
 from taskstream.executor.handover import Handover, drain, last_commits
 from taskstream.executor.heartbeat import OVERRUN_S, Heartbeat
 from taskstream.executor.intake import Intake, Run
+from taskstream.executor.liveness import LivenessThread
 from taskstream.executor.outcome import failed, timed_out
 from taskstream.executor.reader import Reader
 from taskstream.executor.retry import deadline_passed
@@ -152,6 +153,11 @@ class Executor:
         # One connection pool for every run's upstream calls (`ctx.http`).
         http = httpx.AsyncClient(follow_redirects=False)
         self._env = replace(self._env, http=http)
+        # An agent holding the event loop must not make the process look gone (`liveness`).
+        alive = LivenessThread(
+            self._deps.redis, self._deps.keys, self._config.consumer, self._heartbeat.ttl_ms
+        )
+        alive.start()
         self._log.info("executor.started", concurrency=self._config.concurrency)
         stopping = asyncio.ensure_future(stop.wait())
         try:
@@ -171,6 +177,7 @@ class Executor:
             beat.cancel()
             await asyncio.gather(beat, return_exceptions=True)
             await http.aclose()
+            await alive.stop()
             with contextlib.suppress(*streams.DRIVER_ERRORS, CommandDenied):
                 await self._heartbeat.clear()
             self._log.info("executor.stopped")

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import time
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -100,6 +101,13 @@ async def _stubborn(ctx: AgentContext, p: Params) -> dict[str, Any]:
     return {"slept": p.seconds}
 
 
+async def _hog(ctx: AgentContext, p: Params) -> dict[str, Any]:
+    """Works `seconds` without yielding (CPU-bound work, a blocking call): it holds the
+    executor's event loop all that time."""
+    time.sleep(p.seconds)  # noqa: ASYNC251 - holding the loop is what this agent is for
+    return {"held_s": p.seconds}
+
+
 async def _producer(ctx: AgentContext, p: Params) -> dict[str, Any]:
     """Marks `raw.ready` for its business date, as a data-collection agent would."""
     return {"marked": await ctx.mark_ready("raw.ready")}
@@ -112,4 +120,5 @@ AGENTS = (
     FunctionAgent(name="crash", params_model=Params, fn=_crash),
     FunctionAgent(name="slow", params_model=Params, fn=_slow),
     FunctionAgent(name="stubborn", params_model=Params, fn=_stubborn),
+    FunctionAgent(name="hog", params_model=Params, fn=_hog),
 )
