@@ -75,7 +75,12 @@ class Heartbeat:
         self._ended: OrderedDict[tuple[str, int], None] = OrderedDict()
         """Claims of runs no longer tracked, oldest first, at most `ENDED_KEPT`."""
         self._last_extend_ms = 0
+        self._extend_now = False
+        """A run whose lease may lapse before the next scheduled extension is tracked: the
+        next beat extends every lease, however recent the last extension."""
         self._sooner = asyncio.Event()
+        """Set when the lease loop is to beat again at once (cleared as a beat starts, so a
+        run tracked during a beat wakes the pause after it)."""
         self._waiting_s = math.inf
         """How long the lease loop's current sleep lasts (s; inf when it is not sleeping)."""
         self._log = get_logger(role="executor", consumer=consumer)
@@ -107,7 +112,7 @@ class Heartbeat:
         self._runs[(run.row.id, run.token)] = (run, task)
         lease_ms = _lease_s(run) * 1000
         if run.claimed.lease_expires_at_ms - self._clock.now_ms() < lease_ms * 2 / 3:
-            self._last_extend_ms = 0
+            self._extend_now = True
             self._sooner.set()
         elif max(0.2, _lease_s(run) / 3) < self._waiting_s:
             self._sooner.set()  # the lease loop sleeps longer than this run's lease allows
@@ -173,8 +178,7 @@ class Heartbeat:
 
     async def _pause(self, stop: asyncio.Event) -> None:
         """Sleep `interval_s`, or less when `stop` is set or a run with a shorter lease is
-        tracked meanwhile."""
-        self._sooner.clear()
+        tracked meanwhile (or was, during the beat before)."""
         self._waiting_s = self.interval_s
         woken = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._sooner.wait())]
         try:
@@ -203,15 +207,23 @@ class Heartbeat:
     async def beat(self) -> None:
         """Extend the leases when a third of the shortest has passed. The liveness key is not
         this beat's: it is refreshed however long the store takes here."""
+        self._sooner.clear()
         if self._runs:
             await self._extend_due()
 
     async def _extend_due(self) -> None:
         now = self._clock.now_ms()
         shortest = min(_lease_s(run) for run, _ in self._runs.values())
-        if now - self._last_extend_ms < shortest * 1000 / 3:
+        if not self._extend_now and now - self._last_extend_ms < shortest * 1000 / 3:
             return
-        await self.extend()
+        # Cleared before the extension: a run tracked while it is under way is not in it, and
+        # asks again for the next beat.
+        self._extend_now = False
+        try:
+            await self.extend()
+        except BaseException:
+            self._extend_now = True
+            raise
         # Only once written: after a failed extension (store away) the next beat tries again,
         # instead of a third of a lease later when the sweeper may already see them expired.
         self._last_extend_ms = now

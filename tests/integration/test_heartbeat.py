@@ -456,3 +456,39 @@ async def test_time_spent_in_upstream_admission_is_not_overrun(outage: Harness) 
 
 async def _started(run: Run) -> bool:
     return run.ends_by_ms is not None
+
+
+async def test_a_lapsing_lease_tracked_during_an_extension_is_extended_after_it(
+    outage: Harness, tasks: list[asyncio.Task[None]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run whose lease is nearly spent (an adopted claim, an admission the store held up) is
+    tracked while an extension of the other leases is under way. It is to be extended at the
+    next beat, right after that extension: its wake-up and its "extend now" used to be
+    cleared by that extension's end, and the loop then slept until a third of the shortest
+    lease had passed again, by when the sweeper times the healthy run out."""
+    h = outage
+    await h.apply(LEASES)
+    long, lapsing = await _claim(h, "long"), await _claim(h, "short")
+    claimed = await lease_end(h, lapsing.row.id)
+    # The clock stands 1 s before the short lease ends (of its 10 s) from the first beat on:
+    # no beat finds a third of a lease passed since that one.
+    h.clock.set(claimed - 1_000)
+    slow = _SlowStore(h)
+    slow.install(monkeypatch, refreshes=0)
+    heartbeat = Heartbeat(h.store, h.redis, h.keys, "c1", h.clock, liveness_ttl_s=60)
+    heartbeat.track(long, _running(tasks))
+    stop = asyncio.Event()
+    loop = asyncio.create_task(heartbeat.run(stop))
+    try:
+        await asyncio.wait_for(slow.extending.wait(), timeout=20)
+        heartbeat.track(lapsing, _running(tasks))
+        slow.answer.set()
+
+        async def extended() -> bool:
+            return await lease_end(h, lapsing.row.id) > claimed
+
+        await until(extended, timeout_s=10)  # bounds a broken run only
+    finally:
+        slow.answer.set()
+        stop.set()
+        await asyncio.wait_for(loop, timeout=20)
