@@ -41,9 +41,18 @@ class PersistenceError(ResponseError):
         return f"MISCONF {super().__str__()}"  # the parser cut the word that names it
 
 
-# redis-py turns an error reply into the class its first word names; MISCONF would be a plain
-# ResponseError, which callers take for a bug of ours instead of an outage.
+class ScriptBusyError(ResponseError):
+    """BUSY: the server runs a script or function past its `busy-reply-threshold` (another
+    client's, say) and runs no other command until that ends or is killed."""
+
+    def __str__(self) -> str:
+        return f"BUSY {super().__str__()}"
+
+
+# redis-py turns an error reply into the class its first word names; MISCONF and BUSY would be
+# plain ResponseErrors, which callers take for a bug of ours instead of an outage.
 BaseParser.EXCEPTION_CLASSES.setdefault("MISCONF", PersistenceError)
+BaseParser.EXCEPTION_CLASSES.setdefault("BUSY", ScriptBusyError)
 
 DRIVER_ERRORS = (
     RedisConnectionError,
@@ -53,11 +62,12 @@ DRIVER_ERRORS = (
     MasterDownError,
     OutOfMemoryError,
     PersistenceError,
+    ScriptBusyError,
 )
 """Redis cannot serve us now: no connection, a timeout, or a server that refuses our writes
 for the time being (READONLY from a replica after a failover, MASTERDOWN from a replica cut
-off from its master, OOM at its memory limit, MISCONF while its disk fails). Callers pause
-and try again."""
+off from its master, OOM at its memory limit, MISCONF while its disk fails, BUSY while a long
+script runs). Callers pause and try again."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -140,9 +140,10 @@ class Executor:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Read and run until `stop` is set, then drain (see the module docstring)."""
-        await streams.ensure_groups(self._deps.redis, self._deps.keys)
-        # A store down (or not migrated yet) at start is waited for like one that fails
-        # later: `_step` refreshes again and logs the outage.
+        # Redis or the store down (the store not migrated yet) at start is waited for like an
+        # outage later: `_step` makes a missing group, refreshes again and logs the outage.
+        with contextlib.suppress(*streams.DRIVER_ERRORS):
+            await streams.ensure_groups(self._deps.redis, self._deps.keys)
         with contextlib.suppress(StoreUnavailable):
             await unless_stopped(self._defs.refresh(), stop)
         background = asyncio.Event()

@@ -190,3 +190,19 @@ def test_a_server_refusing_writes_for_its_disk_is_an_outage() -> None:
     assert str(error).startswith("MISCONF Redis is configured")
     other = BaseParser.parse_error("ERR unknown command")  # type: ignore[no-untyped-call]
     assert not isinstance(other, streams.DRIVER_ERRORS)
+
+
+def test_a_server_busy_running_a_script_is_an_outage() -> None:
+    """BUSY (a long script holds the server) is waited out like READONLY or OOM; BUSYGROUP,
+    a word of its own, is not taken for it."""
+    from redis._parsers.base import BaseParser
+
+    from taskstream.core import streams
+
+    reply = "BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE."
+    error = BaseParser.parse_error(reply)  # type: ignore[no-untyped-call]
+    assert isinstance(error, streams.ScriptBusyError)
+    assert isinstance(error, streams.DRIVER_ERRORS)
+    assert str(error) == reply
+    group = BaseParser.parse_error("BUSYGROUP Consumer Group name already exists")  # type: ignore[no-untyped-call]
+    assert not isinstance(group, streams.DRIVER_ERRORS)
