@@ -13,10 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis._parsers.base import BaseParser
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import MasterDownError, OutOfMemoryError, ReadOnlyError, ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import ResponseError
 
 from taskstream.core.denials import commands, denied, refused
 from taskstream.core.protocol import (
@@ -29,45 +26,37 @@ from taskstream.core.protocol import (
     dead_fields,
     encode,
 )
+from taskstream.core.redis_errors import (
+    DRIVER_ERRORS,
+    PersistenceError,
+    ScriptBusyError,
+    group_missing,
+    role_changed,
+)
 
 Redis = aioredis.Redis
 
-
-class PersistenceError(ResponseError):
-    """MISCONF: the server refuses writes because its snapshots fail (a full or broken disk,
-    `stop-writes-on-bgsave-error`). redis-py has no class of its own for it."""
-
-    def __str__(self) -> str:
-        return f"MISCONF {super().__str__()}"  # the parser cut the word that names it
-
-
-class ScriptBusyError(ResponseError):
-    """BUSY: the server runs a script or function past its `busy-reply-threshold` (another
-    client's, say) and runs no other command until that ends or is killed."""
-
-    def __str__(self) -> str:
-        return f"BUSY {super().__str__()}"
-
-
-# redis-py turns an error reply into the class its first word names; MISCONF and BUSY would be
-# plain ResponseErrors, which callers take for a bug of ours instead of an outage.
-BaseParser.EXCEPTION_CLASSES.setdefault("MISCONF", PersistenceError)
-BaseParser.EXCEPTION_CLASSES.setdefault("BUSY", ScriptBusyError)
-
-DRIVER_ERRORS = (
-    RedisConnectionError,
-    RedisTimeoutError,
-    OSError,
-    ReadOnlyError,
-    MasterDownError,
-    OutOfMemoryError,
-    PersistenceError,
-    ScriptBusyError,
-)
-"""Redis cannot serve us now: no connection, a timeout, or a server that refuses our writes
-for the time being (READONLY from a replica after a failover, MASTERDOWN from a replica cut
-off from its master, OOM at its memory limit, MISCONF while its disk fails, BUSY while a long
-script runs). Callers pause and try again."""
+__all__ = [
+    "DRIVER_ERRORS",
+    "Delivery",
+    "PersistenceError",
+    "Redis",
+    "ScriptBusyError",
+    "ack",
+    "ack_many",
+    "as_text",
+    "connect",
+    "dead_letter",
+    "ensure_groups",
+    "group_missing",
+    "mark_alive",
+    "move",
+    "publish",
+    "publish_many",
+    "read",
+    "role_changed",
+    "touch",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,23 +71,6 @@ class Delivery:
 def connect(url: str) -> Redis:
     """A client for `url`. Connections are made lazily; errors surface on first use."""
     return aioredis.Redis.from_url(url, decode_responses=False, health_check_interval=30)
-
-
-def group_missing(exc: ResponseError) -> bool:
-    """The reply says a work stream or its group is gone (Redis restarted empty, the keys
-    deleted): `NOGROUP` to a command, or `UNBLOCKED` to a blocked read whose stream was
-    deleted meanwhile (Redis 7; Valkey answers that read `NOGROUP`). `ensure_groups` mends it.
-    Looked for anywhere in the message: redis-py puts a pipeline's command before it."""
-    text = str(exc)
-    return "NOGROUP" in text or ("UNBLOCKED" in text and not role_changed(exc))
-
-
-def role_changed(exc: ResponseError) -> bool:
-    """The reply ends a blocked read because the server changed role (`UNBLOCKED ...
-    instance state changed (master -> replica?)`: a failover demoted it). An outage, to be
-    waited out like `READONLY`, not a missing group."""
-    text = str(exc)
-    return "UNBLOCKED" in text and "instance state changed" in text
 
 
 @commands("XGROUP|CREATE")
