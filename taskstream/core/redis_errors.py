@@ -4,32 +4,50 @@ change of role: the classification every role's Redis calls share (`streams` re-
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from redis._parsers.base import BaseParser
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import MasterDownError, OutOfMemoryError, ReadOnlyError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 
-class PersistenceError(ResponseError):
-    """MISCONF: the server refuses writes because its snapshots fail (a full or broken disk,
-    `stop-writes-on-bgsave-error`). redis-py has no class of its own for it."""
+class ServerRefusal(ResponseError):
+    """An error reply that passes by itself but that redis-py has no class of its own for,
+    named by its first word (`WORD`), which the parser cuts off: `str` gives it back."""
+
+    WORD: ClassVar[str] = ""
 
     def __str__(self) -> str:
-        return f"MISCONF {super().__str__()}"  # the parser cut the word that names it
+        return f"{self.WORD} {super().__str__()}"
 
 
-class ScriptBusyError(ResponseError):
+class PersistenceError(ServerRefusal):
+    """MISCONF: the server refuses writes because its snapshots fail (a full or broken disk,
+    `stop-writes-on-bgsave-error`)."""
+
+    WORD = "MISCONF"
+
+
+class ScriptBusyError(ServerRefusal):
     """BUSY: the server runs a script or function past its `busy-reply-threshold` (another
     client's, say) and runs no other command until that ends or is killed."""
 
-    def __str__(self) -> str:
-        return f"BUSY {super().__str__()}"
+    WORD = "BUSY"
 
 
-# redis-py turns an error reply into the class its first word names; MISCONF and BUSY would be
-# plain ResponseErrors, which callers take for a bug of ours instead of an outage.
-BaseParser.EXCEPTION_CLASSES.setdefault("MISCONF", PersistenceError)
-BaseParser.EXCEPTION_CLASSES.setdefault("BUSY", ScriptBusyError)
+class NoReplicasError(ServerRefusal):
+    """NOREPLICAS: `min-replicas-to-write` is set and fewer replicas are connected: the server
+    refuses writes until they are back."""
+
+    WORD = "NOREPLICAS"
+
+
+# redis-py turns an error reply into the class its first word names; these would be plain
+# ResponseErrors, which callers take for a bug of ours instead of an outage. (BUSYGROUP is a
+# word of its own, not BUSY.)
+for _refusal in (PersistenceError, ScriptBusyError, NoReplicasError):
+    BaseParser.EXCEPTION_CLASSES.setdefault(_refusal.WORD, _refusal)
 
 DRIVER_ERRORS = (
     RedisConnectionError,
@@ -40,11 +58,13 @@ DRIVER_ERRORS = (
     OutOfMemoryError,
     PersistenceError,
     ScriptBusyError,
+    NoReplicasError,
 )
 """Redis cannot serve us now: no connection, a timeout, or a server that refuses our writes
 for the time being (READONLY from a replica after a failover, MASTERDOWN from a replica cut
 off from its master, OOM at its memory limit, MISCONF while its disk fails, BUSY while a long
-script runs). Callers pause and try again."""
+script runs, NOREPLICAS while its replicas are away; LOADING is a ConnectionError). Callers
+pause and try again."""
 
 
 def group_missing(exc: ResponseError) -> bool:

@@ -28,8 +28,10 @@ from taskstream.core.protocol import (
 )
 from taskstream.core.redis_errors import (
     DRIVER_ERRORS,
+    NoReplicasError,
     PersistenceError,
     ScriptBusyError,
+    ServerRefusal,
     group_missing,
     role_changed,
 )
@@ -39,9 +41,11 @@ Redis = aioredis.Redis
 __all__ = [
     "DRIVER_ERRORS",
     "Delivery",
+    "NoReplicasError",
     "PersistenceError",
     "Redis",
     "ScriptBusyError",
+    "ServerRefusal",
     "ack",
     "ack_many",
     "as_text",

@@ -206,3 +206,17 @@ def test_a_server_busy_running_a_script_is_an_outage() -> None:
     assert str(error) == reply
     group = BaseParser.parse_error("BUSYGROUP Consumer Group name already exists")  # type: ignore[no-untyped-call]
     assert not isinstance(group, streams.DRIVER_ERRORS)
+
+
+def test_a_server_short_of_replicas_is_an_outage() -> None:
+    """NOREPLICAS (`min-replicas-to-write` unmet) passes by itself: waited out, the reply kept
+    whole."""
+    from redis._parsers.base import BaseParser
+
+    from taskstream.core import streams
+
+    reply = "NOREPLICAS Not enough good replicas to write."
+    error = BaseParser.parse_error(reply)  # type: ignore[no-untyped-call]
+    assert isinstance(error, streams.NoReplicasError)
+    assert isinstance(error, streams.DRIVER_ERRORS)
+    assert str(error) == reply
