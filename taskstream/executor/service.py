@@ -207,7 +207,12 @@ class Executor:
             if not streams.group_missing(exc):
                 raise
             self._log.warning("executor.group_missing")
-            self._reader.admitted()  # a group made anew has no pending entries to ack
+            # The batch goes, but not what this consumer was delivered from the streams whose
+            # group is there: a read walking the streams took entries before it met the
+            # missing group, a touch of the batch failed for all of its streams. They are
+            # offered from our pending list next (a group made anew has none).
+            self._reader.admitted()
+            self._reader.redis_failed()
             try:
                 await streams.ensure_groups(self._deps.redis, self._deps.keys)
             except streams.DRIVER_ERRORS as again:
