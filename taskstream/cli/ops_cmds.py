@@ -133,7 +133,7 @@ async def _replay_letter(cluster: Cluster, dead_id: str) -> None:
         done = await _replay_one(cluster, letter)
     except LetterKept as exc:
         _say(f"{letter.dead_id}: {exc}")
-        raise QueueUnavailable(f"redis unavailable: dead letter {dead_id} kept") from exc
+        raise _kept(exc, f"dead letter {dead_id} kept") from exc
     _say(f"{letter.dead_id}: {done}")
 
 
@@ -189,9 +189,7 @@ async def _replay_letters(cluster: Cluster) -> tuple[int, int]:
                 raise
             except LetterKept as exc:
                 _say(f"{letter.dead_id}: {exc}")
-                raise QueueUnavailable(
-                    f"redis unavailable: stopped at dead letter {letter.dead_id} (kept)"
-                ) from exc
+                raise _kept(exc, f"stopped at dead letter {letter.dead_id} (kept)") from exc
             except TaskstreamError as exc:
                 kept, done = kept + 1, f"not replayed: {exc}"
             _say(f"{letter.dead_id}: {done}")
@@ -219,6 +217,14 @@ async def _replay_lost_letters(cluster: Cluster, failed_until_ms: int) -> tuple[
                 kept, done = kept + 1, f"not replayed: {exc}"
             _say(f"{lost.row.id} (lost letter): {done}")
     return kept, seen
+
+
+def _kept(exc: LetterKept, what: str) -> QueueUnavailable:
+    """The command's error for a letter kept after its replay was done: why Redis did not
+    drop it (down, or refusing the XDEL), then `what`."""
+    cause = exc.__cause__
+    why = operations.redis_failure(cause) if isinstance(cause, Exception) else "redis failed"
+    return QueueUnavailable(f"{why}: {what}")
 
 
 def _say(line: str) -> None:

@@ -14,7 +14,8 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from taskstream.core import streams
-from taskstream.core.errors import ChangedMeanwhile, LetterKept, TaskstreamError
+from taskstream.core.denials import commands
+from taskstream.core.errors import ChangedMeanwhile, CommandDenied, LetterKept, TaskstreamError
 from taskstream.core.outbox import Outbox, placed_entry, why_refused
 from taskstream.core.reasons import REQUEUED
 from taskstream.core.states import Status, failed_as_poison, life_began, recorded_by_letter
@@ -51,8 +52,9 @@ async def requeue(
     Refused (`TaskstreamError`, the row left FAILED) when the instance's deadline has passed
     at `now_ms` (epoch ms): its new attempt would fail before it starts.
 
-    Returns None when published, else why it was not (Redis down): the requeue stands, and
-    the reconciler publishes the PENDING row once Redis is back."""
+    Returns None when published, else why it was not (Redis down, or refusing this user the
+    publish): the requeue stands, and the reconciler publishes the PENDING row once Redis
+    answers (the sweeper's user may publish)."""
     row = _requeueable(judged or await outbox.store.get_instance(instance_id), instance_id, now_ms)
     cas = await outbox.store.transition(
         instance_id,
@@ -69,10 +71,17 @@ async def requeue(
     fresh = await outbox.store.get_instance(instance_id)
     try:
         refused = None if fresh is None else await outbox.publish(fresh, now_ms=now_ms)
-    except streams.DRIVER_ERRORS as exc:
-        down = type(exc).__name__
-        return f"not published yet (redis unavailable: {down}); the reconciler publishes it"
+    except (*streams.DRIVER_ERRORS, CommandDenied) as exc:
+        return f"not published yet ({redis_failure(exc)}); the reconciler publishes it"
     return None if refused is None else f"not published: the row cannot be an entry ({refused})"
+
+
+def redis_failure(exc: Exception) -> str:
+    """What kept Redis from doing a step, for the operator: down (the error's type), or
+    refusing the command (`CommandDenied`: the command and the server's reply)."""
+    if isinstance(exc, CommandDenied):
+        return str(exc)
+    return f"redis unavailable: {type(exc).__name__}"
 
 
 def _requeueable(row: InstanceRow | None, instance_id: str, now_ms: int) -> InstanceRow:
@@ -219,8 +228,8 @@ async def replay(outbox: Outbox, letter: DeadLetter, *, who: str, now_ms: int) -
     entry for its current attempt would later let its retry start at once, skipping the
     backoff. A letter with no instance (it never decoded), or whose instance cannot be
     requeued or published, cannot be replayed and is kept (`TaskstreamError`). When Redis
-    fails after the replay was done, before the letter is dropped: `LetterKept`, saying what
-    was done.
+    fails or refuses the XDEL after the replay was done, before the letter is dropped:
+    `LetterKept`, saying what was done.
     """
     row = await _named(outbox.store, letter)
     if row.status is Status.FAILED and await _failed_by(outbox.store, letter, row):
@@ -236,11 +245,15 @@ async def replay(outbox: Outbox, letter: DeadLetter, *, who: str, now_ms: int) -
     else:
         done = left_as_it_is(row)
     try:
-        await outbox.redis.xdel(outbox.keys.dead, letter.dead_id)
-    except streams.DRIVER_ERRORS as exc:  # what was done stands: say it, not just "down"
-        down = type(exc).__name__
-        raise LetterKept(f"{done}; letter kept (redis unavailable: {down})") from exc
+        await _drop_letter(outbox.redis, outbox.keys.dead, letter.dead_id)
+    except (*streams.DRIVER_ERRORS, CommandDenied) as exc:  # what was done stands: say it
+        raise LetterKept(f"{done}; letter kept ({redis_failure(exc)})") from exc
     return done
+
+
+@commands("XDEL")
+async def _drop_letter(redis: streams.Redis, dead_key: str, dead_id: str) -> None:
+    await redis.xdel(dead_key, dead_id)
 
 
 async def _named(store: Store, letter: DeadLetter) -> InstanceRow:
