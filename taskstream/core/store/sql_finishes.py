@@ -127,7 +127,7 @@ def _update_chunks(prepared: Sequence[PreparedFinish]) -> Iterator[Sequence[Prep
     """`prepared` in id order (the order rows are locked in), in slices that each make one
     CAS UPDATE of at most `q.STATEMENT_BYTES`: results can be large."""
     ordered = sorted(prepared, key=lambda p: p.request.instance_id)
-    return q.sized_chunks(ordered, [q.text_size(p.values) for p in ordered])
+    return q.sized_chunks(ordered, [q.row_size(p.values) for p in ordered])
 
 
 def unread_ok(prepared: Sequence[PreparedFinish]) -> bool:

@@ -192,7 +192,7 @@ async def create_many(
     # In key order, so two batches racing for the same keys wait instead of deadlocking.
     fresh.sort(key=lambda n: n.dedupe_key)
     values = [rows.instance_values(n) for n in fresh]
-    for span in q.sized_chunks(range(len(fresh)), [q.text_size(v) for v in values]):
+    for span in q.sized_chunks(range(len(fresh)), [q.row_size(v) for v in values]):
         await run.insert(*templates.bind_insert([values[i] for i in span]))
         part = [fresh[i] for i in span]
         await q.append_history(

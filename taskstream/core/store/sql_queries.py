@@ -61,11 +61,23 @@ STATEMENT_BYTES = 4 * 1024 * 1024
 limit of the servers (MariaDB's `max_allowed_packet`, 16 MiB), so sizes counted in characters
 of utf8mb4 text (at most 4 bytes each) still fit."""
 
+ROW_TEXT = 512
+"""Characters counted for each row of a multi-row statement on top of its values: the SQL
+sent around them (its markers, quotes and numbers, and a `CASE` arm naming the row's id for
+each column the rows set apart), under 2 KiB a row, so 4 bytes a character covers it too.
+Without it, rows whose values fill `STATEMENT_BYTES` with 4-byte characters (emoji) made a
+statement just over the packet limit."""
+
 
 def text_size(values: Mapping[str, Any]) -> int:
-    """Characters of a row's text values (JSON documents, ids, keys, errors): its size for
-    `sized_chunks`, whose margin allows for up to 4 bytes per character (utf8mb4)."""
+    """Characters of a row's text values (JSON documents, ids, keys, errors)."""
     return sum(len(v) for v in values.values() if isinstance(v, str))
+
+
+def row_size(values: Mapping[str, Any]) -> int:
+    """A row's size for `sized_chunks`, whose margin allows for up to 4 bytes per character
+    (utf8mb4): its `text_size` and the `ROW_TEXT` of the statement around it."""
+    return text_size(values) + ROW_TEXT
 
 
 def sized_chunks(
