@@ -8,7 +8,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from sqlalchemy import text
 
+from taskstream.core.errors import StoreRefused
 from taskstream.core.states import Status
 from taskstream.core.store import sql_finishes as finishes
 from taskstream.core.store import sql_instances as rows
@@ -30,6 +32,41 @@ async def _running(
     claim = await store.claim(f"inst-{name}", expected_attempt=0, owner="w1", lease_s=30)
     assert claim is not None
     return f"inst-{name}", claim.token
+
+
+async def _packet_limit(store: SqlStore) -> int:
+    async with store.engine.connect() as conn:
+        return int((await conn.execute(text("SELECT @@max_allowed_packet"))).scalar_one())
+
+
+async def test_writes_over_the_packet_limit_are_refused_on_every_path(
+    store: SqlStore, db_url: str, make_new: MakeNew, advance: Advance
+) -> None:
+    """MariaDB answers a statement over its `max_allowed_packet` with error 1153 and closes
+    the connection, so the rollback after it fails too ("server has gone away"). That is
+    still the refusal (`StoreRefused`: the committer then ends that run `commit_refused`),
+    not an outage, which the committer waits out and sends again for ever: on the engine's
+    paths (a finish with side effects, a single finish, a single creation) as on the
+    driver's."""
+    if not db_url.startswith(("mysql", "mariadb")):
+        pytest.skip("a MySQL / MariaDB limit")
+    huge = "x" * (await _packet_limit(store) + 1024)
+    a, a_t = await _running(store, make_new, advance, "a")
+    b, b_t = await _running(store, make_new, advance, "b")
+    end = FinishRequest(a, a_t, Status.SUCCESS, "ok", huge, side_effects=("k",), owner="w1")
+
+    with pytest.raises(StoreRefused, match="packet limit"):
+        await store.finish_many([end])
+    with pytest.raises(StoreRefused, match="packet limit"):
+        await store.finish(b, token=b_t, dst=Status.SUCCESS, reason="ok", result=huge)
+    with pytest.raises(StoreRefused, match="packet limit"):
+        await store.create_instance(replace(make_new("huge"), payload={"p": huge}))
+
+    for instance_id in (a, b):
+        row = await store.get_instance(instance_id)
+        assert row is not None and row.status is Status.RUNNING
+    assert await store.get_instance("inst-huge") is None
+    assert not await store.side_effect_done("k")
 
 
 async def test_creations_of_four_byte_text_filling_a_statement_are_all_written(

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, TypeVar
 
@@ -265,14 +265,27 @@ def schema_missing(detail: str, display_url: str) -> SchemaMissing | None:
     return SchemaMissing(f"store {display_url} {what} ({detail}): run `taskstream migrate`")
 
 
+def _driver_errors(exc: Exception) -> Iterator[Exception]:
+    """`exc`, then the driver errors it was raised while handling, newest first: MariaDB
+    closes the connection after refusing a statement over its packet limit, so the rollback
+    that follows fails too ("server has gone away"), and only the first error says why."""
+    yield exc
+    found: BaseException | None = exc
+    while isinstance(found, sa_exc.DBAPIError) and found.orig is not None:
+        found = found.orig.__context__
+        if isinstance(found, sa_exc.DBAPIError):
+            yield found
+
+
 def translate(exc: Exception, display_url: str) -> StoreError:
     """The domain error for a driver error raised while using the store at `display_url`
     (a redacted URL: only that form may appear in the message)."""
     if isinstance(exc, sa_exc.IntegrityError):
         return ConstraintViolation(f"store {display_url}: constraint violated: {_detail(exc)}")
-    final = refused(_detail(exc), display_url)
-    if final is not None:
-        return final
+    for error in _driver_errors(exc):
+        final = refused(_detail(error), display_url)
+        if final is not None:
+            return final
     if _is_unavailable(exc):
         return StoreUnavailable(f"store {display_url} unavailable: {_detail(exc)}")
     if isinstance(exc, sa_exc.DataError) or _sqlstate(exc).startswith("22"):
