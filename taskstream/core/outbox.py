@@ -10,7 +10,8 @@ Emits are group-committed: while one batch is being written, new emits queue and
 next, so many concurrent emits cost three round trips per batch (one transaction creating the
 rows, one pipeline of XADDs, one transaction of CAS updates) instead of per instance; a batch's
 CAS step overlaps the next batch's creation. Alone, an emit is a batch of one and waits for
-nothing. The batch is written by its own task, so a
+nothing. A batch the store refuses for one row's value is created row by row, so that only
+that row's emit fails (`outbox_creation`). The batch is written by its own task, so a
 cancelled caller never interrupts it halfway (its instance may still be created; its dedupe key
 makes a retry safe).
 """
@@ -30,6 +31,7 @@ from taskstream.core.denials import log_denied
 from taskstream.core.errors import CommandDenied
 from taskstream.core.futures import mark_retrieved
 from taskstream.core.logging import get_logger
+from taskstream.core.outbox_creation import Outcome, create_batch
 from taskstream.core.protocol import Keys, Priority, WorkEntry
 from taskstream.core.reasons import SEEN_ON_STREAM
 from taskstream.core.states import Status
@@ -159,12 +161,11 @@ class Outbox:
                 cas_step = None
                 continue
             batch, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
-            try:
-                created = await self.store.create_instances(
-                    [item.new for item in batch], tokens=[item.token for item in batch]
-                )
-            except Exception as exc:  # every caller of the batch learns of it
-                _fail(batch, exc)
+            outcomes = await create_batch(
+                self.store, [item.new for item in batch], [item.token for item in batch]
+            )
+            batch, created = _answer_failed(batch, outcomes)
+            if not batch:
                 continue
             published = await self._publish_created(batch, created)
             if cas_step is not None:
@@ -250,10 +251,17 @@ class Outbox:
                 )
 
 
-def _fail(batch: Sequence[_Emit], exc: Exception) -> None:
-    for item in batch:
-        if not item.done.done():
-            item.done.set_exception(exc)
+def _answer_failed(
+    batch: Sequence[_Emit], outcomes: Sequence[Outcome]
+) -> tuple[list[_Emit], list[CreateResult]]:
+    """Give each emit whose creation failed its error; the others, with their results."""
+    made: list[tuple[_Emit, CreateResult]] = []
+    for item, outcome in zip(batch, outcomes, strict=True):
+        if isinstance(outcome, CreateResult):
+            made.append((item, outcome))
+        elif not item.done.done():
+            item.done.set_exception(outcome)
+    return [item for item, _ in made], [result for _, result in made]
 
 
 async def seen_on_stream(

@@ -1,7 +1,8 @@
 """The outbox's group commit on real Redis and a real store: concurrent emits share a few
 batches, each instance still ends up created once, published once and DISPATCHED, duplicates
-are answered as such, a batch the store refused reaches every caller, and one whose XADDs
-failed is answered `unpublished` while its rows stay PENDING for the reconciler."""
+are answered as such, a batch the store could not write reaches every caller while one it
+refused for one row's value fails that row's emit only, and one whose XADDs failed is
+answered `unpublished` while its rows stay PENDING for the reconciler."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from structlog.testing import capture_logs
 
 from taskstream.core import streams
-from taskstream.core.errors import StoreUnavailable
-from taskstream.core.outbox import Outbox
+from taskstream.core.errors import StoreRefused, StoreUnavailable
+from taskstream.core.outbox import Emitted, Outbox
 from taskstream.core.protocol import Keys, Priority, decode
 from taskstream.core.specfile import parse_task_file_text
 from taskstream.core.states import Status
@@ -30,7 +31,7 @@ from taskstream.core.store.urls import normalize_url
 from taskstream.scheduler.instances import new_instance
 from tests.integration.harness import until
 from tests.integration.outages import RUNNING, kill_waiter
-from tests.support.databases import temp_database
+from tests.support.databases import available_kinds, temp_database
 from tests.support.statements import statements
 
 T0 = 1_780_000_000_000
@@ -291,3 +292,46 @@ async def test_a_row_that_moved_on_before_its_dispatch_step_is_noted_at_debug_on
     assert [(e["log_level"], e["instance_id"], e["found"]) for e in lost] == [
         ("debug", new.id, Status.DISPATCHED)
     ]
+
+
+NUL_KEY_SPEC = parse_task_file_text(
+    """
+tasks:
+  - id: nul
+    agent: echo
+    schedule: {cron: "* * * * *", timezone: UTC}
+    dedupe_key: "{task_id}:{scheduled_for}:{payload.k}"
+    payload: {k: "a\\0b"}
+""",
+    "t.yaml",
+).tasks[0]
+"""A task whose dedupe key holds a NUL (from its payload), which PostgreSQL's text refuses."""
+
+
+async def test_an_instance_the_store_refuses_fails_its_own_emit_only(
+    redis: streams.Redis, keys: Keys
+) -> None:
+    """Emits batched with one the store refuses (PostgreSQL: a dedupe key holding a NUL)
+    are created and published; only the refused one's caller gets the error. Else every
+    task firing with such a task would fail its ticks with it, pass after pass."""
+    if "postgres" not in available_kinds():
+        pytest.skip("PostgreSQL is not reachable")
+    bad = new_instance(NUL_KEY_SPEC, T0)
+    batch = [*news(2), bad, *news(4)[2:]]
+    async with temp_database("postgres") as url:
+        store = await SqlStore.connect(url)
+        try:
+            outbox = Outbox(store, redis, keys)
+            results = await asyncio.gather(
+                *(outbox.emit(n, now_ms=T0) for n in batch), return_exceptions=True
+            )
+            good = [n for n in batch if n is not bad]
+            for new, result in zip(batch, results, strict=True):
+                if new is bad:
+                    assert isinstance(result, StoreRefused), result
+                else:
+                    assert isinstance(result, Emitted) and result.outcome == "published", result
+            assert sorted(await stream_ids(redis, keys)) == sorted(n.id for n in good)
+            assert await store.get_instance(bad.id) is None
+        finally:
+            await store.close()
