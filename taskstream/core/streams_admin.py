@@ -11,6 +11,7 @@ from redis.exceptions import ResponseError
 
 from taskstream.core.denials import commands, denied
 from taskstream.core.protocol import GROUP, Keys, Priority, WorkEntry, encode
+from taskstream.core.redis_errors import DRIVER_ERRORS
 from taskstream.core.streams import Delivery, Redis, as_text, move
 
 
@@ -25,6 +26,13 @@ class Pending:
     deliveries: int
 
 
+def missing(exc: ResponseError) -> bool:
+    """The reply to a read of a stream's group says there is nothing to read (no such stream
+    or group, a key of another type), as opposed to a denial or an outage (a BUSY or a
+    MASTERDOWN server answers nothing about the stream: its caller waits it out)."""
+    return not (denied(exc) or isinstance(exc, DRIVER_ERRORS))
+
+
 @commands("XPENDING")
 async def pending(
     redis: Redis,
@@ -36,14 +44,15 @@ async def pending(
 ) -> list[Pending]:
     """The oldest `count` pending entries of the group on `stream` (those after the entry id
     `after`, when given), or of one `consumer` in it (none if it is missing). Reading them
-    changes no delivery count or idle time."""
+    changes no delivery count or idle time. An outage (`DRIVER_ERRORS`) raises: an empty
+    list would tell the executor's recheck and the sweeper that nothing is pending."""
     start = "-" if after is None else f"({after}"
     try:
         rows: list[dict[str, Any]] = await redis.xpending_range(
             stream, GROUP, start, "+", count, consumername=consumer
         )
     except ResponseError as exc:
-        if denied(exc):
+        if not missing(exc):
             raise
         return []  # no such stream or group: nothing pending
     return [
@@ -123,7 +132,7 @@ async def _groups(redis: Redis, stream: str) -> dict[str, dict[str, Any]]:
     try:
         groups: list[dict[str, Any]] = await redis.xinfo_groups(stream)
     except ResponseError as exc:
-        if denied(exc):
+        if not missing(exc):
             raise
         return {}
     return {as_text(g["name"]): g for g in groups}
@@ -184,7 +193,7 @@ async def prune_consumers(redis: Redis, keys: Keys, stream: str, *, idle_ms: int
     try:
         rows: list[dict[str, Any]] = await redis.xinfo_consumers(stream, GROUP)
     except ResponseError as exc:
-        if denied(exc):
+        if not missing(exc):
             raise
         return []
     idle = {as_text(r["name"]) for r in rows if int(r["pending"]) == 0 and int(r["idle"]) > idle_ms}
@@ -209,7 +218,7 @@ async def trim(redis: Redis, stream: str) -> int:
         groups: list[dict[str, Any]] = await redis.xinfo_groups(stream)
         summary: dict[str, Any] = await redis.xpending(stream, GROUP)
     except ResponseError as exc:
-        if denied(exc):
+        if not missing(exc):
             raise
         return 0
     group = next((g for g in groups if as_text(g["name"]) == GROUP), None)

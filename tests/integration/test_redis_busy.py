@@ -13,9 +13,11 @@ import pytest
 import redis
 
 from taskstream.core import streams
+from taskstream.core.logging import get_logger
 from taskstream.core.protocol import Keys
 from taskstream.core.states import Status
 from taskstream.core.store.sql import SqlStore
+from taskstream.executor.reader import Reader
 from taskstream.runtime.embedded import EmbeddedValkey
 from tests.integration.executor_cases import TASKS, harness, reach
 from tests.integration.harness import Harness, Running
@@ -52,6 +54,17 @@ async def h(busy_url: str, store: SqlStore, keys: Keys) -> AsyncIterator[Harness
         await client.aclose()
 
 
+async def _held(url: str) -> threading.Thread:
+    """`_hold_server`, returned once the script holds the server (every command meets BUSY)."""
+    spinning = _hold_server(url)
+    with redis.Redis.from_url(url) as probe:
+        while True:  # bounded by the test's timeout
+            try:
+                probe.ping()
+            except redis.exceptions.ResponseError:
+                return spinning
+
+
 def _hold_server(url: str) -> threading.Thread:
     """Run `SPIN` from a thread of its own (its client waits for the whole script)."""
 
@@ -71,13 +84,7 @@ async def test_an_executor_waits_out_a_redis_busy_running_a_script(
     command meets `BUSY`. It used to take the reply for a defect of its own and stop (exit
     code 1), where it waits out a READONLY or an OOM reply. It waits, then runs the work."""
     row = await h.trigger(TASKS, "slow")
-    spinning = _hold_server(busy_url)
-    with redis.Redis.from_url(busy_url) as probe:
-        while True:  # until the script holds the server (bounded by the test's timeout)
-            try:
-                probe.ping()
-            except redis.exceptions.ResponseError:
-                break
+    spinning = await _held(busy_url)
     ex = Running(h.executor())
     try:
         await asyncio.to_thread(spinning.join, 20)
@@ -86,3 +93,20 @@ async def test_an_executor_waits_out_a_redis_busy_running_a_script(
     finally:
         if not ex.task.done():
             await ex.close()
+
+
+async def test_a_recheck_of_own_entries_waits_out_busy(h: Harness, busy_url: str) -> None:
+    """After a Redis error an executor reads its own pending list before anything new: a read
+    whose reply was lost delivered entries to it. A BUSY reply to that XPENDING used to read
+    as an empty list, which ended the recheck, and the entry waited for the sweeper. It is an
+    outage: the recheck is tried again once the server answers, and finds the entry."""
+    await h.trigger(TASKS, "slow")
+    lost = await streams.read(h.redis, h.keys, "c1", count=1, block_ms=10)  # a reply lost
+    reader = Reader(h.redis, h.keys, "c1", 10, set, get_logger(), alive_ttl_ms=6000)
+    reader.redis_failed()
+    spinning = await _held(busy_url)
+    with pytest.raises(streams.ScriptBusyError):
+        await reader.next(4)
+    await asyncio.to_thread(spinning.join, 20)
+    found = await reader.next(4)
+    assert [d.entry_id for d in found] == [d.entry_id for d in lost]

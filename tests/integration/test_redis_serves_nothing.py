@@ -9,7 +9,7 @@ The module runs its own Valkey server: its config and scripts touch nothing anot
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -18,7 +18,7 @@ import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from taskstream.core import streams
+from taskstream.core import streams, streams_admin
 from taskstream.core.states import Status
 from taskstream.runtime.embedded import EmbeddedValkey
 from tests.integration.harness import Harness, Running, until
@@ -93,16 +93,10 @@ async def test_the_executor_waits_out_a_server_that_serves_nothing(
     outage: Harness, monkeypatch: pytest.MonkeyPatch, redis_url: str, refusal: Refusal
 ) -> None:
     h = outage
-    read, failed_reads = streams.read, []
-
-    async def counted_read(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return await read(*args, **kwargs)
-        except Exception as exc:
-            failed_reads.append(exc)
-            raise
-
-    monkeypatch.setattr(streams, "read", counted_read)
+    failed_reads: list[Exception] = []
+    # New entries, or after a failure the executor's own pending list (`Reader`).
+    for module, name in ((streams, "read"), (streams_admin, "read_own")):
+        monkeypatch.setattr(module, name, _counted(getattr(module, name), failed_reads))
     running = Running(h.executor())
     try:
         first = await h.trigger(TASKS, "quick")
@@ -147,6 +141,21 @@ async def test_the_sweeper_waits_out_a_server_that_serves_nothing(
     finally:
         stop.set()
         await asyncio.wait_for(sweeping, timeout=20)
+
+
+def _counted(
+    read: Callable[..., Awaitable[Any]], failed: list[Exception]
+) -> Callable[..., Awaitable[Any]]:
+    """`read`, noting each error it raises in `failed`."""
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return await read(*args, **kwargs)
+        except Exception as exc:
+            failed.append(exc)
+            raise
+
+    return counted
 
 
 async def _is(h: Harness, instance_id: str, status: Status) -> bool:
