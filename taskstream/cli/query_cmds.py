@@ -7,6 +7,7 @@ from dataclasses import asdict
 from typing import Any
 
 import typer
+from redis.exceptions import RedisError
 from rich.table import Column, Table
 from rich.text import Text
 
@@ -34,7 +35,8 @@ JSON_OPT = typer.Option(False, "--json", help="Machine-readable output.")
 def status_cmd(as_json: bool = JSON_OPT) -> None:
     """Queue depth, pending entries, consumers, dead letters (and the letters Redis lost of
     instances FAILED poison), instances by status, and every upstream's limiter usage and
-    breaker state. With Redis down, the store's counts alone and the Redis error, exit 1."""
+    breaker state. With Redis down or not serving us (a refusal, a wrong database number, not
+    Redis at all), the store's counts alone and the Redis error, exit 1."""
     data = run_async(_status())
     if as_json:
         print_json(data)
@@ -100,8 +102,10 @@ async def _status() -> dict[str, Any]:
         }
         try:
             data |= await _queue_view(cluster)
-        except (QueueUnavailable, *streams.DRIVER_ERRORS) as exc:
-            # The store is the truth and still answers: show it, and say what is missing.
+        except (QueueUnavailable, RedisError, *streams.DRIVER_ERRORS) as exc:
+            # The store is the truth and still answers: show it, and say what is missing
+            # (Redis down, or answering but not serving us: a refused command, a database
+            # number it does not have, a port where something else answers).
             data["redis_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
     return data
 

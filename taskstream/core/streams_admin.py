@@ -110,6 +110,7 @@ async def alive(redis: Redis, keys: Keys, consumers: set[str]) -> dict[str, bool
     return {name: bool(n) for name, n in zip(names, found, strict=True)}
 
 
+@commands("XINFO|GROUPS XINFO|CONSUMERS XLEN")
 async def queue_stats(redis: Redis, keys: Keys) -> dict[str, Any]:
     """Per-stream length, group pending/lag and consumers; the dead stream's length."""
     streams: dict[str, Any] = {}
