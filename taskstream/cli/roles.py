@@ -20,7 +20,8 @@ from taskstream.cli.common import Cluster, err_console, open_cluster, run_async,
 from taskstream.core import preconditions, redis_needs, streams
 from taskstream.core.clock import Clock, OffsetClock, SystemClock
 from taskstream.core.definitions import UpstreamCache
-from taskstream.core.errors import ConfigError, StoreUnavailable
+from taskstream.core.denials import log_denied
+from taskstream.core.errors import ConfigError, StoreUnavailable, WrongType
 from taskstream.core.futures import unless_stopped
 from taskstream.core.logging import get_logger
 from taskstream.core.notify import Wakeups
@@ -99,13 +100,18 @@ async def _dependencies_up(
     """Redis checked to allow the role's commands (`redis_needs`), the stream groups made and
     the clock synced with the database's, waiting while Redis or the store is down (a warning
     each try, `START_PAUSE_S` apart), as the services wait for an outage later on; None when
-    `stop` comes first. `ConfigError` naming each command Redis refuses the role's user."""
+    `stop` comes first. `ConfigError` naming each command Redis refuses the role's user. A
+    work-stream key of another type is logged (`redis.wrong_type`) and the role starts: it
+    pauses that stream's work alone."""
     log = get_logger(role="startup")
     while not stop.is_set():
         try:
             if refused := await redis_needs.refusals(cluster.queue, calls(cluster.keys)):
                 raise not_allowed(role, refused)
-            await streams.ensure_groups(cluster.queue, cluster.keys)
+            try:
+                await streams.ensure_groups(cluster.queue, cluster.keys)
+            except WrongType as exc:  # the role starts: it pauses that stream's work alone
+                log_denied(log, exc)
             return await unless_stopped(synced_clock(cluster.store), stop)
         except (StoreUnavailable, *streams.DRIVER_ERRORS) as exc:
             log.warning("startup.dependency_down", error=str(exc)[:300])

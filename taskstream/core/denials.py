@@ -24,7 +24,7 @@ from typing import Any, ParamSpec, TypeVar
 from redis.exceptions import NoPermissionError, ResponseError
 from structlog.typing import FilteringBoundLogger
 
-from taskstream.core.errors import CommandDenied
+from taskstream.core.errors import CommandDenied, WrongType
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -115,7 +115,11 @@ def pause_s(denials: int) -> float:
 
 def log_denied(log: FilteringBoundLogger, exc: CommandDenied, **fields: Any) -> None:
     """The `redis.denied` error line: the command, the reply, and the caller's `fields`
-    (what was left, `retry_in_s`)."""
+    (what was left, `retry_in_s`); `redis.wrong_type` with the `key` and its `type` instead
+    for a key of another type (`WrongType`)."""
+    if isinstance(exc, WrongType):
+        log.error("redis.wrong_type", key=exc.key, type=exc.kind, command=exc.command, **fields)
+        return
     log.error("redis.denied", command=exc.command, reply=exc.reply, **fields)
 
 

@@ -92,3 +92,16 @@ class CommandDenied(QueueUnavailable):
         self.command = command
         self.reply = reply
         super().__init__(f"redis refused {command}: {reply}")
+
+
+class WrongType(CommandDenied):
+    """A key of ours holds a value of another type (a `SET` by hand on a work stream, another
+    application writing into the namespace): Redis refuses every stream command on it
+    (WRONGTYPE). Like a denial it does not pass by itself (an operator deletes or renames the
+    key) and is waited out the same way; `key` names the key, `kind` its type (`string`,
+    `hash`, ...), as TYPE answers it."""
+
+    def __init__(self, command: str, key: str, kind: str) -> None:
+        self.key = key
+        self.kind = kind
+        super().__init__(command, f"WRONGTYPE {key} holds a {kind}, not a stream")

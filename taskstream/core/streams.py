@@ -16,6 +16,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from taskstream.core.denials import commands, denied, refused
+from taskstream.core.errors import WrongType
 from taskstream.core.protocol import (
     GROUP,
     PRIORITY_ORDER,
@@ -35,6 +36,7 @@ from taskstream.core.redis_errors import (
     group_missing,
     role_changed,
 )
+from taskstream.core.wrong_types import named, wrong_type
 
 Redis = aioredis.Redis
 
@@ -79,13 +81,20 @@ def connect(url: str) -> Redis:
 
 @commands("XGROUP|CREATE")
 async def ensure_groups(redis: Redis, keys: Keys) -> None:
-    """Create the consumer group on every work stream (idempotent, creates the streams)."""
+    """Create the consumer group on every work stream (idempotent, creates the streams). A
+    key of another type does not keep the others' groups from being made: `WrongType`
+    naming it is raised after them."""
+    wrong: WrongType | ResponseError | None = None
     for stream in keys.streams():
         try:
             await redis.xgroup_create(stream, GROUP, id="0", mkstream=True)
         except ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
+            if wrong_type(exc):
+                wrong = wrong or await named(redis, "XGROUP|CREATE", [stream], exc)
+            elif "BUSYGROUP" not in str(exc):
                 raise
+    if wrong is not None:
+        raise wrong
 
 
 @commands("XADD")
@@ -132,7 +141,9 @@ async def read(
     than `count` when `count` is below the number of streams (Valkey and Redis 7.2+ answer a
     wake-up with every stream that has entries by then): those beyond `count` are delivered
     to `consumer` all the same, and the caller must put them back (`move`) or run them.
-    A stream whose read Redis denies after others delivered entries ends the walk with them.
+    A stream whose read Redis denies after others delivered entries ends the walk with them,
+    as does a key of another type (`WrongType` when nothing was delivered before it). Only the
+    streams of `order` are read.
     """
     out: list[Delivery] = []
     alive = None if alive_ttl_ms is None else (keys.alive(consumer), alive_ttl_ms)
@@ -142,13 +153,21 @@ async def read(
         try:
             out += await _xreadgroup(redis, {stream: ">"}, consumer, count - len(out), None, alive)
         except ResponseError as exc:
-            if not (out and denied(exc)):
-                raise
-            return out  # delivered, so they must run; a read starting here meets it again
+            if out and (denied(exc) or wrong_type(exc)):
+                return out  # delivered, so they must run; a read starting here meets it again
+            if wrong_type(exc):
+                raise await named(redis, "XREADGROUP", [stream], exc) from exc
+            raise
         alive = None
     if out:
         return out
-    return await _xreadgroup(redis, dict.fromkeys(keys.streams(), ">"), consumer, 1, block_ms)
+    every = keys.streams(order)
+    try:
+        return await _xreadgroup(redis, dict.fromkeys(every, ">"), consumer, 1, block_ms)
+    except ResponseError as exc:
+        if wrong_type(exc):  # the type changed since the walk above
+            raise await named(redis, "XREADGROUP", every, exc) from exc
+        raise
 
 
 async def _xreadgroup(

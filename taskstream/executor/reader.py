@@ -6,19 +6,23 @@ sweeper's unclaimed timeout; after a Redis error, this consumer's own pending en
 run holds (a read's reply may have been lost after Redis delivered them); else new entries,
 never more than the free slots (a surplus a blocking read returned goes back to its stream;
 when Redis denies that move, it is offered from our own pending list as slots free up).
+
+A work stream whose key holds another type of value (`WrongType`) is left out of the reads,
+for `denials.pause_s` after each try that meets it, while the others are read as usual.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 from structlog.typing import FilteringBoundLogger
 
 from taskstream.core import streams
 from taskstream.core import streams_admin as admin
-from taskstream.core.denials import log_denied
-from taskstream.core.errors import CommandDenied
-from taskstream.core.protocol import Keys, read_order
+from taskstream.core.denials import Holds, log_denied
+from taskstream.core.errors import CommandDenied, WrongType
+from taskstream.core.protocol import Keys, Priority, read_order
 
 Entry = tuple[str, str]
 """(stream, entry id)."""
@@ -36,8 +40,10 @@ class Reader:
         held: Callable[[], set[Entry]],
         log: FilteringBoundLogger,
         alive_ttl_ms: int,
+        now_ms: Callable[[], int],
     ) -> None:
-        """`alive_ttl_ms`: the liveness key's TTL, set again with every read of new entries."""
+        """`alive_ttl_ms`: the liveness key's TTL, set again with every read of new entries;
+        `now_ms`: the executor's clock (epoch ms), for the pauses of `hold`."""
         self._redis, self._keys, self._consumer = redis, keys, consumer
         self._block_ms, self._held, self._log = block_ms, held, log
         self._alive_ttl_ms = alive_ttl_ms
@@ -49,6 +55,9 @@ class Reader:
         """Own pending entries this recheck has offered to intake: intake may leave some (a
         duplicate of a run another consumer holds), and they are not offered again."""
         self._turn = 0
+        self._now_ms = now_ms
+        self._wrong = Holds()
+        """Streams whose key held another type at the last try, by key."""
 
     async def next(self, free: int) -> list[streams.Delivery]:
         """Up to `free` entries to admit; they stay `unadmitted` until `admitted`."""
@@ -69,15 +78,25 @@ class Reader:
         if self._recheck:
             return await self._unseen(free)
         self._turn += 1
-        read = await streams.read(
-            self._redis,
-            self._keys,
-            self._consumer,
-            count=free,
-            block_ms=self._block_ms,
-            order=read_order(self._turn),
-            alive_ttl_ms=self._alive_ttl_ms,
-        )
+        order = self._open(read_order(self._turn))
+        if not order:  # every stream held: wait as long as a read would
+            await asyncio.sleep(self._block_ms / 1000)
+            return []
+        try:
+            read = await streams.read(
+                self._redis,
+                self._keys,
+                self._consumer,
+                count=free,
+                block_ms=self._block_ms,
+                order=order,
+                alive_ttl_ms=self._alive_ttl_ms,
+            )
+        except WrongType as exc:
+            self.hold(exc)
+            return []
+        for priority in order:
+            self._wrong.clear(self._keys.stream(priority))
         try:
             for surplus in read[free:]:
                 # A blocking read woke on several streams: the surplus goes back to the tail
@@ -91,6 +110,17 @@ class Reader:
             log_denied(self._log, exc, left_for="recheck")
             self._recheck = True
         return read[:free]
+
+    def hold(self, exc: WrongType) -> None:
+        """Leave the stream `exc` names out of the reads for its pause (longer at each try
+        in a row that meets it); logged as `redis.wrong_type`."""
+        wait_s = self._wrong.hold(exc.key, self._now_ms())
+        log_denied(self._log, exc, retry_in_s=wait_s)
+
+    def _open(self, order: tuple[Priority, ...]) -> tuple[Priority, ...]:
+        """The priorities of `order` whose stream is not held (`hold`)."""
+        now_ms = self._now_ms()
+        return tuple(p for p in order if self._wrong.due(self._keys.stream(p), now_ms))
 
     async def _unseen(self, free: int) -> list[streams.Delivery]:
         """Our pending entries that no run of ours holds, at most `free` of them (the oldest

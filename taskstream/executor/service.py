@@ -31,7 +31,7 @@ from taskstream.core import notify, streams
 from taskstream.core.clock import Clock, SystemClock
 from taskstream.core.definitions import DefinitionCache
 from taskstream.core.denials import log_denied, pause_s
-from taskstream.core.errors import CommandDenied, StoreError, StoreUnavailable
+from taskstream.core.errors import CommandDenied, StoreError, StoreUnavailable, WrongType
 from taskstream.core.futures import STEP_END_S, unless_stopped
 from taskstream.core.logging import get_logger
 from taskstream.core.protocol import Keys
@@ -128,6 +128,7 @@ class Executor:
             self._heartbeat.entries,
             self._log,
             round(config.liveness_ttl_s * 1000),
+            deps.clock.now_ms,
         )
         self._env = RunEnv(
             deps.store,
@@ -143,7 +144,7 @@ class Executor:
         # Redis or the store down (the store not migrated yet) at start is waited for like an
         # outage later: `_step` makes a missing group, refreshes again and logs the outage.
         with contextlib.suppress(*streams.DRIVER_ERRORS):
-            await streams.ensure_groups(self._deps.redis, self._deps.keys)
+            await self._make_groups()
         with contextlib.suppress(StoreUnavailable):
             await unless_stopped(self._defs.refresh(), stop)
         background = asyncio.Event()
@@ -214,7 +215,7 @@ class Executor:
             self._reader.admitted()
             self._reader.redis_failed()
             try:
-                await streams.ensure_groups(self._deps.redis, self._deps.keys)
+                await self._make_groups()
             except streams.DRIVER_ERRORS as again:
                 await self._outage(again)
             return
@@ -223,6 +224,14 @@ class Executor:
             self._running.add(task)
             self._heartbeat.track(run, task)
             task.add_done_callback(self._running.discard)
+
+    async def _make_groups(self) -> None:
+        """Make the missing groups. A work-stream key of another type is left out of the
+        reads for a while (`Reader.hold`): the other streams go on."""
+        try:
+            await streams.ensure_groups(self._deps.redis, self._deps.keys)
+        except WrongType as exc:
+            self._reader.hold(exc)
 
     async def _outage(self, exc: Exception) -> None:
         """The store or Redis did not answer: log it and pause before the next step."""

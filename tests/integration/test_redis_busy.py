@@ -102,7 +102,7 @@ async def test_a_recheck_of_own_entries_waits_out_busy(h: Harness, busy_url: str
     outage: the recheck is tried again once the server answers, and finds the entry."""
     await h.trigger(TASKS, "slow")
     lost = await streams.read(h.redis, h.keys, "c1", count=1, block_ms=10)  # a reply lost
-    reader = Reader(h.redis, h.keys, "c1", 10, set, get_logger(), alive_ttl_ms=6000)
+    reader = Reader(h.redis, h.keys, "c1", 10, set, get_logger(), 6000, h.clock.now_ms)
     reader.redis_failed()
     spinning = await _held(busy_url)
     with pytest.raises(streams.ScriptBusyError):
