@@ -242,3 +242,39 @@ async def test_poisoned_rows_are_failed_poison_ones_latest_failure_first(
         for before in ((5_000, "inst-b"), (2_000, "inst-c"), (2_000, "inst-a"), (1_000, "inst-e"))
     ]
     assert [[r.id for r in page] for page in pages] == [["inst-c"], ["inst-a"], ["inst-e"], []]
+
+
+async def _fail_for_review(store: SqlStore, instance_id: str, why: str) -> None:
+    for src, dst in ((Status.PENDING, Status.DISPATCHED), (Status.DISPATCHED, Status.RUNNING)):
+        assert (await store.transition(instance_id, src, dst, reason="setup")).ok
+    failed = await store.transition(
+        instance_id,
+        Status.RUNNING,
+        Status.FAILED,
+        reason="manual_review",
+        fail_class=FailClass.MANUAL_REVIEW,
+    )
+    assert failed.ok
+    await store.add_review(instance_id, why)
+
+
+async def test_a_requeue_resolves_the_review_so_the_next_life_is_queued_again(
+    store: SqlStore, make_new: MakeNew
+) -> None:
+    """An operator's requeue (FAILED -> PENDING) is their answer to the open review: it is
+    resolved, by them. A review the new life asks for is then queued as a row of its own,
+    where it used to be dropped as a duplicate of the old one."""
+    await store.create_instance(make_new("a"))
+    await _fail_for_review(store, "inst-a", "first look")
+    requeued = await store.transition(
+        "inst-a", Status.FAILED, Status.PENDING, reason="requeued", owner="alice"
+    )
+    assert requeued.ok
+    stmt = select(review_queue.c.resolved_at_ms, review_queue.c.resolved_by)
+    async with store.engine.connect() as conn:
+        [(resolved_at_ms, resolved_by)] = (await conn.execute(stmt)).all()
+    assert resolved_at_ms is not None and resolved_by == "alice"
+    await _fail_for_review(store, "inst-a", "second look")
+    reviews = await _reviews(store, "inst-a")
+    assert [reason for reason, _ in reviews] == ["first look", "second look"]
+    assert reviews[1][1] is None

@@ -148,7 +148,8 @@ class SqlStore(ReadMethods, DefinitionMethods, OutboxMethods, SchedulingMethods)
         `last_error` when `error` is given, and clears the lease unless dst is RUNNING. Entering
         RUNNING this way neither bumps the attempt nor takes a lease: executors use `claim`.
         FAILED -> PENDING (a manual requeue) moves to attempt + 1, fencing off the entries
-        and runs of the attempts before.
+        and runs of the attempts before, and resolves the instance's open review entry
+        (`resolved_by`: `owner`).
         Raises `InvalidTransition` before any SQL when the table forbids src -> dst.
 
         A lost CAS reports the status that stopped it. Under READ COMMITTED another commit can

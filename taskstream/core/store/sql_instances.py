@@ -18,7 +18,7 @@ from taskstream.core.states import FailClass, Status
 from taskstream.core.store import sql_codec as codec
 from taskstream.core.store.dbclock import db_now_ms
 from taskstream.core.store.port import HistoryRow, InstanceRow, NewInstance
-from taskstream.core.store.sql_queries import chunks
+from taskstream.core.store.sql_queries import chunks, resolve_reviews
 from taskstream.core.store.tables import NOTE_LEN, OWNER_LEN, STATUS_LEN, side_effects
 from taskstream.core.store.tables import instance_history as hist
 from taskstream.core.store.tables import task_instances as inst
@@ -192,7 +192,7 @@ async def move(
     """CAS `src` -> `dst` (at `attempt`, with the lease ending at `lease_until`, when given)
     with the columns of `status_values`, and its history row (with `note`); False, writing
     nothing, when the row was not so. FAILED -> PENDING (a manual requeue) also moves to
-    attempt + 1."""
+    attempt + 1, and resolves the instance's open review entry (by `owner`)."""
     values = status_values(dst, fail_class, error, next_attempt_at_ms)
     if src is Status.FAILED and dst is Status.PENDING:
         # A new life: every entry and run of the failed one is of an older attempt now, so
@@ -201,6 +201,8 @@ async def move(
     if not await cas_update(conn, instance_id, src, attempt, values, lease_until):
         return False
     await append_history(conn, instance_id, src=src, dst=dst, owner=owner, reason=reason, note=note)
+    if src is Status.FAILED and dst is Status.PENDING:
+        await resolve_reviews(conn, instance_id, owner)
     return True
 
 

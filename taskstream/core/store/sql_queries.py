@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 
-from sqlalchemy import Update, and_, case, func, insert, literal, or_, select, tuple_
+from sqlalchemy import Update, and_, case, func, insert, literal, or_, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.types import TypeEngine
@@ -315,3 +315,14 @@ async def add_review(conn: AsyncConnection, instance_id: str, reason: str) -> bo
         )
     )
     return True
+
+
+async def resolve_reviews(conn: AsyncConnection, instance_id: str, who: str | None) -> None:
+    """Mark the instance's open review entry resolved now, by `who`: an operator requeued
+    it, which answers the review, and a review its new life asks for is queued anew."""
+    stmt = (
+        update(review_queue)
+        .where(review_queue.c.instance_id == instance_id, review_queue.c.resolved_at_ms.is_(None))
+        .values(resolved_at_ms=db_now_ms(), resolved_by=who)
+    )
+    await conn.execute(stmt)
