@@ -28,7 +28,7 @@ from pydantic import ValidationError
 
 from taskstream.core import streams
 from taskstream.core.denials import log_denied
-from taskstream.core.errors import CommandDenied
+from taskstream.core.errors import CommandDenied, WrongType
 from taskstream.core.futures import mark_retrieved
 from taskstream.core.logging import get_logger
 from taskstream.core.outbox_creation import Outcome, create_batch
@@ -42,6 +42,7 @@ from taskstream.core.store.port import (
     NewInstance,
     Store,
 )
+from taskstream.core.wrong_types import publish_each
 
 EmitOutcome = Literal["published", "duplicate", "unpublished", "fenced"]
 """`unpublished`: the instance was created (PENDING) but its entry could not be added to a
@@ -112,15 +113,23 @@ class Outbox:
         """`publish` for many rows: one pipeline of XADDs, then one batch of CAS updates per
         `MAX_BATCH` rows. A row no entry can be made of (a value the stream protocol refuses,
         such as a priority that a foreign writer put in the store) is logged
-        (`instance.unpublishable`) and left as it is, so that it cannot hold back the others.
-        Returns those rows' ids, each with why."""
+        (`instance.unpublishable`) and left as it is, so that it cannot hold back the others;
+        so is a row whose stream's key holds another type (`redis.wrong_type`, see
+        `errors.WrongType`). Returns those rows' ids, each with why."""
         refused: dict[str, str] = {}
         for start in range(0, len(rows), MAX_BATCH):
             part = self._entries(rows[start : start + MAX_BATCH], now_ms, refused)
-            await streams.publish_many(self.redis, self.keys, [entry for _, entry in part])
+            added = await publish_each(self.redis, self.keys, [entry for _, entry in part])
+            placed = []
+            for (row, _), result in zip(part, added, strict=True):
+                if isinstance(result, WrongType):  # its stream's key is no stream: left
+                    refused[row.id] = str(result)
+                    self._tell(row, refused[row.id], result)
+                else:
+                    placed.append(row)
             waiting = (Status.PENDING, Status.RETRYING)
             await self._dispatch(
-                [DispatchRequest(r.id, r.status, r.attempt) for r, _ in part if r.status in waiting]
+                [DispatchRequest(r.id, r.status, r.attempt) for r in placed if r.status in waiting]
             )
         return refused
 
@@ -139,12 +148,18 @@ class Outbox:
                 self._told.pop(row.id, None)
         return out
 
-    def _tell(self, row: InstanceRow, why: str) -> None:
-        """Log a refused row, unless this outbox already logged it for the same reason."""
+    def _tell(self, row: InstanceRow, why: str, wrong: WrongType | None = None) -> None:
+        """Log a refused row, unless this outbox already logged it for the same reason;
+        `redis.wrong_type` when its stream's key holds another type (`wrong`)."""
         if self._told.get(row.id) == why:
             self._told.move_to_end(row.id)
             return
-        self._log.error("instance.unpublishable", instance_id=row.id, status=row.status, error=why)
+        if wrong is not None:
+            log_denied(self._log, wrong, instance_id=row.id, status=row.status)
+        else:
+            self._log.error(
+                "instance.unpublishable", instance_id=row.id, status=row.status, error=why
+            )
         self._told[row.id] = why
         while len(self._told) > TOLD_MAX:
             self._told.popitem(last=False)

@@ -123,3 +123,30 @@ async def test_a_role_starts_past_a_key_of_another_type(outage: Harness) -> None
         h.keys.stream(Priority.LOW)
     ]
     assert await h.redis.xinfo_groups(h.keys.stream(Priority.HIGH))  # the others are made
+
+
+async def _retrying(h: Harness, task_id: str, fire_ms: int) -> str:
+    row = await h.trigger(TASKS, task_id, fire_ms=fire_ms)
+    for src, dst in ((Status.DISPATCHED, Status.RUNNING), (Status.RUNNING, Status.RETRYING)):
+        moved = await h.store.transition(row.id, src, dst, reason="setup", next_attempt_at_ms=1)
+        assert moved.ok
+    return row.id
+
+
+async def test_a_scheduler_publishes_the_other_streams_past_a_key_of_another_type(
+    outage: Harness,
+) -> None:
+    """A due retry of the key's priority used to end the scheduler (the publish of the due
+    retries raised WRONGTYPE). It is left RETRYING and named; the others are published."""
+    h = outage
+    await h.apply(TASKS)
+    low_id = await _retrying(h, "t-low", 1_000)
+    default_id = await _retrying(h, "t-default", 2_000)
+    low = h.keys.stream(Priority.LOW)
+    await h.redis.set(low, "clobbered")
+    with capture_logs() as logs:
+        await h.scheduler().run_pass()
+    assert await _is(h, default_id, Status.DISPATCHED)
+    assert await _is(h, low_id, Status.RETRYING)
+    told = [e for e in logs if e["event"] == "redis.wrong_type"]
+    assert [(e["key"], e["type"], e["instance_id"]) for e in told] == [(low, "string", low_id)]
