@@ -16,7 +16,8 @@ from redis.exceptions import ResponseError
 from taskstream.core import streams
 from taskstream.core.denials import commands
 from taskstream.core.errors import ChangedMeanwhile, CommandDenied, LetterKept, TaskstreamError
-from taskstream.core.outbox import Outbox, placed_entry, why_refused
+from taskstream.core.outbox import Outbox
+from taskstream.core.outbox_entries import placed_entry, why_refused
 from taskstream.core.reasons import REQUEUED
 from taskstream.core.states import Status, failed_as_poison, life_began, recorded_by_letter
 from taskstream.core.store.port import InstanceRow, Store

@@ -24,14 +24,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pydantic import ValidationError
-
 from taskstream.core import streams
 from taskstream.core.denials import log_denied
 from taskstream.core.errors import CommandDenied, WrongType
 from taskstream.core.futures import mark_retrieved
 from taskstream.core.logging import get_logger
 from taskstream.core.outbox_creation import Outcome, create_batch
+from taskstream.core.outbox_entries import new_entry, placed_entry, why_refused
 from taskstream.core.protocol import Keys, Priority, WorkEntry
 from taskstream.core.reasons import SEEN_ON_STREAM
 from taskstream.core.states import Status
@@ -195,7 +194,7 @@ class Outbox:
         reconciler rather than failing their callers."""
         fresh = [item for item, c in zip(batch, created, strict=True) if c.created]
         try:
-            entries = [(Priority.of(i.new.priority), _new_entry(i.new, i.now_ms)) for i in fresh]
+            entries = [(Priority.of(i.new.priority), new_entry(i.new, i.now_ms)) for i in fresh]
             await streams.publish_many(self.redis, self.keys, entries)
         except CommandDenied as exc:
             log_denied(
@@ -290,43 +289,3 @@ async def seen_on_stream(
         instance_id, status, Status.DISPATCHED, reason=SEEN_ON_STREAM, attempt=attempt
     )
     return Status.DISPATCHED if moved.ok else moved.found
-
-
-def placed_entry(row: InstanceRow, now_ms: int) -> tuple[Priority, WorkEntry]:
-    """`row`'s stream and entry (`row_entry`). `ValueError` when the row cannot have one (a
-    value the stream protocol refuses); `why_refused` names it."""
-    return Priority.of(row.priority), row_entry(row, now_ms)
-
-
-def why_refused(exc: ValueError) -> str:
-    """One line naming the field a row's entry could not take, and why."""
-    if isinstance(exc, ValidationError):
-        return "; ".join(
-            f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors(include_url=False)
-        )[:300]
-    return str(exc)[:300]
-
-
-def row_entry(row: InstanceRow, now_ms: int) -> WorkEntry:
-    """The work entry that publishes `row`'s current attempt, emitted at `now_ms` (ms)."""
-    return WorkEntry(
-        instance_id=row.id,
-        task_id=row.task_id,
-        agent=row.agent,
-        attempt=row.attempt,
-        scheduled_for_ms=row.scheduled_for_ms,
-        emitted_at_ms=now_ms,
-        trace_id=row.trace_id,
-    )
-
-
-def _new_entry(new: NewInstance, now_ms: int) -> WorkEntry:
-    return WorkEntry(
-        instance_id=new.id,
-        task_id=new.task_id,
-        agent=new.agent,
-        attempt=0,
-        scheduled_for_ms=new.scheduled_for_ms,
-        emitted_at_ms=now_ms,
-        trace_id=new.trace_id,
-    )

@@ -18,25 +18,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import socket
-from dataclasses import dataclass, field, replace
-from random import Random
+from dataclasses import replace
 
 import httpx
 from redis.exceptions import ResponseError
 
-from taskstream.agents.registry import Registry
 from taskstream.core import notify, streams
-from taskstream.core.clock import Clock, SystemClock
 from taskstream.core.definitions import DefinitionCache
 from taskstream.core.denials import log_denied, pause_s
 from taskstream.core.errors import CommandDenied, StoreError, StoreUnavailable, WrongType
 from taskstream.core.futures import STEP_END_S, unless_stopped
 from taskstream.core.logging import get_logger
-from taskstream.core.protocol import Keys
-from taskstream.core.store.port import Store
-from taskstream.executor.admission import UpstreamGate
 from taskstream.executor.committer import Committer
 from taskstream.executor.handover import Handover, drain, last_commits
 from taskstream.executor.heartbeat import OVERRUN_S, Heartbeat
@@ -46,44 +38,14 @@ from taskstream.executor.outcome import failed, timed_out
 from taskstream.executor.reader import Reader
 from taskstream.executor.retry import deadline_passed
 from taskstream.executor.runner import AGENT_FAILURES, RunEnv, execute
+from taskstream.executor.setup import ExecutorConfig, ExecutorDeps, consumer_name
+
+__all__ = ["Executor", "ExecutorConfig", "ExecutorDeps", "consumer_name", "execute"]
 
 ERROR_PAUSE_S = 1.0
 DEFINITIONS_CHECK_S = 1.0
 """How long a stop waits for the runs it cancelled after the grace (their releases included)
 before it leaves those still going: agents that ignore cancellation."""
-
-
-def consumer_name(start_ms: int) -> str:
-    """Unique per process: `host:pid:start`."""
-    return f"{socket.gethostname()}:{os.getpid()}:{start_ms}"
-
-
-@dataclass(frozen=True, slots=True)
-class ExecutorConfig:
-    """`concurrency`: runs at once; `block_ms`: longest blocking read; `grace_s`: how long
-    in-flight runs may take to finish after stop; `liveness_ttl_s`: how long after its last
-    heartbeat a silent process counts as gone."""
-
-    consumer: str
-    concurrency: int = 4
-    block_ms: int = 1000
-    grace_s: float = 8.0
-    max_payload_bytes: int = 256 * 1024
-    liveness_ttl_s: float = 6.0
-
-
-@dataclass(frozen=True, slots=True)
-class ExecutorDeps:
-    """What an executor talks to. `clock` should follow the database clock."""
-
-    store: Store
-    redis: streams.Redis
-    keys: Keys
-    registry: Registry
-    clock: Clock = field(default_factory=SystemClock)
-    rng: Random = field(default_factory=Random)
-    gate: UpstreamGate | None = None
-    """Limiter and breaker admission for tasks that name `upstreams` (None: no admission)."""
 
 
 class Executor:

@@ -13,7 +13,8 @@ from taskstream.agents.registry import default_registry
 from taskstream.core import streams
 from taskstream.core.clock import FixedClock
 from taskstream.core.definitions import DefinitionCache, from_record, to_records
-from taskstream.core.outbox import Outbox, row_entry
+from taskstream.core.outbox import Outbox
+from taskstream.core.outbox_entries import row_entry
 from taskstream.core.protocol import Keys, Priority
 from taskstream.core.spec import TaskSpec
 from taskstream.core.specfile import parse_task_file_text

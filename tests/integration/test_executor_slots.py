@@ -20,7 +20,7 @@ from taskstream.agents.base import AgentContext, FunctionAgent
 from taskstream.agents.registry import Registry, default_registry
 from taskstream.core import streams
 from taskstream.core.definitions import to_records
-from taskstream.core.outbox import row_entry
+from taskstream.core.outbox_entries import row_entry
 from taskstream.core.protocol import GROUP, Keys, Priority, WorkEntry, encode
 from taskstream.core.specfile import parse_task_file_text
 from taskstream.core.states import Status

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from taskstream.core import streams
-from taskstream.core.outbox import row_entry
+from taskstream.core.outbox_entries import row_entry
 from taskstream.core.protocol import GROUP, Priority
 from taskstream.core.reasons import OWNER_LOST, after
 from taskstream.core.states import FailClass, Status

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from taskstream.core import streams
-from taskstream.core.outbox import row_entry
+from taskstream.core.outbox_entries import row_entry
 from taskstream.core.protocol import Keys, Priority, decode, encode
 from taskstream.core.states import Status
 from taskstream.core.store.sql import SqlStore

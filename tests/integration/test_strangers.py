@@ -13,7 +13,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from taskstream.core import operations, streams
 from taskstream.core.definitions import DefinitionCache
 from taskstream.core.errors import StoreUnavailable
-from taskstream.core.outbox import row_entry
+from taskstream.core.outbox_entries import row_entry
 from taskstream.core.protocol import GROUP, Priority
 from taskstream.core.states import FailClass, Status
 from taskstream.core.store.port import CasResult, ClaimRequest, InstanceRow
