@@ -47,6 +47,15 @@ def open_left_ms(state: BreakerState, now_ms: int, cfg: BreakerConfig) -> int:
     return max(1, cooldown_left_ms(state, now_ms, cfg))
 
 
+def admission_holds(state: BreakerState, probe_round: int | None) -> bool:
+    """Whether a call admitted as `probe_round` (None: an ordinary call) may still go out on
+    that admission with the breaker in `state`: an ordinary one while it is closed, a probe
+    while its round (the half-open `since_ms`) is the current one."""
+    if probe_round is None:
+        return state.status is BreakerStatus.CLOSED
+    return state.status is BreakerStatus.HALF_OPEN and state.since_ms == probe_round
+
+
 class UpstreamGate:
     """Limiter and breaker checks for one executor process.
 
@@ -219,12 +228,13 @@ class UpstreamGate:
         agent may have worked a long time since): its ticket when it still holds, else the
         call admitted anew (what the old admission took given back), or the wait (ms).
 
-        It no longer holds when its breaker has opened since (unless it is the probe of a
-        half-open breaker): its call must not go into the outage. Its window hit that went
-        stale (older than the window allows to move) is replaced by a new one: a run whose
-        agent works longer than the window before calling must not be deferred for ever."""
+        It no longer holds when its breaker has left the state that admitted it (see
+        `_holds`): its call must not go into an outage, nor beside a newer round's probes.
+        Its window hit that went stale (older than the window allows to move) is replaced
+        by a new one: a run whose agent works longer than the window before calling must not
+        be deferred for ever."""
         name = ticket.upstream
-        if ticket.probe_round is None and not await self._closed(name):
+        if not await self._holds(ticket):
             await self._hand_back({}, {} if ticket.hit is None else {name: ticket.hit})
             wait_ms, probe_round, hit = await self._admit(name)
             return wait_ms if wait_ms is not None else CallTicket(name, probe_round, hit)
@@ -242,14 +252,18 @@ class UpstreamGate:
         await self._hand_back(probe, {})
         return max(1, admission.retry_after_ms)
 
-    async def _closed(self, name: str) -> bool:
-        """`name`'s breaker is closed now (or cannot be read: the call goes as admitted)."""
+    async def _holds(self, ticket: CallTicket) -> bool:
+        """The breaker is still in the state that admitted `ticket` (or cannot be read: the
+        call goes as admitted): closed for an ordinary admission; half-open in the same
+        round for a probe. A probe whose round has ended (the breaker re-opened, closed, or
+        handed its slots out again) has no slot any more, and nothing to give back."""
+        name = ticket.upstream
         try:
             read = await self._breakers.states([name])
         except GuardUnavailable as exc:
             self._log.warning("upstream.breaker_unread", upstream=name, error=str(exc)[:300])
             return True
-        return read.states[name].status is BreakerStatus.CLOSED
+        return admission_holds(read.states[name], ticket.probe_round)
 
     def bind(self, admitted: Sequence[str]) -> RunUpstreams:
         """The gate as one run's `UpstreamAccess`; `admitted` are the upstreams `admit_run` has
