@@ -16,11 +16,14 @@ gate's default `BreakerConfig`."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Mapping, Sequence
 
 from taskstream.agents.upstream_access import CallTicket
 from taskstream.core.definitions import UpstreamCache
 from taskstream.core.errors import StoreUnavailable
+from taskstream.core.futures import mark_retrieved
 from taskstream.core.logging import get_logger
 from taskstream.core.store.port import Store
 from taskstream.executor.run_upstreams import RunUpstreams
@@ -38,6 +41,10 @@ from taskstream.ratelimit.window import Limits, guarded, limits_from_spec
 
 RELOAD_S = 10.0
 """How often stored upstream limits and breaker settings are read again (seconds)."""
+GIVE_BACK_S = 2.0
+"""Longest wait for what an admission that raised or was cancelled took to be given back (s)."""
+_GIVING: set[asyncio.Future[None]] = set()
+"""Give-backs still going (kept referenced until done: one may outlive its admission)."""
 
 
 def open_left_ms(state: BreakerState, now_ms: int, cfg: BreakerConfig) -> int:
@@ -124,8 +131,8 @@ class UpstreamGate:
                     probes[name] = probe_round
                 if hit is not None:
                     hits[name] = hit
-        except Exception:  # admission undecided (Redis, the store): no call goes out either
-            await self._hand_back(probes, hits)
+        except BaseException:  # undecided (Redis, the store) or cancelled: no call goes out
+            await self._give_back(probes, hits)
             raise
         return RunUpstreams(self, upstreams, hits, probes)
 
@@ -146,6 +153,19 @@ class UpstreamGate:
                 await self._limiter.release(name, hit)
             except GuardUnavailable as exc:  # the slot then counts until its window passes
                 self._log.warning("upstream.release_failed", upstream=name, error=str(exc)[:300])
+
+    async def _give_back(self, probes: Mapping[str, int], hits: Mapping[str, str]) -> None:
+        """`_hand_back` on the way out of an admission that raised or was cancelled (a stop,
+        a fence): shielded, so the cancellation does not cut it short, and within
+        `GIVE_BACK_S` (what is not given back by then frees by itself, as after an outage)."""
+        if not probes and not hits:
+            return
+        giving = asyncio.ensure_future(asyncio.wait_for(self._hand_back(probes, hits), GIVE_BACK_S))
+        _GIVING.add(giving)
+        giving.add_done_callback(_GIVING.discard)
+        giving.add_done_callback(mark_retrieved)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.shield(giving)
 
     async def admit_call(self, name: str) -> tuple[int | None, str | None, int | None]:
         """Admit one call to `name`: None when it may go now (a breaker probe or a window slot
@@ -184,8 +204,8 @@ class UpstreamGate:
         taken = {} if decision.probe_round is None else {name: decision.probe_round}
         try:
             admission = await self._limiter.acquire(name, *limits)
-        except Exception:
-            await self._hand_back(taken, {})  # no call goes out: the probe slot goes back
+        except BaseException:
+            await self._give_back(taken, {})  # no call goes out: the probe slot goes back
             raise
         if not admission.allowed:
             self._log.info(
@@ -244,8 +264,8 @@ class UpstreamGate:
         probe = {} if ticket.probe_round is None else {name: ticket.probe_round}
         try:
             admission = await self._limiter.acquire(name, *limits)
-        except Exception:
-            await self._hand_back(probe, {})  # no call goes out: its probe goes back
+        except BaseException:
+            await self._give_back(probe, {})  # no call goes out: its probe goes back
             raise
         if admission.allowed:
             return CallTicket(name, ticket.probe_round, admission.member)
