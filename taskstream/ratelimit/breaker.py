@@ -18,7 +18,10 @@ States and rules (times are UTC epoch ms; `cfg` is a `BreakerConfig`):
   admitted for `probe_timeout_ms` (`last_probe_ms`, else since the round began) and probes
   are still out, they are presumed lost and their slots handed out again (successes already
   recorded stay), which starts a new round. A slot an ignored probe gave back goes to the next
-  probe of the same round, and that probe too gets its whole `probe_timeout_ms`.
+  probe of the same round, and that probe too gets its whole `probe_timeout_ms`. When
+  `probes` is lowered to no more than the successes already recorded, the next admission
+  closes the breaker (its slots, handed out again, would all be held by those successes,
+  and no probe could ever be admitted to decide it).
 - **rounds**: a round is named by its `since_ms`, set when the breaker half-opens and when
   slots are handed out again; a probe carries the round that admitted it (`probe_round`). A
   probe that reports after its round ended (its slot was handed out again, or the breaker has
@@ -172,6 +175,9 @@ def admit(
         if left := cooldown_left_ms(state, now_ms, cfg):
             return _decision(before, state, probe=False, retry_after_ms=left), state
         state = fresh(BreakerStatus.HALF_OPEN, now_ms)
+    elif state.probe_successes >= cfg.probes:  # `probes` lowered meanwhile: decided
+        state = fresh(BreakerStatus.CLOSED, now_ms)
+        return _decision(before, state, probe=False), state
     elif now_ms >= _probes_lost_ms(state, cfg):
         state = replace(state, since_ms=now_ms, probes_admitted=state.probe_successes)
     if state.probes_admitted >= cfg.probes:

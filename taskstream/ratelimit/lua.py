@@ -144,6 +144,10 @@ if s.status == OPEN then
   local reopen_at = s.since_ms + cfg.cooldown_ms
   if now < reopen_at then return reply(0, 0, reopen_at - now, before, s) end
   s = fresh(HALF_OPEN)
+elseif s.probe_successes >= cfg.probes then
+  s = fresh(CLOSED)
+  save(s)
+  return reply(1, 0, 0, before, s)
 elseif now >= math.max(s.since_ms, s.last_probe_ms) + cfg.probe_timeout_ms then
   s.since_ms = now
   s.probes_admitted = s.probe_successes

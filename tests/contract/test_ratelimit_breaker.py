@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import pytest
 
@@ -186,3 +187,24 @@ async def test_exactly_one_probe_among_concurrent_callers(rig: Rig) -> None:
     assert sum(d.allowed for d in decisions) == 1
     assert sum(d.transition is Transition.HALF_OPENED for d in decisions) == 1
     assert all(d.status is BreakerStatus.HALF_OPEN for d in decisions)
+
+
+async def test_fewer_probes_set_while_half_open_do_not_keep_it_half_open_for_ever(
+    rig: Rig,
+) -> None:
+    """Three probes out, two have succeeded, the third is lost; then `probes` is set to 1
+    (`tasks apply`). Once the lost probe's slot times out, the two successes recorded are
+    enough under the new setting: the breaker closes, instead of handing out its slots again
+    to the successes alone, which fill them, so that no probe is ever admitted to decide it
+    and every call is refused for ever."""
+    three = BreakerConfig(failure_threshold=3, cooldown_ms=50, probes=3, probe_timeout_ms=200)
+    await _half_open(rig, three)
+    for _ in range(2):
+        assert (await rig.breakers.admit("api", three)).probe
+    assert await _report(rig, three, S, S) == [None, None]
+    one = replace(three, probes=1)
+    state = await rig.breakers.state("api")
+    await rig.wait_until_ms(max(state.since_ms, state.last_probe_ms) + one.probe_timeout_ms)
+    decision = await rig.breakers.admit("api", one)
+    assert (decision.allowed, decision.status) == (True, BreakerStatus.CLOSED), decision
+    assert decision.transition is Transition.CLOSED
