@@ -10,7 +10,8 @@ A sweeper that finds such a note for a lost owner's run (`sweep.ReleaseNote`: th
 attempt, its lease owner) makes the release itself once the store answers (`make_release`),
 the same move and history row, conditioned like a timeout on the attempt (the fencing token)
 and on the lease as it read it. With Redis down too nothing is noted: the run is timed out as
-a lost owner's, as before.
+a lost owner's, as before. A claim whose reply the outage lost is noted the same way
+(`Handover.unsure`): it may hold its row RUNNING under the stopped executor with no run.
 
 A run that ended (its agent succeeded, failed, timed out) whose end the outage keeps from the
 store by the stop is in the same place: RUNNING, its end and the side-effect rows committed
@@ -91,6 +92,8 @@ class Handover:
         self._committer, self._redis, self._keys, self._clock = committer, redis, keys, clock
         self._consumer = consumer
         self._releases: list[tuple[Handed, asyncio.Future[bool]]] = []
+        self._unsure: list[Handed] = []
+        """Claims that may have landed unseen (`unsure`): noted, never written."""
         self._ends: dict[asyncio.Future[bool], tuple[Run, RunEnd]] = {}
         """Ends queued (those done before the stop pruned now and then, and at the stop)."""
         self._prune_at = PRUNE_AT
@@ -132,15 +135,24 @@ class Handover:
         self._releases.append((Handed(run.row.id, run.token), done))
         return done
 
+    def unsure(self, claims: list[tuple[str, int]]) -> None:
+        """Note at the stop these claims, (instance id, token), whose reply the store lost in
+        an outage: each may hold its row RUNNING under this executor with no run. A note of
+        one that did not land is never taken (the row is not RUNNING at that token under
+        this owner)."""
+        self._unsure += [Handed(instance_id, token) for instance_id, token in claims]
+
     async def note_unwritten(self) -> None:
         """Note in Redis every queued release the store did not take (it failed on the store,
-        or its commit was given up), and every end the outage kept from it (still queued or
-        given up, or failed with the store unavailable): call it once the last commits are
-        over and before the liveness key goes, so that a sweeper that finds the key gone
-        finds the notes too. A Redis that fails (or is `STEP_END_S` without an answer) leaves
-        them un-noted. An end the store refused (not an outage) is not handed back: its run
-        is timed out, its attempt spent, as it is when no stop comes."""
+        or its commit was given up), every claim whose reply it lost (`unsure`), and every
+        end the outage kept from it (still queued or given up, or failed with the store
+        unavailable): call it once the last commits are over and before the liveness key
+        goes, so that a sweeper that finds the key gone finds the notes too. A Redis that
+        fails (or is `STEP_END_S` without an answer) leaves them un-noted. An end the store
+        refused (not an outage) is not handed back: its run is timed out, its attempt spent,
+        as it is when no stop comes."""
         handed = [h for h, done in self._releases if _unwritten(done, StoreError)]
+        handed += self._unsure
         handed += [
             Handed(run.row.id, run.token, end.reason)
             for done, (run, end) in self._ends.items()

@@ -158,10 +158,14 @@ class Intake:
         self._claims.done()
         return list(runs.values())
 
-    async def unstarted(self, wait_s: float) -> list[Run]:
+    async def unstarted(self, wait_s: float) -> tuple[list[Run], list[tuple[str, int]]]:
         """Runs, never started, for the claims of an admission that a stop cancelled after
-        they were won (`WonClaims`), for the caller to hand back."""
-        return list(self._runs(*await self._claims.unstarted(wait_s)).values())
+        they were won (`WonClaims`), for the caller to hand back; and the claims, as
+        (instance id, token), that may have landed unseen (their reply was lost in a store
+        outage), for the caller to note."""
+        candidates, won, unsure = await self._claims.unstarted(wait_s)
+        maybe = [(c.entry.instance_id, c.entry.attempt + 1) for c in unsure]
+        return list(self._runs(candidates, won).values()), maybe
 
     def _runs(self, candidates: list[_Candidate], won: Mapping[str, Claimed]) -> dict[str, Run]:
         return {
@@ -193,7 +197,9 @@ class Intake:
             ClaimRequest(c.entry.instance_id, c.entry.attempt, self._lease_s(c.entry.task_id))
             for c in candidates
         ]
-        won = await self._claims.call(self._store.claim_many(requests, owner=self._consumer))
+        won = await self._claims.call(
+            self._store.claim_many(requests, owner=self._consumer), candidates
+        )
         if won:
             # One line per batch: at thousands of runs per second a line per run would cost
             # more CPU than the run itself. Each run is named `id@attempt`.

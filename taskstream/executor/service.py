@@ -260,9 +260,12 @@ class Executor:
         await notify.hint(self._deps.redis, self._deps.keys, "marker")
 
     async def _hand_back(self) -> None:
-        """Release the claims of an admission the stop cancelled before they became runs."""
-        for run in await self._intake.unstarted(STEP_END_S):
+        """Release the claims of an admission the stop cancelled before they became runs, and
+        keep for the notes those whose claim may have landed unseen."""
+        runs, unsure = await self._intake.unstarted(STEP_END_S)
+        for run in runs:
             self._handover.release(run)
+        self._handover.unsure(unsure)
 
     async def _drain(self) -> None:
         self._handover.stop()

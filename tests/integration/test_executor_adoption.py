@@ -150,3 +150,40 @@ async def _true(value: bool) -> bool:
 
 async def _changed(h: Harness, instance_id: str, before: int) -> bool:
     return await lease_end(h, instance_id) != before
+
+
+async def test_a_claim_whose_reply_was_lost_in_an_outage_is_noted_at_a_stop(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The admission's claim commits, but its reply is lost as the store goes away, and the
+    executor is stopped before the store answers again. The executor cannot know its claim
+    landed, so it notes it (`handover`) as a release: once the store is back, the sweeper
+    hands the run back (RETRYING, released, not counted) instead of timing it out as
+    `owner_lost`, which would fail this one-attempt task as poison unrun."""
+    row = await h.trigger(TASKS, "slow-once")
+    lost = asyncio.Event()
+    claim_many = h.store.claim_many
+
+    async def reply_lost(*args: Any, **kwargs: Any) -> Any:
+        if lost.is_set():
+            raise StoreUnavailable("store: gone")
+        await claim_many(*args, **kwargs)
+        lost.set()  # committed; the reply and the store go away
+        raise StoreUnavailable("store: connection lost")
+
+    monkeypatch.setattr(h.store, "claim_many", reply_lost)
+    ex = Running(h.executor(grace_s=5))
+    await asyncio.wait_for(lost.wait(), timeout=20)
+    await ex.close()
+    monkeypatch.setattr(h.store, "claim_many", claim_many)  # the store answers again
+
+    claimed = await h.store.get_instance(row.id)
+    assert claimed is not None and claimed.status is Status.RUNNING
+    await h.sweeper().sweep_once()
+    after = await h.store.get_instance(row.id)
+    assert after is not None
+    last = (await h.store.history(row.id))[-1]
+    assert (after.status, last.reason, last.attempt) == (Status.RETRYING, RELEASED, 1), (
+        after.status,
+        last,
+    )
