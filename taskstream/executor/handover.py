@@ -239,6 +239,17 @@ async def make_release(
     return moved.ok
 
 
+def grace_left_s(grace_s: float, stop_at: float | None, now: float) -> float:
+    """What is left at `now` of a grace of `grace_s` that began at `stop_at` (s, monotonic;
+    None: it begins now). The grace counts from the stop: what a stop waits for before its
+    drain (the step under way, `STEP_END_S` and `CANCEL_WAIT_S`; a claim landing,
+    `STEP_END_S`) takes from it, so that a stopped process ends when its supervisor (`up`,
+    a container runtime) expects."""
+    if stop_at is None:
+        return grace_s
+    return max(0.0, grace_s - max(0.0, now - stop_at))
+
+
 async def drain(
     running: set[asyncio.Task[None]],
     grace_s: float,

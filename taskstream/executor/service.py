@@ -6,7 +6,8 @@ process's to admit: after a pause the same batch is admitted again before anythi
 read (`reader`), so a store outage delays them by the outage, not by the sweeper's unclaimed
 timeout.
 
-On stop: reading stops, in-flight runs get `grace_s` to finish, the rest are cancelled and
+On stop: reading stops, in-flight runs get `grace_s` (counted from the stop, however long the
+step under way takes to end) to finish, the rest are cancelled and
 released (RETRYING, due now, so another executor picks them up at once), pending commits are
 written, the liveness key is removed. After the grace, a commit or release the store cannot
 take (it is unavailable) gets one more try, then is given up: the sweeper recovers those runs
@@ -19,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import replace
+from typing import Any
 
 import httpx
 from redis.exceptions import ResponseError
@@ -30,7 +32,7 @@ from taskstream.core.errors import CommandDenied, StoreError, StoreUnavailable, 
 from taskstream.core.futures import STEP_END_S, unless_stopped
 from taskstream.core.logging import get_logger
 from taskstream.executor.committer import Committer
-from taskstream.executor.handover import Handover, drain, last_commits
+from taskstream.executor.handover import Handover, drain, grace_left_s, last_commits
 from taskstream.executor.heartbeat import OVERRUN_S, Heartbeat
 from taskstream.executor.intake import Intake, Run
 from taskstream.executor.liveness import LivenessThread
@@ -79,6 +81,8 @@ class Executor:
             self._committer, deps.redis, deps.keys, deps.clock, config.consumer
         )
         self._running: set[asyncio.Task[None]] = set()
+        self._stop_at: float | None = None
+        """When the stop came (the event loop's clock, s); None before."""
         self._denials = 0
         """Steps in a row that Redis denied (see `_denied`)."""
         self._log = get_logger(role="executor", consumer=config.consumer)
@@ -124,6 +128,7 @@ class Executor:
         alive.start()
         self._log.info("executor.started", concurrency=self._config.concurrency)
         stopping = asyncio.ensure_future(stop.wait())
+        stopping.add_done_callback(self._stopped)
         try:
             while not stop.is_set():
                 await unless_stopped(self._step(stop), stopping)
@@ -267,9 +272,16 @@ class Executor:
             self._handover.release(run)
         self._handover.unsure(unsure)
 
+    def _stopped(self, stopping: asyncio.Future[Any]) -> None:
+        """The stop came: the grace starts now (`_drain`)."""
+        if not stopping.cancelled():
+            self._stop_at = asyncio.get_running_loop().time()
+
     async def _drain(self) -> None:
         self._handover.stop()
-        await drain(self._running, self._config.grace_s, self._committer, self._log)
+        now = asyncio.get_running_loop().time()
+        grace_s = grace_left_s(self._config.grace_s, self._stop_at, now)
+        await drain(self._running, grace_s, self._committer, self._log)
 
 
 async def _until_one_ends(running: set[asyncio.Task[None]], stop: asyncio.Event) -> None:

@@ -3,10 +3,11 @@
 Children are `taskstream scheduler`, `taskstream sweeper` and N x `taskstream executor`,
 started with the resolved URLs in their environment. A child that dies is restarted after
 1, 2, 4 and 8 s, then every 16 s (counting its restarts over the supervisor's life). On
-SIGINT or SIGTERM every child gets SIGTERM and may finish in-flight work within the grace;
-an executor then still has to release the runs that outlived it and commit, so a child is
-killed only `KILL_MARGIN_S` after the grace. The whole stop takes at most
-`grace_s + KILL_MARGIN_S + 1` seconds. Children get SIGTERM too when the supervisor dies
+SIGINT or SIGTERM every child gets SIGTERM and may finish in-flight work within the grace
+(counted from the SIGTERM); an executor may take `STOP_STEPS_S` to begin its drain, and then
+still has to release the runs that outlived the grace and commit, so a child is killed only
+`KILL_MARGIN_S` after the later of the two (`kill_after_s`). The whole stop takes at most
+`kill_after_s(grace_s) + 1` seconds. Children get SIGTERM too when the supervisor dies
 (`lifetime.guarded`).
 """
 
@@ -18,6 +19,7 @@ import os
 import signal
 from dataclasses import dataclass, field
 
+from taskstream.core.futures import CANCEL_WAIT_S, STEP_END_S
 from taskstream.core.logging import get_logger
 from taskstream.runtime.endpoint import Endpoints
 from taskstream.runtime.lifetime import guarded, python_module
@@ -26,6 +28,17 @@ MAX_RESTART_DELAY_S = 16.0
 KILL_MARGIN_S = 2.0
 """Seconds a child may take past the grace before it is killed: an executor releases the runs
 that outlived the grace (one store write) and commits those that ended in it."""
+STOP_STEPS_S = 2 * STEP_END_S + CANCEL_WAIT_S
+"""Longest an executor takes from its SIGTERM to its drain (s): the step under way ends or is
+cut off (`STEP_END_S`, then `CANCEL_WAIT_S`), and a claim it left under way gets `STEP_END_S`
+to land, so that it is handed back."""
+
+
+def kill_after_s(grace_s: float) -> float:
+    """Seconds after its SIGTERM a child still running is killed: the grace (an executor
+    counts it from the SIGTERM) or the executor's steps before its drain, whichever ends
+    later, then `KILL_MARGIN_S` for its releases and last commits."""
+    return max(grace_s, STOP_STEPS_S) + KILL_MARGIN_S
 
 
 @dataclass(slots=True)
@@ -97,8 +110,8 @@ class Supervisor:
                 await asyncio.wait_for(stop.wait(), timeout=delay)
 
     async def _stop_all(self) -> int:
-        """SIGTERM every running child not yet told to stop, kill those still running after
-        the grace and `KILL_MARGIN_S`; how many were told."""
+        """SIGTERM every running child not yet told to stop, kill those still running
+        `kill_after_s(grace)` later; how many were told."""
         live = [
             c for c in self._children if c.proc and c.proc.returncode is None and not c.stopping
         ]
@@ -109,7 +122,7 @@ class Supervisor:
             with contextlib.suppress(ProcessLookupError):
                 child.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
         waits = [asyncio.ensure_future(c.proc.wait()) for c in live if c.proc]
-        _, pending = await asyncio.wait(waits, timeout=self._grace_s + KILL_MARGIN_S)
+        _, pending = await asyncio.wait(waits, timeout=kill_after_s(self._grace_s))
         for child in live:
             if child.proc and child.proc.returncode is None:
                 self._log.warning("child.killed", child=child.name)

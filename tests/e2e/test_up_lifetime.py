@@ -3,6 +3,7 @@ the grace is released, and one `up` runs per folder."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -17,8 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import text
 
+from taskstream.core.states import Status
+from taskstream.core.store.sql import SqlStore
 from tests.e2e.cli_rig import run_cli, wait_for
+from tests.integration.harness import until
+from tests.integration.outages import CLAIM_READ, lock, waiting
+from tests.support.databases import temp_database
 
 pytestmark = pytest.mark.roles
 
@@ -284,3 +291,67 @@ def test_up_without_a_task_file_refuses_a_module_setting_it_cannot_use(
     assert out.returncode == 2, out.stderr
     assert says in out.stderr
     assert not (tmp_path / ".taskstream").exists()
+
+
+RETRIED = """
+tasks:
+  - id: long
+    agent: slow
+    payload: {seconds: 60}
+  - id: retried
+    agent: flaky
+    retry: {max_attempts: 2, backoff: {base: 4s}, jitter: 0}
+    payload: {fail_until: 1}
+"""
+
+
+async def test_up_stop_releases_a_run_though_a_claim_holds_the_executor_up(
+    tmp_path: Path, reaper: list[Any]
+) -> None:
+    """The stop comes while the executor's claim waits on the store (another transaction
+    holds the row): the executor gives the step 1 s to end, cuts it off and gives the claim
+    1 s more to land before it starts the grace. The run that outlives the grace is still
+    released (RETRYING, due now, not counted): `up` must not kill the executor first, which
+    would leave the run RUNNING for the sweeper to time out, spending an attempt."""
+    async with temp_database("mariadb") as url:
+        store = await SqlStore.connect(url)
+        try:
+            (tmp_path / "tasks.yaml").write_text(RETRIED)
+            env = base_env(TASKSTREAM_SHUTDOWN_GRACE_S="1", TASKSTREAM_DATABASE_URL=url)
+            proc = start_up(tmp_path, env, "--executors", "1")
+            reaper.append(proc)
+            up_log = tmp_path / "up.log"
+            assert wait_for(lambda: b"executor.started" in up_log.read_bytes(), 60), (
+                up_log.read_text()
+            )
+            run_cli("trigger", "long", env=env, cwd=tmp_path, check=True)
+            [long_id] = await _instances(store)
+            await until(lambda: _in(store, long_id, Status.RUNNING))
+            run_cli("trigger", "retried", env=env, cwd=tmp_path, check=True)
+            [retried_id] = [i for i in await _instances(store) if i != long_id]
+            await until(lambda: _in(store, retried_id, Status.RETRYING))  # due in 4 s
+            async with store.engine.connect() as locker, store.engine.connect() as watcher:
+                await lock(locker, retried_id)  # its claim, 4 s on, waits for this
+                try:
+                    await until(lambda: waiting(watcher, CLAIM_READ))
+                    proc.send_signal(signal.SIGTERM)
+                    code = await asyncio.to_thread(proc.wait, 30)
+                finally:
+                    await locker.rollback()
+            row = await store.get_instance(long_id)
+            log = up_log.read_text()
+            assert row is not None
+            assert (code, row.status) == (0, Status.RETRYING), log[-3000:]
+            assert "child.killed" not in log
+        finally:
+            await store.close()
+
+
+async def _instances(store: SqlStore) -> list[str]:
+    async with store.engine.connect() as conn:
+        return [i for (i,) in (await conn.execute(text("SELECT id FROM task_instances"))).all()]
+
+
+async def _in(store: SqlStore, instance_id: str, status: Status) -> bool:
+    row = await store.get_instance(instance_id)
+    return row is not None and row.status is status
