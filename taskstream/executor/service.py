@@ -147,8 +147,9 @@ class Executor:
             await asyncio.gather(beat, return_exceptions=True)
             await http.aclose()
             await alive.stop()
-            with contextlib.suppress(*streams.DRIVER_ERRORS, CommandDenied):
-                await self._heartbeat.clear()
+            # A Redis that stopped answering must not hold the exit up: the key then expires.
+            with contextlib.suppress(TimeoutError, *streams.DRIVER_ERRORS, CommandDenied):
+                await asyncio.wait_for(self._heartbeat.clear(), timeout=STEP_END_S)
             self._log.info("executor.stopped")
 
     async def _step(self, stop: asyncio.Event) -> None:

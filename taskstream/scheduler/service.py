@@ -19,7 +19,7 @@ from taskstream.core.clock import Clock
 from taskstream.core.definitions import DefinitionCache
 from taskstream.core.denials import log_denied, pause_s
 from taskstream.core.errors import CommandDenied, StoreUnavailable
-from taskstream.core.futures import unless_stopped
+from taskstream.core.futures import STEP_END_S, unless_stopped
 from taskstream.core.logging import get_logger
 from taskstream.core.notify import SAFETY_WAKE_S, Wakeups
 from taskstream.core.outbox import Outbox
@@ -113,12 +113,18 @@ class Scheduler:
                 if wait_s is not None:
                     await _sleep(stop, self._wakeups, wait_s)
         finally:
-            if self._wakeups is not None:
-                await self._wakeups.close()
-            if self._leader is not None:
-                with contextlib.suppress(*streams.DRIVER_ERRORS, CommandDenied):
-                    await self._leader.release()
+            await self._let_go()
             self._log.info("scheduler.stopped")
+
+    async def _let_go(self) -> None:
+        """Leave the control channel and give the lease up, each given `STEP_END_S`: a Redis
+        that stopped answering must not hold the stop up (the lease then lapses by itself)."""
+        if self._wakeups is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wakeups.close(), timeout=STEP_END_S)
+        if self._leader is not None:
+            with contextlib.suppress(TimeoutError, *streams.DRIVER_ERRORS, CommandDenied):
+                await asyncio.wait_for(self._leader.release(), timeout=STEP_END_S)
 
     async def _step(self) -> float:
         """One loop turn; returns how long to sleep (seconds). A leader sleeps at most a third
