@@ -230,16 +230,45 @@ def preview(spec: TaskSpec, *, from_ms: int, to_ms: int, limit: int) -> list[Pre
             lines.append(PreviewLine(fire))
             continue
         block = skipping_block(spec, fire.at_ms)
-        held, past = (None, False) if block is not None else _preview_hold(spec, fire.at_ms)
-        lines.append(PreviewLine(fire, block, held, past))
+        lines.append(
+            PreviewLine(fire, block) if block is not None else _held(spec, fire, fire.at_ms)
+        )
     return lines
 
 
-def _preview_hold(spec: TaskSpec, fire_ms: int) -> tuple[Deferral | None, bool]:
-    """The hold of a start at `fire_ms` (ms) and whether it ends too late (see `PreviewLine`)."""
-    waits = maintenance_hold(spec, fire_ms, fire_ms + decide.catchup_reach_ms(spec))
-    if waits is not None:
-        return waits.held, waits.past_reach
-    held = defer_until(spec, fire_ms)
+_HOLDS_FOLLOWED: Final = 8
+"""Holds followed one after another for one plan line (a maintenance window, then
+`not_before`, then another window, ...); real calendars need two or three."""
+
+
+def _held(spec: TaskSpec, fire: PlannedFire, fire_ms: int) -> PreviewLine:
+    """The line of a fire the calendar lets start: the holds of its start followed as the
+    scheduler decides them (`decide_tick`), each from where the one before ends. The line
+    shows the last: where the start ends up, or the hold that ends too late (see
+    `PreviewLine`), or the calendar rule that skips the start it was held to."""
+    start_ms, last, late = fire_ms, None, False
     closes_ms = fire_ms + round(spec.window * 1000)
-    return held, held is not None and (held.until_ms is None or held.until_ms > closes_ms)
+    reach_ms = fire_ms + decide.catchup_reach_ms(spec)
+    for _ in range(_HOLDS_FOLLOWED):
+        if start_ms != fire_ms and (block := skipping_block(spec, start_ms)) is not None:
+            return PreviewLine(fire, block)
+        waits = maintenance_hold(spec, start_ms, reach_ms)
+        held = waits.held if waits is not None else defer_until(spec, start_ms)
+        if held is None:
+            break
+        last = held
+        # A maintenance wait that ends after the window makes the tick a late one, which
+        # catch-up decides within its reach (`decide._open_until_ms`).
+        past = (
+            waits.past_reach if waits is not None else _past(held, reach_ms if late else closes_ms)
+        )
+        if past or held.until_ms is None:
+            return PreviewLine(fire, None, held, True)
+        late = late or (waits is not None and held.until_ms > closes_ms)
+        start_ms = held.until_ms
+    return PreviewLine(fire, None, last, False)
+
+
+def _past(held: Deferral, open_until_ms: int) -> bool:
+    """Whether a `not_before` / `off_peak` hold ends after the tick may start (`skip_window`)."""
+    return held.until_ms is None or held.until_ms > open_until_ms
