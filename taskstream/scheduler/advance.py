@@ -44,7 +44,7 @@ from taskstream.scheduler.hold import (
     late_when_closed,
 )
 from taskstream.scheduler.leader import Fenced
-from taskstream.scheduler.recall import TaskState, recall
+from taskstream.scheduler.recall import TaskState, recall, summarised_until
 from taskstream.scheduler.tick_writer import TickWriter
 from taskstream.scheduler.ticks import Trigger, fire_times, is_fire_time, next_fire
 from taskstream.scheduler.verdict import (
@@ -202,6 +202,7 @@ class Advancer:
             if state.cursor is not None:
                 rows = await decisions_after(self._store, spec.id, state.cursor)
                 state.decided, state.waiting = recall(rows)
+                state.summarised = summarised_until(rows)
 
     async def _cursor(
         self, spec: TaskSpec, state: TaskState, now_ms: int, token: int | None
@@ -226,7 +227,8 @@ class Advancer:
         """Fire times older than the catch-up horizon are `missed`. Up to `MISSED_ROWS` of
         them are decided one by one (each leaves a SKIPPED instance); more than that (a long
         outage) are summarised in one record, named after the first after those decided, and
-        skipped over. Decided first: waiting ticks among them (`_end_waits`: else they would
+        skipped over (once: a pass that failed before moving the cursor left the summary in
+        `state.summarised`). Decided first: waiting ticks among them (`_end_waits`: else they would
         hold the cursor back, with no final decision), and ticks whose own instance a pass
         made before it stopped (`created_earlier`: they ran, and are not to be called missed)."""
         horizon = catchup_horizon_ms(spec, now_ms)
@@ -234,7 +236,9 @@ class Advancer:
         if len(old) <= MISSED_ROWS:
             return cursor
         await self._end_waits(spec, sorted(f for f in state.waiting if f < horizon), now_ms, state)
-        first = _first_undecided(trigger, cursor, horizon, state.decided)
+        first = _first_undecided(
+            trigger, max(cursor, state.summarised or cursor), horizon, state.decided
+        )
         while first is not None:
             ran = await own_unrecorded(self._store, spec, [first])
             if first not in ran:
@@ -246,6 +250,7 @@ class Advancer:
                 spec, first, bound_missed(first, horizon - 1, None), None, now_ms
             )
             state.decided.add(first)  # a pass that fails before moving on records it once
+            state.summarised = horizon - 1
         state.waiting = {f: d for f, d in state.waiting.items() if f >= horizon}
         return horizon - 1
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from taskstream.core.store.port import DecisionRow
 from taskstream.scheduler.hold import HELD_BY
-from taskstream.scheduler.verdict import DEFERRED, NOT_FINAL, Decision, by_operator
+from taskstream.scheduler.verdict import DEFERRED, MISSED, NOT_FINAL, Decision, by_operator
 
 
 @dataclass(slots=True)
@@ -28,6 +28,9 @@ class TaskState:
     """Ticks decided and recorded (kept until the cursor passes them)."""
     emitted: dict[int, tuple[Decision, str]] = field(default_factory=dict)
     """Ticks whose instance was emitted but whose decision is not recorded yet."""
+    summarised: int | None = None
+    """The last fire time (ms) a recorded `missed` summary of a long outage covers: the ticks
+    up to it are decided by that one record, even while the cursor is still behind them."""
 
 
 def recall(rows: Sequence[DecisionRow]) -> tuple[set[int], dict[int, Decision]]:
@@ -47,6 +50,20 @@ def recall(rows: Sequence[DecisionRow]) -> tuple[set[int], dict[int, Decision]]:
         else:
             decided.add(fire_ms)
     return decided, waiting
+
+
+def summarised_until(rows: Sequence[DecisionRow]) -> int | None:
+    """The last fire time (ms) covered by a `missed` summary of a long outage among `rows`
+    (`catchup.bound_missed` with no count: its `last_fire_ms`), or None when there is none.
+    A waiting tick ended as missed (a count of 1) stands for itself only."""
+    ends = [
+        int(row.details["last_fire_ms"])
+        for row in rows
+        if row.decision == MISSED
+        and row.details.get("count") is None
+        and isinstance(row.details.get("last_fire_ms"), int)
+    ]
+    return max(ends, default=None)
 
 
 def _until_ms(row: DecisionRow) -> int | None:

@@ -388,3 +388,26 @@ async def test_a_leader_whose_token_counter_redis_lost_schedules_again_at_once(
     assert lease.token is not None and lease.token > 1000
     row = await _the_instance(h)
     assert await _decisions(h) == [(verdict.SHOULD_RUN, row.id)]
+
+
+@pytest.mark.parametrize("restart", [False, True])
+async def test_a_long_outage_is_summarised_once_when_the_cursor_write_failed(
+    outage_server: Harness, restart: bool
+) -> None:
+    """After three hours down, the minutes older than the catch-up horizon are summarised in
+    one `missed` record; then the cursor write fails. The next pass (of the same scheduler,
+    or of one started afresh) must not record a second summary for the same outage, named
+    after the minute after the first one."""
+    h = outage_server
+    _, scheduler = await _first_pass(h)
+    h.clock.set(M0 + 3 * 3_600_000)
+    await _pass_whose_cursor_write_fails(h, scheduler)
+    if restart:
+        scheduler = _scheduler(h, h.outbox)
+    h.clock.set(M0 + 3 * 3_600_000 + 1000)
+
+    await scheduler.run_pass()
+
+    rows = await h.store.decisions("minutely", since_ms=M0, limit=1000)
+    summaries = [r for r in rows if r.reason.endswith("older than the catch-up horizon")]
+    assert [(r.fire_time_ms, r.decision) for r in summaries] == [(M0, verdict.MISSED)]
