@@ -31,28 +31,14 @@ from taskstream.scheduler.catchup import (
     plan_catchup,
 )
 from taskstream.scheduler.decide import decide_tick
-from taskstream.scheduler.emit import (
-    created_earlier,
-    decisions_after,
-    own_unrecorded,
-)
+from taskstream.scheduler.emit import created_earlier, decisions_after, own_unrecorded
 from taskstream.scheduler.facts import tick_facts
-from taskstream.scheduler.hold import (
-    UpstreamHolds,
-    hold_back,
-    hold_until,
-    late_when_closed,
-)
+from taskstream.scheduler.hold import UpstreamHolds, hold_back, hold_until, late_when_closed
 from taskstream.scheduler.leader import Fenced
 from taskstream.scheduler.recall import TaskState, recall, summarised_until
 from taskstream.scheduler.tick_writer import TickWriter
 from taskstream.scheduler.ticks import Trigger, fire_times, is_fire_time, next_fire
-from taskstream.scheduler.verdict import (
-    SKIP_WINDOW,
-    Decision,
-    decided_late,
-    waits_for_maintenance,
-)
+from taskstream.scheduler.verdict import SKIP_WINDOW, Decision, decided_late, waits_for_maintenance
 
 MAX_TICKS_PER_PASS = 1000
 """Bound on fire times one pass decides per task; older ones wait for the next pass."""
