@@ -7,6 +7,7 @@ chooses RETRYING (attempts left, class retries, next attempt before the deadline
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from random import Random
 from typing import Any
@@ -107,7 +108,10 @@ MAX_DEFER_MS = 7 * 86_400_000
 
 
 def _bounded(wait_ms: float, most: int) -> int | None:
-    """`wait_ms` as whole ms within 0..`most`; None when it is not a finite number."""
+    """`wait_ms` as whole ms within 0..`most`: `most` for an endless wait (infinity), None
+    when it is not a number."""
+    if wait_ms == math.inf:  # asked to wait for ever: the longest wait allowed, not none
+        return most
     try:
         value = int(wait_ms)
     except (TypeError, ValueError, OverflowError):  # None, NaN, infinity

@@ -206,7 +206,14 @@ def test_side_effect_keys_fit_the_store() -> None:
 
 @pytest.mark.parametrize(
     ("asked", "kept"),
-    [(30_000, 30_000), (10**20, 3_600_000), (1e20, 3_600_000), (-5, 0), (float("nan"), None)],
+    [
+        (30_000, 30_000),
+        (10**20, 3_600_000),
+        (1e20, 3_600_000),
+        (float("inf"), 3_600_000),
+        (-5, 0),
+        (float("nan"), None),
+    ],
 )
 def test_an_agents_own_retry_after_is_bounded_to_an_hour(asked: float, kept: int | None) -> None:
     """As an upstream's `Retry-After` is: a decade's wait would hide the instance, and a
@@ -216,7 +223,8 @@ def test_an_agents_own_retry_after_is_bounded_to_an_hour(asked: float, kept: int
 
 
 @pytest.mark.parametrize(
-    ("wait_ms", "kept"), [(0, 1), (5_000, 5_000), (10**20, 7 * 86_400_000), (float("inf"), 1)]
+    ("wait_ms", "kept"),
+    [(0, 1), (5_000, 5_000), (10**20, 7 * 86_400_000), (float("inf"), 7 * 86_400_000)],
 )
 def test_a_deferral_is_bounded(wait_ms: float, kept: int) -> None:
     assert deferred(wait_ms).defer_ms == kept  # type: ignore[arg-type]
