@@ -11,6 +11,7 @@ import structlog
 from pydantic import BaseModel
 
 from taskstream.agents.upstream import UpstreamClient
+from taskstream.core.markers import is_business_date, is_marker_name
 from taskstream.core.store.tables import KEY_LEN
 
 
@@ -56,10 +57,16 @@ class AgentContext:
         """Set the readiness marker `name` (e.g. `raw_data.ready`) for a business date (this
         run's by default), releasing ticks of tasks that `depends_on` it. False when it was
         already set. Fenced like the run's commit: `ClaimLost` when this run's lease lapsed
-        and its instance moved on, and the marker is not set."""
+        and its instance moved on, and the marker is not set. `ValueError`, and nothing set,
+        when no task could wait for it, as `taskstream mark` refuses: a `name` that no
+        `depends_on` may list, or a date not written `YYYY-MM-DD` (the scheduler's form)."""
         day = business_date or self.business_date
         if day is None:
             raise ValueError("no business date: pass one explicitly")
+        if not is_marker_name(name):
+            raise ValueError(f"{name!r} is not a marker name (as depends_on lists them)")
+        if not is_business_date(day):
+            raise ValueError(f"{day!r} is not a business date (YYYY-MM-DD)")
         return await self.set_marker(name, day)
 
     async def once(self, key: str) -> bool:

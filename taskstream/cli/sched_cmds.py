@@ -5,11 +5,9 @@ Their times (`--from`, `--to`, `--at`) are read by `cli.instants`.
 
 from __future__ import annotations
 
-import re
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
-from datetime import date
 from typing import Any, Final, TypeVar
 
 import typer
@@ -29,10 +27,10 @@ from taskstream.cli.instants import at_instant, time_range
 from taskstream.cli.shown import err_line
 from taskstream.core.definitions import from_record, unwaited_marker, valid_specs
 from taskstream.core.errors import TaskstreamError
+from taskstream.core.markers import is_business_date, is_marker_name
 from taskstream.core.outbox import Emitted, Outbox
 from taskstream.core.payloads import parse_json_object, payload_problem
 from taskstream.core.spec import TaskSpec, format_utc_ms
-from taskstream.core.spec_parts import NAME_PATTERN
 from taskstream.core.store.port import DefinitionRecord
 from taskstream.executor.reconciler import GRACE_MS
 from taskstream.scheduler import manual
@@ -245,22 +243,18 @@ def mark_cmd(
     on: str = typer.Option(..., "--date", help="Business date, YYYY-MM-DD."),
 ) -> None:
     """Set a readiness marker for a business date (what `depends_on` waits for)."""
-    if not re.fullmatch(NAME_PATTERN, name):
+    if not is_marker_name(name):
         raise typer.BadParameter(f"{name!r} is not a marker name", param_hint="NAME")
-    try:
-        business_date = date.fromisoformat(on).isoformat()
-    except ValueError:
-        business_date = ""
-    if business_date != on:
+    if not is_business_date(on):
         raise typer.BadParameter(f"{on!r} is not a date (YYYY-MM-DD)", param_hint="--date")
 
     async def go() -> tuple[bool, list[TaskSpec]]:
         async with open_cluster(settings(), need_redis=False) as cluster:
-            marked = await cluster.store.mark_ready(name, business_date)
+            marked = await cluster.store.mark_ready(name, on)
             await cluster.hint("marker")
             return marked, valid_specs(await cluster.store.list_definitions())
 
     marked, specs = run_async(go())
-    sys.stdout.write(f"{name} {business_date}: {'marked' if marked else 'already marked'}\n")
+    sys.stdout.write(f"{name} {on}: {'marked' if marked else 'already marked'}\n")
     if (warning := unwaited_marker(name, specs)) is not None:
         err_line(f"warning: {warning}")

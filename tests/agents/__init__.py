@@ -21,7 +21,7 @@ from taskstream.agents.errors import FatalError, NeedsReview, RetriableError
 class Params(BaseModel):
     """`fail_until`: attempts up to this one fail; `kind`: how they fail; `seconds`: sleep;
     `stall_until`: `flaky` attempts up to this one first sleep `seconds`; `effect`, `forget`:
-    see `_effect`."""
+    see `_effect`; `marker`, `marker_date`: see `_producer`."""
 
     model_config = ConfigDict(extra="allow")
     fail_until: int = 0
@@ -30,6 +30,8 @@ class Params(BaseModel):
     seconds: float = 0.0
     effect: str = ""
     forget: bool = False
+    marker: str = "raw.ready"
+    marker_date: str | None = None
 
 
 class Abort(BaseException):
@@ -109,8 +111,9 @@ async def _hog(ctx: AgentContext, p: Params) -> dict[str, Any]:
 
 
 async def _producer(ctx: AgentContext, p: Params) -> dict[str, Any]:
-    """Marks `raw.ready` for its business date, as a data-collection agent would."""
-    return {"marked": await ctx.mark_ready("raw.ready")}
+    """Marks `marker` (`raw.ready`) for `marker_date` (its business date), as a
+    data-collection agent would."""
+    return {"marked": await ctx.mark_ready(p.marker, p.marker_date)}
 
 
 AGENTS = (
