@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from pydantic import BaseModel
+
 from taskstream.agents.base import Agent
 from taskstream.core.errors import ConfigError, TaskstreamError
 from taskstream.core.plugins import import_named
@@ -58,7 +60,23 @@ def _module_agents(name: str) -> list[Agent]:
     agents = getattr(import_named("agent", name), "AGENTS", None)
     if not isinstance(agents, list | tuple):
         raise ConfigError([f"agent module {name!r} has no AGENTS list"])
-    bad = [repr(a)[:80] for a in agents if not isinstance(getattr(a, "name", None), str)]
-    if bad:
-        raise ConfigError([f"agent module {name!r}: AGENTS holds what is not an agent: {bad[0]}"])
+    for agent in agents:
+        problem = agent_problem(agent)
+        if problem is not None:
+            raise ConfigError([f"agent module {name!r}: {problem}"])
     return list(agents)
+
+
+def agent_problem(agent: object) -> str | None:
+    """Why `agent` could never run (None when it could): it has no name, its params model is
+    not a pydantic model class (a dataclass, say), or its `run` is not callable. Refused where
+    the module is loaded, so no task is applied for it and no run of it fails every attempt."""
+    name = getattr(agent, "name", None)
+    if not isinstance(name, str):
+        return f"AGENTS holds what is not an agent: {repr(agent)[:80]}"
+    model = getattr(agent, "params_model", None)
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        return f"agent {name!r}: params_model is not a pydantic model class ({repr(model)[:80]})"
+    if not callable(getattr(agent, "run", None)):
+        return f"agent {name!r}: its run is not callable"
+    return None

@@ -36,6 +36,10 @@ def modules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
         "not_agents": "AGENTS = [42]\n",
         "raises": "raise RuntimeError('needs a key')\n",
         "no_checks": "PRECONDITIONS = None\n",
+        "dataclass_params": GOOD.replace("NAME", "dc").replace(
+            "class P(BaseModel):", "from dataclasses import dataclass\n@dataclass\nclass P:"
+        ),
+        "no_run": "class A:\n    name = 'bare'\n\nAGENTS = [A()]\n",
     }
     names = {}
     for kind, source in sources.items():
@@ -79,3 +83,39 @@ def test_a_precondition_module_that_raises_is_a_config_error(modules: dict[str, 
         preconditions.load([modules["raises"]])
     with pytest.raises(ConfigError, match="has no PRECONDITIONS mapping"):
         preconditions.load([modules["no_checks"]])
+
+
+@pytest.mark.parametrize(
+    ("kind", "says"),
+    [
+        ("dataclass_params", "agent 'dc': params_model is not a pydantic model class"),
+        ("no_run", "agent 'bare': params_model is not a pydantic model class"),
+    ],
+)
+def test_an_agent_that_could_never_run_is_a_config_error_naming_it(
+    modules: dict[str, str], kind: str, says: str
+) -> None:
+    """Its params model is not a pydantic model class (a dataclass, none at all): it
+    was registered, `tasks apply` took tasks naming it, and every attempt of every run of
+    theirs failed in the executor (`instance.run_crashed`, `AttributeError`), retried until
+    exhausted, instead of the module being refused where it is loaded."""
+    with pytest.raises(ConfigError) as caught:
+        default_registry((modules[kind],))
+    [line] = caught.value.problems
+    assert line.startswith(f"agent module {modules[kind]!r}") and says in line, line
+
+
+def test_an_agent_without_a_run_is_a_config_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(tmp_path))
+    name = f"plug_norun_{uuid.uuid4().hex[:8]}"
+    source = GOOD.replace("NAME", "idle").replace(
+        'AGENTS = [FunctionAgent(name="idle", params_model=P, fn=run)]',
+        "class A:\n    name = 'idle'\n    params_model = P\n    run = None\n\nAGENTS = [A()]",
+    )
+    (tmp_path / f"{name}.py").write_text(source)
+    with pytest.raises(ConfigError) as caught:
+        default_registry((name,))
+    [line] = caught.value.problems
+    assert "agent 'idle': its run is not callable" in line, line
