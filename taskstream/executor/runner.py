@@ -6,6 +6,7 @@ import asyncio
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 import httpx
 from pydantic import BaseModel, ValidationError
@@ -21,7 +22,7 @@ from taskstream.core.futures import mark_retrieved
 from taskstream.core.logging import get_logger
 from taskstream.core.states import FailClass
 from taskstream.core.store.port import Store
-from taskstream.core.store.records import stored_payload_bytes
+from taskstream.core.store.records import stored_json, stored_payload_bytes
 from taskstream.executor.admission import UpstreamGate
 from taskstream.executor.intake import Run
 from taskstream.executor.outcome import RunEnd, deferred, failed, final, succeeded, timed_out
@@ -76,13 +77,25 @@ async def execute(run: Run, env: RunEnv) -> RunEnd:
             f"payload is {size} bytes, limit {env.max_payload_bytes}",
         )
     try:
-        params = run.agent.params_model.model_validate(row.payload)
+        params = params_of(run.agent.params_model, row.payload)
     except ValidationError as exc:
         return final("bad_params", FailClass.FATAL, str(exc))
     timeout_s = run.spec.timeout if run.spec else DEFAULT_TIMEOUT_S
     if time_limit(timeout_s, row.deadline_ms, env.clock.now_ms()).seconds <= 0:
         return timed_out(TOO_LATE, at_deadline=True)
     return await _admitted_call(run, log, params, timeout_s, env)
+
+
+def params_of(model: type[BaseModel], payload: dict[str, Any]) -> BaseModel:
+    """`payload` as `model` reads it. A payload is JSON, so it is read as pydantic reads JSON
+    when the plain read fails: a strict model takes a date, an enum or a tuple from its JSON
+    form there (a string, a list), where it refuses them as Python objects. The plain read
+    first costs nothing when it passes, the usual case. `ValidationError` (the JSON read's)
+    when the payload does not validate."""
+    try:
+        return model.model_validate(payload)
+    except ValidationError:
+        return model.model_validate_json(stored_json(payload))
 
 
 TOO_LATE = "deadline passed before the run started"

@@ -10,6 +10,8 @@ import contextlib
 import os
 import signal
 import time
+from datetime import date
+from enum import Enum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -116,6 +118,25 @@ async def _producer(ctx: AgentContext, p: Params) -> dict[str, Any]:
     return {"marked": await ctx.mark_ready(p.marker, p.marker_date)}
 
 
+class Mode(Enum):
+    FAST = "fast"
+    THOROUGH = "thorough"
+
+
+class StrictParams(BaseModel):
+    """Strict params (no coercion) whose fields JSON holds as strings or lists: a date, an
+    enum and a tuple."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+    when: date
+    mode: Mode
+    tags: tuple[str, ...] = ()
+
+
+async def _dated(ctx: AgentContext, p: StrictParams) -> dict[str, Any]:
+    return {"weekday": p.when.isoweekday(), "mode": p.mode.value, "tags": list(p.tags)}
+
+
 AGENTS = (
     FunctionAgent(name="producer", params_model=Params, fn=_producer),
     FunctionAgent(name="flaky", params_model=Params, fn=_flaky),
@@ -124,4 +145,5 @@ AGENTS = (
     FunctionAgent(name="slow", params_model=Params, fn=_slow),
     FunctionAgent(name="stubborn", params_model=Params, fn=_stubborn),
     FunctionAgent(name="hog", params_model=Params, fn=_hog),
+    FunctionAgent(name="dated", params_model=StrictParams, fn=_dated),
 )
