@@ -43,6 +43,15 @@ _CRON_ONE_VALUE_RANGE: Final = re.compile(r"^(\w+)-(\w+)(/\d+)?$")
 _CRON_DRAWN: Final = re.compile(r"^([hr])(\(\d+-\d+\))?(/\d+)?$", re.IGNORECASE)
 """croniter's `R` and `H` (`R`, `R(0-29)`, `H/15`): a value drawn at random at every reading,
 or from a hash of an id the task file does not give."""
+_CRON_NAMES: Final = {
+    name: number
+    for names, first in (
+        ("sun mon tue wed thu fri sat", 0),
+        ("jan feb mar apr may jun jul aug sep oct nov dec", 1),
+    )
+    for number, name in enumerate(names.split(), start=first)
+}
+"""Weekday (Sunday 0) and month (January 1) names, as croniter numbers them."""
 _TIME_OF_DAY: Final = re.compile(r"([01]?\d|2[0-3]):([0-5]\d)(?::00)?")
 
 T = TypeVar("T", bound=Hashable)
@@ -108,16 +117,23 @@ def check_cron(expr: str) -> str:
 
 
 def _one_value(part: str) -> str:
-    """`part` of a cron field, with a range of one value (`9-9`, `MON-MON`, `9-9/2`) written
-    as that value: croniter reads such a range as `*`, every value of the field."""
+    """`part` of a cron field, with a range of one value (`9-9`, `MON-MON`, `MON-1`, `9-9/2`)
+    written as that value: croniter reads such a range as `*`, every value of the field."""
     found = _CRON_ONE_VALUE_RANGE.match(part)
     if found is None:
         return part
     low, high = found[1], found[2]
-    same = (
-        int(low) == int(high) if low.isdigit() and high.isdigit() else low.lower() == high.lower()
-    )
+    low_n, high_n = _cron_number(low), _cron_number(high)
+    same = low_n == high_n if low_n is not None else low.lower() == high.lower()
     return low if same else part
+
+
+def _cron_number(text: str) -> int | None:
+    """The number a cron value stands for (`09` and `9`: 9; `MON`: 1; `JAN`: 1), or None for
+    anything else (`L`). Month and weekday names differ, so one table serves both fields."""
+    if text.isascii() and text.isdigit():
+        return int(text)
+    return _CRON_NAMES.get(text.lower())
 
 
 def not_a_bool(value: object) -> object:

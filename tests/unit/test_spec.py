@@ -373,3 +373,25 @@ def test_a_range_of_one_value_is_that_value(cron: str, per_week: int) -> None:
     monday = int(datetime(2026, 1, 5, tzinfo=UTC).timestamp() * 1000)
     fires = fire_times(trigger, monday - 1, monday + 7 * 86_400_000 - 1, limit=10_000)
     assert len(fires) == per_week
+
+
+@pytest.mark.parametrize(
+    ("cron", "per_year"),
+    [
+        ("0 9 * * MON-1", 52),
+        ("0 9 * * 1-mon", 52),
+        ("0 9 * * SUN-0", 52),
+        ("0 9 1 JAN-1 *", 1),
+        ("0 9 1 1-jan *", 1),
+        ("0 9 1 dec-12/2 *", 1),
+    ],
+)
+def test_a_range_of_one_value_named_and_numbered_is_that_value(cron: str, per_year: int) -> None:
+    """A range whose ends are one value, once by name and once by number (`MON-1`, `JAN-1`),
+    is that value too: croniter would read it as every value of the field."""
+    spec = make(schedule={"cron": cron, "timezone": "UTC"})
+    trigger = trigger_of(spec)
+    assert trigger is not None
+    start = int(datetime(2026, 1, 1, tzinfo=UTC).timestamp() * 1000)
+    end = int(datetime(2027, 1, 1, tzinfo=UTC).timestamp() * 1000)
+    assert len(fire_times(trigger, start - 1, end - 1, limit=10_000)) == per_year
