@@ -60,8 +60,11 @@ def parse_dedupe_template(template: str) -> list[tuple[str, Placeholder | None]]
     """Split a dedupe template into (literal text, placeholder or None) pieces.
 
     ValueError for unbalanced braces, format specs or conversions, and unknown placeholders.
-    Literal braces are written `{{` and `}}`.
+    Literal braces are written `{{` and `}}`. A NUL character is refused: PostgreSQL's text
+    cannot hold one, so no instance with such a key could ever be stored there.
     """
+    if "\x00" in template:
+        raise ValueError(f"invalid template {template!r}: holds a NUL character")
     try:
         parsed = list(string.Formatter().parse(template))
     except ValueError as exc:
@@ -266,7 +269,7 @@ def render_dedupe_key(spec: TaskSpec, scheduled_for_ms: int, payload: Mapping[st
     """Fill `spec.dedupe_key` for one fire time (UTC epoch ms) and payload.
 
     Non-string payload values render as canonical JSON. ValueError when a payload field is
-    missing or the key is longer than 255 characters.
+    missing, the key is longer than 255 characters or holds a NUL (PostgreSQL refuses it).
     """
     values = {
         "task_id": spec.id,
@@ -281,6 +284,11 @@ def render_dedupe_key(spec: TaskSpec, scheduled_for_ms: int, payload: Mapping[st
         if field is not None:
             parts.append(values[field] if field in values else _payload_value(payload, field))
     key = "".join(parts)
+    if "\x00" in key:
+        raise ValueError(
+            "dedupe_key: renders with a NUL character (from the payload), which a store"
+            " cannot keep in a key"
+        )
     if len(key) > MAX_DEDUPE_KEY_LEN:
         raise ValueError(
             f"dedupe_key: renders to {len(key)} characters, over the limit of {MAX_DEDUPE_KEY_LEN}"

@@ -20,6 +20,7 @@ from taskstream.core import streams
 from taskstream.core.errors import StoreRefused, StoreUnavailable
 from taskstream.core.outbox import Emitted, Outbox
 from taskstream.core.protocol import Keys, Priority, decode
+from taskstream.core.spec import instance_id_for
 from taskstream.core.specfile import parse_task_file_text
 from taskstream.core.states import Status
 from taskstream.core.store.port import CasResult, DispatchRequest, NewInstance
@@ -300,12 +301,17 @@ tasks:
   - id: nul
     agent: echo
     schedule: {cron: "* * * * *", timezone: UTC}
-    dedupe_key: "{task_id}:{scheduled_for}:{payload.k}"
-    payload: {k: "a\\0b"}
 """,
     "t.yaml",
 ).tasks[0]
-"""A task whose dedupe key holds a NUL (from its payload), which PostgreSQL's text refuses."""
+
+
+def nul_key_instance() -> NewInstance:
+    """An instance whose dedupe key holds a NUL, which PostgreSQL's text refuses (a task
+    file can no longer give one: its key is refused at validation)."""
+    new = new_instance(NUL_KEY_SPEC, T0)
+    key = new.dedupe_key + ":a\x00b"
+    return dataclasses.replace(new, dedupe_key=key, id=instance_id_for(key))
 
 
 async def test_an_instance_the_store_refuses_fails_its_own_emit_only(
@@ -316,7 +322,7 @@ async def test_an_instance_the_store_refuses_fails_its_own_emit_only(
     task firing with such a task would fail its ticks with it, pass after pass."""
     if "postgres" not in available_kinds():
         pytest.skip("PostgreSQL is not reachable")
-    bad = new_instance(NUL_KEY_SPEC, T0)
+    bad = nul_key_instance()
     batch = [*news(2), bad, *news(4)[2:]]
     async with temp_database("postgres") as url:
         store = await SqlStore.connect(url)

@@ -146,6 +146,7 @@ def test_schedule_rejections(schedule: dict[str, Any], location: str, fragment: 
         ({"dedupe_key": "{scheduled_for:%Y}"}, "dedupe_key", "format specs"),
         ({"dedupe_key": "{task_id"}, "dedupe_key", "invalid template"),
         ({"dedupe_key": "{}"}, "dedupe_key", "unknown placeholder {}"),
+        ({"dedupe_key": "{task_id}\x00"}, "dedupe_key", "NUL character"),
         (
             {"dedupe_key": "{task_id}", "schedule": {"every": "1h"}},
             "dedupe_key",
@@ -310,6 +311,7 @@ def test_render_dedupe_key(fields: dict[str, Any], payload: dict[str, Any], key:
         ("{payload.region}", {}, "dedupe_key: needs {payload.region}, a field the payload"),
         ("{payload.a.b}", {"a": "flat"}, "needs {payload.a.b}, a field the payload does not"),
         ("{payload.blob}:{scheduled_for}", {"blob": "x" * 250}, "over the limit of 255"),
+        ("{payload.region}", {"region": "eu\x00"}, "dedupe_key: renders with a NUL character"),
     ],
 )
 def test_render_dedupe_key_failures(template: str, payload: dict[str, Any], fragment: str) -> None:
