@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+from sqlalchemy import insert
+
+from taskstream.core.store import sql_codec as codec
 from taskstream.core.store.port import DecisionRow, DefinitionRecord
 from taskstream.core.store.sql import SqlStore
+from taskstream.core.store.sql_engine import make_engine
+from taskstream.core.store.tables import task_definitions
+from taskstream.core.store.urls import normalize_url
 
 
 def _record(task_id: str, schedule: str, *, paused: bool = False) -> DefinitionRecord:
@@ -226,3 +233,36 @@ async def test_applies_editing_the_same_tasks_in_other_orders_all_succeed(
             assert [set(o.values()) for o in outcomes] == [{"updated"}, {"updated"}]
     finally:
         await other.close()
+
+
+@pytest.mark.slow
+async def test_a_file_of_more_tasks_than_a_driver_takes_parameters_applies(
+    store: SqlStore, db_url: str
+) -> None:
+    """An apply read the stored definitions of its tasks with one bound parameter per task:
+    with more than 32767 tasks PostgreSQL's driver refused it (as "store unavailable"), so a
+    valid file could never be applied again. The read now goes by chunks of ids."""
+    records = [_record(f"t{i:05d}", "0 9 * * *") for i in range(33_000)]
+    rows = [
+        {
+            "task_id": r.task_id,
+            "spec": codec.dumps(r.spec, what="spec"),
+            "spec_hash": r.spec_hash,
+            "paused": False,
+            "created_at_ms": 1_000,
+            "updated_at_ms": 1_000,
+        }
+        for r in records
+    ]
+    engine = make_engine(normalize_url(db_url))  # stored in bulk: one by one takes a minute
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(insert(task_definitions), rows)
+    finally:
+        await engine.dispose()
+
+    outcome = await store.upsert_definitions([*records, _record("new", "0 9 * * *")])
+
+    assert len(outcome) == 33_001
+    assert outcome.pop("new") == "created"
+    assert set(outcome.values()) == {"unchanged"}

@@ -43,8 +43,7 @@ async def upsert(
         return {}
     ids = sorted({r.task_id for r in records})
     token = await _newest_token(conn)
-    stmt = select(defs.c.task_id, defs.c.spec, defs.c.spec_hash).where(defs.c.task_id.in_(ids))
-    stored = {row.task_id: (row.spec, row.spec_hash) for row in await conn.execute(stmt)}
+    stored = await _stored_specs(conn, ids)
     since = db_now_ms() if now_ms is None else now_ms
     outcome: dict[str, str] = {}
     for record in records:
@@ -78,6 +77,17 @@ async def upsert(
             outcome[record.task_id] = outcome.get(record.task_id) or "updated"
         stored[record.task_id] = (spec, record.spec_hash)
     return outcome
+
+
+async def _stored_specs(conn: AsyncConnection, ids: Sequence[str]) -> dict[str, tuple[str, str]]:
+    """(spec text, hash) of each of `ids` that is stored, read `q.CHUNK` ids per statement:
+    a file of more tasks than a driver takes bound parameters (PostgreSQL 32767) applies."""
+    cols = (defs.c.task_id, defs.c.spec, defs.c.spec_hash)
+    stored: dict[str, tuple[str, str]] = {}
+    for part in q.chunks(ids):
+        for row in await conn.execute(select(*cols).where(defs.c.task_id.in_(part))):
+            stored[row.task_id] = (row.spec, row.spec_hash)
+    return stored
 
 
 def _stored_schedule(spec: str) -> object:
