@@ -10,7 +10,8 @@ PyYAML on its own builds whatever a document describes. A task file is refused, 
   aliases and merge keys (`<<: *defaults`) within those bounds are fine;
 - a lone surrogate such as `"\\ud800"` (a double-quoted escape): not Unicode text, so it can
   be neither stored nor printed;
-- a value its tag cannot build: `2026-02-30`, an integer of more than 4,300 digits;
+- a value its tag cannot build: `2026-02-30`, an integer of more than 4,300 digits,
+  `!!bool maybe`;
 - a syntax error, or more than one document.
 
 Keys repeated inside one mapping, which YAML would silently collapse into the last one, are
@@ -37,7 +38,12 @@ _ALIAS_LIMITS: Final = (MAX_ALIAS_NODES, MAX_ALIAS_CHARS)
 _ALIAS_UNITS: Final = ("nodes", "characters")
 _MERGE_TAG: Final = "tag:yaml.org,2002:merge"
 _SURROGATE: Final = re.compile("[\ud800-\udfff]")
-_KINDS: Final = {"timestamp": "date or time", "int": "integer", "float": "number"}
+_KINDS: Final = {
+    "timestamp": "date or time",
+    "int": "integer",
+    "float": "number",
+    "bool": "boolean",
+}
 _SHOWN_CHARS: Final = 40
 
 
@@ -135,12 +141,18 @@ class _BoundedLoader(yaml.SafeLoader):
         return event
 
     def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        kind = _KINDS.get(str(node.tag).rpartition(":")[2], "value")
         try:
             return super().construct_object(node, deep)
         except ValueError as exc:
-            kind = _KINDS.get(str(node.tag).rpartition(":")[2], "value")
             reason = str(exc).partition("; use sys.")[0]  # a hint meant for programmers
-            raise _Refused(node.start_mark, f"invalid {kind} {_shown(node)}: {reason}") from None
+        except (KeyError, AttributeError, IndexError, TypeError):
+            # PyYAML's own failures on a tagged scalar it cannot read: `!!bool maybe`,
+            # `!!timestamp soon`, `!!int ""`
+            if not isinstance(node, yaml.ScalarNode):
+                raise
+            reason = f"not {'an' if kind[0] in 'aeiou' else 'a'} {kind}"
+        raise _Refused(node.start_mark, f"invalid {kind} {_shown(node)}: {reason}") from None
 
     def _count_alias(self, event: yaml.Event) -> None:
         anchor = str(getattr(event, "anchor", ""))

@@ -148,6 +148,7 @@ def test_nesting_up_to_the_bound_loads() -> None:
     [
         ("2026-02-30", "invalid date or time '2026-02-30': day is out of range for month"),
         ("2026-13-01 10:00:00Z", "invalid date or time '2026-13-01 10:00:00Z': month must be"),
+        ("!!timestamp tomorrow", "invalid date or time 'tomorrow': not a date or time"),
     ],
 )
 def test_an_invalid_date_names_the_line(value: str, expected: str) -> None:
@@ -164,3 +165,17 @@ def test_an_overlong_integer_names_the_line() -> None:
     assert line.startswith("t.yaml: line 4: invalid integer '111")
     assert "Exceeds the limit (4300 digits)" in line
     assert "sys.set_int_max_str_digits" not in line
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("!!bool maybe", "invalid boolean 'maybe': not a boolean"),
+        ("!!timestamp soon", "invalid date or time 'soon': not a date or time"),
+    ],
+)
+def test_a_tagged_value_its_tag_cannot_build_names_the_line(value: str, expected: str) -> None:
+    """PyYAML's constructors for these tags fail with a KeyError or an AttributeError on a
+    value they cannot read: a traceback, not a problem line."""
+    [line] = problems_of(one_task(f"{{x: {value}}}"))
+    assert line == f"t.yaml: line 4: {expected}"
