@@ -37,6 +37,8 @@ MAX_ALIAS_CHARS: Final = 10_000_000
 _ALIAS_LIMITS: Final = (MAX_ALIAS_NODES, MAX_ALIAS_CHARS)
 _ALIAS_UNITS: Final = ("nodes", "characters")
 _MERGE_TAG: Final = "tag:yaml.org,2002:merge"
+_VALUE_TAG: Final = "tag:yaml.org,2002:value"
+_STR_TAG: Final = "tag:yaml.org,2002:str"
 _SURROGATE: Final = re.compile("[\ud800-\udfff]")
 _KINDS: Final = {
     "timestamp": "date or time",
@@ -154,6 +156,25 @@ class _BoundedLoader(yaml.SafeLoader):
             reason = f"not {'an' if kind[0] in 'aeiou' else 'a'} {kind}"
         raise _Refused(node.start_mark, f"invalid {kind} {_shown(node)}: {reason}") from None
 
+    def flatten_mapping(self, node: yaml.MappingNode) -> None:
+        """Put the pairs of the mappings `node` merges (`<<: *a`, `<<: [*a, *b]`) before its
+        own, so that construction, where the last pair of a key wins, keeps its own value
+        first, then that of the earliest mapping merged: YAML's order, which PyYAML 6.0.4
+        inverts for a list. A key node merged more than once is kept once (its last place)."""
+        merged: list[tuple[yaml.Node, yaml.Node]] = []
+        own: list[tuple[yaml.Node, yaml.Node]] = []
+        for key, value in node.value:
+            if key.tag != _MERGE_TAG:
+                if key.tag == _VALUE_TAG:  # as PyYAML: a `=` key is the string "="
+                    key.tag = _STR_TAG
+                own.append((key, value))
+                continue
+            for source in reversed(_merged_mappings(node, value)):  # the earliest last: it wins
+                self.flatten_mapping(source)
+                merged.extend(source.value)
+        last = {id(key): n for n, (key, _) in enumerate(merged)}
+        node.value = [pair for n, pair in enumerate(merged) if last[id(pair[0])] == n] + own
+
     def _count_alias(self, event: yaml.Event) -> None:
         anchor = str(getattr(event, "anchor", ""))
         target = self.anchors.get(anchor)
@@ -201,6 +222,22 @@ class _BoundedLoader(yaml.SafeLoader):
             f"line {node.start_mark.line + 1}: {where}: {what} holds the lone surrogate "
             f"{found.group()!a}, which is not Unicode text (write the character itself)"
         )
+
+
+def _merged_mappings(node: yaml.Node, value: yaml.Node) -> list[yaml.MappingNode]:
+    """The mappings that `<<: value` merges into `node`, in their order; `ConstructorError`
+    (PyYAML's words) for anything else."""
+    sources = value.value if isinstance(value, yaml.SequenceNode) else [value]
+    for source in sources:
+        if not isinstance(source, yaml.MappingNode):
+            raise yaml.constructor.ConstructorError(
+                "while constructing a mapping",
+                node.start_mark,
+                "expected a mapping or list of mappings for merging, but found "
+                + str(getattr(source, "id", "a value")),
+                source.start_mark,
+            )
+    return list(sources)
 
 
 def _label(parent: yaml.Node | None, index: object) -> str:

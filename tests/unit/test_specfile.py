@@ -243,6 +243,24 @@ tasks:
     assert (a.timeout, b.timeout, a.agent) == (5.0, 9.0, "echo")
 
 
+def test_of_several_merged_mappings_the_earlier_wins() -> None:
+    """YAML's merge: "keys in mapping nodes earlier in the sequence override keys specified
+    in later mapping nodes". PyYAML 6.0.4 let the later one win."""
+    text = """
+x-base: &base {agent: echo, timeout: 1m, window: 10m}
+x-fast: &fast {timeout: 5s}
+x-slow: &slow {timeout: 1h, agent: sleep}
+tasks:
+  - {<<: [*fast, *base], id: a}
+  - {<<: [*fast, *slow, *base], id: b}
+  - {<<: [*slow, *fast], id: c, timeout: 9s}
+"""
+    a, b, c = parse_task_file_text(text, "t.yaml", known_agents=AGENTS).tasks
+    assert (a.agent, a.timeout, a.window) == ("echo", 5.0, 600.0)
+    assert (b.agent, b.timeout, b.window) == ("sleep", 5.0, 600.0)
+    assert (c.agent, c.timeout) == ("sleep", 9.0)
+
+
 @pytest.mark.parametrize("name", ["missing.yaml", "."])
 def test_unreadable_paths(tmp_path: Path, name: str) -> None:
     path = tmp_path / name
