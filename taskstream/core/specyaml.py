@@ -15,7 +15,8 @@ PyYAML on its own builds whatever a document describes. A task file is refused, 
 - a syntax error, or more than one document.
 
 Keys repeated inside one mapping, which YAML would silently collapse into the last one, are
-returned as problems for the caller to list with the others.
+returned as problems for the caller to list with the others; so is a second merge key (`<<`)
+in one mapping, since `<<: [*a, *b]` says which mapping wins and two `<<` keys do not.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ MAX_ALIAS_CHARS: Final = 10_000_000
 _ALIAS_LIMITS: Final = (MAX_ALIAS_NODES, MAX_ALIAS_CHARS)
 _ALIAS_UNITS: Final = ("nodes", "characters")
 _MERGE_TAG: Final = "tag:yaml.org,2002:merge"
+_MERGE_KEY: Final = "\x00<<"
+"""How a merge key counts among a mapping's keys: apart from a string key `"<<"`."""
 _VALUE_TAG: Final = "tag:yaml.org,2002:value"
 _STR_TAG: Final = "tag:yaml.org,2002:str"
 _SURROGATE: Final = re.compile("[\ud800-\udfff]")
@@ -83,7 +86,13 @@ def read_document(text: str, source_name: str) -> tuple[object, list[str]]:
         raise ConfigError(problem_lines(source_name, [f"invalid YAML: {exc}"])) from None
     finally:
         loader.dispose()
-    return document, [f"line {line}: duplicate key '{key}'" for line, key in duplicates]
+    return document, [_duplicate(line, key) for line, key in duplicates]
+
+
+def _duplicate(line: int, key: str) -> str:
+    """The problem of a key given twice in one mapping (1-based `line`)."""
+    hint = " (merge several mappings with <<: [*a, *b])" if key == "<<" else ""
+    return f"line {line}: duplicate key '{key}'{hint}"
 
 
 def _unreadable(text: str, exc: yaml.reader.ReaderError) -> str:
@@ -283,11 +292,12 @@ def _duplicate_keys(root: yaml.Node) -> Iterator[tuple[int, str]]:
         if isinstance(node, yaml.MappingNode):
             seen: set[str] = set()
             for key, value in node.value:
-                plain = isinstance(key, yaml.ScalarNode) and key.tag != _MERGE_TAG
-                if plain and key.value in seen:
+                # a second `<<` too: which of two merges wins is anyone's guess
+                name = _MERGE_KEY if key.tag == _MERGE_TAG else key.value
+                if isinstance(key, yaml.ScalarNode) and name in seen:
                     yield key.start_mark.line + 1, str(key.value)
-                if plain:
-                    seen.add(key.value)
+                if isinstance(key, yaml.ScalarNode):
+                    seen.add(name)
                 stack.extend((key, value))
         elif isinstance(node, yaml.SequenceNode):
             stack.extend(node.value)

@@ -126,6 +126,10 @@ def test_file_level_problems(text: str, expected: list[str]) -> None:
         ),
         ("- {id: a, agent: echo, timeout: 1s, timeout: 2s}", ["line 2: duplicate key 'timeout'"]),
         (
+            "- {id: a, <<: {agent: echo}, <<: {agent: sleep}}",
+            ["line 2: duplicate key '<<' (merge several mappings with <<: [*a, *b])"],
+        ),
+        (
             "- {id: a, agent: echo, retry: {max_attempts: true}}",
             ["task 'a': retry.max_attempts: expected a number, got true"],
         ),
