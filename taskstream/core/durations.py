@@ -121,3 +121,21 @@ PositiveDuration = Annotated[
     AfterValidator(_positive),
 ]
 """Field type: float seconds from 1 ms to `MAX_SECONDS`."""
+
+MIN_LEASE_S: Final = 1.0
+"""The shortest claim lease a task may ask for (s). An executor extends its leases every third
+of the shortest it holds but at most every 0.2 s, and a store write takes its own time: a
+shorter lease could lapse while its run is healthy, which would then run a second time."""
+
+
+def _lease(seconds: float) -> float:
+    if seconds < MIN_LEASE_S:
+        raise ValueError(
+            f"lease of {seconds:g} s is too short: at least {MIN_LEASE_S:g}s, since leases are"
+            " extended at most every 0.2 s"
+        )
+    return seconds
+
+
+LeaseDuration = Annotated[PositiveDuration, AfterValidator(_lease)]
+"""Field type: a claim lease, float seconds from `MIN_LEASE_S` to `MAX_SECONDS`."""

@@ -28,7 +28,7 @@ from pydantic import (
     model_validator,
 )
 
-from taskstream.core.durations import PositiveDuration
+from taskstream.core.durations import LeaseDuration, PositiveDuration
 from taskstream.core.protocol import Priority
 from taskstream.core.spec_parts import (
     Calendar,
@@ -135,7 +135,7 @@ class TaskSpec(SpecModel):
     catchup: Catchup = Field(default_factory=Catchup)
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
     timeout: PositiveDuration = 60.0
-    lease: PositiveDuration | None = None
+    lease: LeaseDuration | None = None
     priority: Priority = Priority.DEFAULT
     not_before: TimeOfDay | None = None
     off_peak: OffPeak | None = None
