@@ -133,6 +133,13 @@ class EmbeddedValkey:
             raise QueueUnavailable(f"embedded valkey exited at start (code {code}): {said}")
         raise QueueUnavailable(f"embedded valkey did not start within {timeout_s} s: {said}")
 
+    def __enter__(self) -> str:
+        """`start()`: the server's URL, for `with EmbeddedValkey(home) as url:`."""
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
     def stop(self, timeout_s: float = 10.0) -> None:
         """SIGTERM (the server flushes its AOF and exits), then SIGKILL after `timeout_s`."""
         if self._proc is None or self._proc.poll() is not None:

@@ -39,12 +39,8 @@ tasks:
 @pytest.fixture
 def roles_redis_url(tmp_path: Path) -> Iterator[str]:
     """A Valkey server of this test's own."""
-    server = EmbeddedValkey(tmp_path / "valkey")
-    url = server.start()
-    try:
+    with EmbeddedValkey(tmp_path / "valkey") as url:
         yield url
-    finally:
-        server.stop()
 
 
 @pytest.mark.timeout(180)

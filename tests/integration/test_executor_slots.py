@@ -67,11 +67,8 @@ def server_url(request: pytest.FixtureRequest, redis_url: str, tmp_path: Path) -
     if request.param == "redis":
         yield redis_url
         return
-    valkey = EmbeddedValkey(tmp_path)
-    try:
-        yield valkey.start()
-    finally:
-        valkey.stop()
+    with EmbeddedValkey(tmp_path) as url:
+        yield url
 
 
 @pytest.fixture

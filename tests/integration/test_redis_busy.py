@@ -38,11 +38,8 @@ end
 
 @pytest.fixture
 def busy_url(tmp_path: Path) -> Iterator[str]:
-    valkey = EmbeddedValkey(tmp_path, [f"busy-reply-threshold {BUSY_AFTER_MS}"])
-    try:
-        yield valkey.start()
-    finally:
-        valkey.stop()
+    with EmbeddedValkey(tmp_path, [f"busy-reply-threshold {BUSY_AFTER_MS}"]) as url:
+        yield url
 
 
 @pytest.fixture

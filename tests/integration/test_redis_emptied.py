@@ -26,12 +26,8 @@ from tests.integration.outages import GATED, TASKS, Gate, gated_executor
 @pytest.fixture(scope="module")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A Valkey server of this module's own."""
-    server = EmbeddedValkey(Path(tmp_path_factory.mktemp("valkey")))
-    url = server.start()
-    try:
+    with EmbeddedValkey(Path(tmp_path_factory.mktemp("valkey"))) as url:
         yield url
-    finally:
-        server.stop()
 
 
 async def _status(h: Harness, instance_id: str) -> Status | None:

@@ -27,11 +27,10 @@ RENAMED = "XADD_RENAMED_FOR_TEST"
 @pytest.fixture(scope="module")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A Valkey server of this module's own, whose XADD is known by another name only."""
-    server = EmbeddedValkey(tmp_path_factory.mktemp("valkey"), [f"rename-command XADD {RENAMED}"])
-    try:
-        yield server.start()
-    finally:
-        server.stop()
+    with EmbeddedValkey(
+        tmp_path_factory.mktemp("valkey"), [f"rename-command XADD {RENAMED}"]
+    ) as url:
+        yield url
 
 
 async def test_the_start_check_names_the_unknown_command(outage: Harness) -> None:
