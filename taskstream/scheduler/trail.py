@@ -10,6 +10,7 @@ from typing import Any, Final
 from taskstream.core.store.port import DecisionRow, Store
 from taskstream.scheduler import verdict
 from taskstream.scheduler.hold import HELD_BY
+from taskstream.scheduler.recall import summarised_until
 
 _TRAIL_LIMIT: Final = 1000
 """Most decision rows read for one tick."""
@@ -60,7 +61,12 @@ async def _latest_before(store: Store, task_id: str, at_ms: int) -> int | None:
 
 async def nearest_decided_fire(store: Store, task_id: str, at_ms: int | None) -> int | None:
     """The decided fire time (ms) nearest to `at_ms` (the later one on a tie), or the latest
-    decided one when `at_ms` is None; None when the task has no decisions."""
+    decided one when `at_ms` is None; None when the task has no decisions.
+
+    A fire time inside a long outage is decided by the one `missed` record that summarises
+    it (`catchup.bound_missed`, recorded at the outage's first fire time): when the latest
+    decided fire time before `at_ms` is such a record reaching `at_ms`, that one, however
+    near a later decided fire time is."""
     if at_ms is None:
         latest = await store.decisions(task_id, limit=1)
         return latest[0].fire_time_ms if latest else None
@@ -68,9 +74,18 @@ async def nearest_decided_fire(store: Store, task_id: str, at_ms: int | None) ->
     if after == at_ms:
         return after
     before = await _latest_before(store, task_id, at_ms)
+    if before is not None and await _summary_reaches(store, task_id, before, at_ms):
+        return before
     if before is None or (after is not None and after - at_ms <= at_ms - before):
         return after
     return before
+
+
+async def _summary_reaches(store: Store, task_id: str, fire_ms: int, at_ms: int) -> bool:
+    """Whether a decision at `fire_ms` is the `missed` summary of a long outage whose fire
+    times run on to `at_ms` or later (both ms)."""
+    last_ms = summarised_until(await decision_trail(store, task_id, fire_ms))
+    return last_ms is not None and last_ms >= at_ms
 
 
 async def decision_trail(store: Store, task_id: str, fire_ms: int | None) -> list[DecisionRow]:
