@@ -272,11 +272,23 @@ class OffPeak(TimeRange):
     """Deferrable runs wait until the local time is inside this range."""
 
 
+def no_numbers(values: object) -> object:
+    """Dates are written YYYY-MM-DD: a number among them would be read as a Unix timestamp
+    (`0` as 1970-01-01), so it is refused."""
+    if isinstance(values, list | tuple):
+        for value in values:
+            if isinstance(value, int | float):  # bool is an int too
+                raise ValueError(f"{value!r} is a number, not a date: write dates as YYYY-MM-DD")
+    return values
+
+
 class Calendar(SpecModel):
     """Days and hours on which a run may start, read in the task's timezone."""
 
     allow_weekend: bool = True
-    exclude_dates: Annotated[tuple[date, ...], AfterValidator(unique_items)] = ()
+    exclude_dates: Annotated[
+        tuple[date, ...], BeforeValidator(no_numbers), AfterValidator(unique_items)
+    ] = ()
     maintenance: tuple[MaintenanceWindow, ...] = ()
 
     @property

@@ -190,6 +190,7 @@ def test_schedule_rejections(schedule: dict[str, Any], location: str, fragment: 
         ({"timeout": 0}, "timeout", "greater than 0"),
         ({"timeout": 0.0009}, "timeout", "too short: at least 1ms"),
         ({"lease": "500ms"}, "lease", "too short: at least 1s"),
+        ({"calendar": {"exclude_dates": [0]}}, "calendar.exclude_dates", "a number, not a date"),
         ({"timeout": 1.0e300}, "timeout", "too long: at most 3650d"),
         ({"deadline": 1.0e20}, "deadline", "too long: at most 3650d"),
         ({"schedule": {"every": "0.4ms"}}, "schedule.every", "too short: at least 1ms"),
