@@ -18,6 +18,22 @@ def mark_retrieved(done: asyncio.Future[Any]) -> None:
         done.exception()
 
 
+_DETACHED: set[asyncio.Future[Any]] = set()
+"""Detached futures still going (kept referenced until done: one may outlive its awaiter)."""
+
+
+def detached(work: Coroutine[Any, Any, T], within_s: float) -> asyncio.Future[T]:
+    """`work` within `within_s`, as a future that goes on by itself when its awaiter is
+    cancelled (await it through `asyncio.shield`): kept referenced until done, its failure
+    read (the awaiter, if still there, reports it). For clean-up a cancellation must not cut
+    short: settling or giving back what a run's admission took."""
+    future = asyncio.ensure_future(asyncio.wait_for(work, within_s))
+    _DETACHED.add(future)
+    future.add_done_callback(_DETACHED.discard)
+    future.add_done_callback(mark_retrieved)
+    return future
+
+
 STEP_END_S = 1.0
 """How long a step under way when a stop comes gets to end by itself (s): a blocking read of
 the default `block_ms`, or a claim, ends within it when the servers answer."""

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from taskstream.agents.upstream_access import CallTicket
 from taskstream.core.definitions import UpstreamCache
 from taskstream.core.errors import StoreUnavailable
-from taskstream.core.futures import mark_retrieved
+from taskstream.core.futures import detached
 from taskstream.core.logging import get_logger
 from taskstream.core.store.port import Store
 from taskstream.executor.run_upstreams import RunUpstreams
@@ -43,7 +43,6 @@ RELOAD_S = 10.0
 """How often stored upstream limits and breaker settings are read again (seconds)."""
 GIVE_BACK_S = 2.0
 """Longest wait for what an admission that raised or was cancelled took to be given back (s)."""
-_GIVING: set[asyncio.Future[None]] = set()
 """Give-backs still going (kept referenced until done: one may outlive its admission)."""
 
 
@@ -160,12 +159,8 @@ class UpstreamGate:
         `GIVE_BACK_S` (what is not given back by then frees by itself, as after an outage)."""
         if not probes and not hits:
             return
-        giving = asyncio.ensure_future(asyncio.wait_for(self._hand_back(probes, hits), GIVE_BACK_S))
-        _GIVING.add(giving)
-        giving.add_done_callback(_GIVING.discard)
-        giving.add_done_callback(mark_retrieved)
         with contextlib.suppress(TimeoutError):
-            await asyncio.shield(giving)
+            await asyncio.shield(detached(self._hand_back(probes, hits), GIVE_BACK_S))
 
     async def admit_call(self, name: str) -> tuple[int | None, str | None, int | None]:
         """Admit one call to `name`: None when it may go now (a breaker probe or a window slot

@@ -18,12 +18,12 @@ from taskstream.agents.upstream import UpstreamClient
 from taskstream.core import streams
 from taskstream.core.clock import Clock
 from taskstream.core.errors import QueueUnavailable, StoreUnavailable
-from taskstream.core.futures import mark_retrieved
+from taskstream.core.futures import detached
 from taskstream.core.logging import get_logger
 from taskstream.core.states import FailClass
 from taskstream.core.store.port import Store
 from taskstream.core.store.records import stored_json, stored_payload_bytes
-from taskstream.executor.admission import UpstreamGate
+from taskstream.executor.admission import GIVE_BACK_S, UpstreamGate
 from taskstream.executor.intake import Run
 from taskstream.executor.outcome import RunEnd, deferred, failed, final, succeeded, timed_out
 from taskstream.executor.retry import Failure
@@ -35,12 +35,8 @@ DEFAULT_TIMEOUT_S = 60.0
 ADMISSION_RETRY_MS = 1000
 """Wait before a run whose admission could not be decided (Redis or the store down) is
 tried again (ms)."""
-GIVE_BACK_S = 2.0
-"""Longest wait for a cancelled run's admission to be given back (Redis); s."""
 SETTLE_S = 5.0
 """Longest wait for the breakers to take an ended run's outcome (Redis); s."""
-_SETTLING: set[asyncio.Future[int | None]] = set()
-"""Settles still going (kept referenced until done: one may outlive its run's task)."""
 UNAVAILABLE = (QueueUnavailable, StoreUnavailable, *streams.DRIVER_ERRORS)
 
 
@@ -188,25 +184,12 @@ async def _settle(access: RunUpstreams, outcome: Outcome) -> int | None:
     a stop's grace or a fence cancelling the run meanwhile must not drop its end (a released
     run would run again). Then the settle goes on alone and its wait (ms) is not used."""
     try:
-        return await asyncio.shield(_settling(access, outcome, SETTLE_S))
+        return await asyncio.shield(detached(access.settle(outcome), SETTLE_S))
     except asyncio.CancelledError:
         task = asyncio.current_task()
         if task is not None:
             task.uncancel()  # taken: the cancellation ends nothing more of this run
         return None
-
-
-def _settling(
-    access: RunUpstreams, outcome: Outcome, within_s: float
-) -> asyncio.Future[int | None]:
-    """`access.settle(outcome)` within `within_s`, as a future that goes on by itself when
-    its awaiter is cancelled (kept referenced until done, its failure read: the awaiter, if
-    still there, reports it)."""
-    settling = asyncio.ensure_future(asyncio.wait_for(access.settle(outcome), within_s))
-    _SETTLING.add(settling)
-    settling.add_done_callback(_SETTLING.discard)
-    settling.add_done_callback(mark_retrieved)
-    return settling
 
 
 async def _admission(
@@ -279,7 +262,7 @@ async def _give_back(access: RunUpstreams, log: FilteringBoundLogger) -> None:
     """Settle a cancelled run's admission as saying nothing (its half-open trial slots
     freed), within `GIVE_BACK_S` and shielded from the cancellation; best effort."""
     try:
-        await asyncio.shield(_settling(access, Outcome.IGNORE, GIVE_BACK_S))
+        await asyncio.shield(detached(access.settle(Outcome.IGNORE), GIVE_BACK_S))
     except Exception as exc:  # the slots then free when their trial times out
         log.warning("upstream.give_back_failed", error_type=type(exc).__name__)
 
