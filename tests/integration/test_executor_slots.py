@@ -97,7 +97,10 @@ async def test_a_read_that_wakes_on_every_stream_starts_no_more_runs_than_free_s
         assert await _pending_for(h, "c1") == 1
         for ended in range(1, 4):  # each run, then the next, one at a time
             await until(lambda: _is(agent.inside > 0))
-            # Intake claims a read's entries in one transaction, before any of them runs.
+            # A slot frees when its run returns, before its end is committed: the next run
+            # can start while the last one's row is still RUNNING. Once that commit lands,
+            # only the running one is claimed; the surplus entries are not.
+            await until(lambda n=ended: _is_count(h, Status.SUCCESS, n - 1))  # type: ignore[misc]
             assert await _count(h, Status.RUNNING) == 1
             agent.release.release()
             await until(lambda n=ended: _is(agent.ended == n))  # type: ignore[misc]
