@@ -7,6 +7,7 @@ and the database clock. The decision never depends on the sweeper's own clock.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -148,6 +149,19 @@ def liveness_trusted(redis_failed_ms: int | None, *, now_ms: int, ttl_ms: int) -
     """Whether an absent liveness key means a lost consumer: not within one TTL (`ttl_ms`)
     after Redis failed at `redis_failed_ms` (every key may have expired in the outage)."""
     return redis_failed_ms is None or now_ms - redis_failed_ms >= ttl_ms
+
+
+def owners_lost(
+    absent_since: Mapping[str, int], alive: Mapping[str, bool], *, now_ms: int, ttl_ms: int
+) -> tuple[dict[str, int], set[str]]:
+    """Which owners of runs whose entries are gone count as lost. `alive` is this pass's
+    reading of their liveness keys, `absent_since` (owner -> ms) the previous pass's result.
+    An owner is lost once its key has been absent at two readings at least one TTL (`ttl_ms`)
+    apart: one absent reading may be a Redis emptied moments ago (a live executor sets its
+    key again within a TTL). Returns the new `absent_since` (only the owners read now) and
+    the lost owners."""
+    since = {o: absent_since.get(o, now_ms) for o, up in alive.items() if not up}
+    return since, {o for o, t in since.items() if now_ms - t >= ttl_ms}
 
 
 def _gate(entry: EntryFacts, row: RowFacts | None) -> Verdict | None:

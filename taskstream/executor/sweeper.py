@@ -76,7 +76,9 @@ class Sweeper:
         self._config = config
         self._defs = DefinitionCache(store)
         self._recovery = Recovery(store, self._defs, rng or Random())
-        self._reconciler = Reconciler(store, redis, keys, clock, self._recovery)
+        self._reconciler = Reconciler(
+            store, redis, keys, clock, self._recovery, liveness_ttl_ms=config.liveness_ttl_ms
+        )
         self._redis_failed_ms: int | None = None
         self._holds = Holds()
         """Entries and steps whose last try Redis denied, paused until due again."""
@@ -129,9 +131,11 @@ class Sweeper:
             )
             await self._unless_denied(f"prune {stream}", prune)
             await self._unless_denied(f"trim {stream}", partial(admin.trim, self._redis, stream))
-        counts["republished"] = (
-            await self._unless_denied("reconcile", self._reconciler.reconcile) or 0
+        trusted = liveness_trusted(
+            self._redis_failed_ms, now_ms=self._clock.now_ms(), ttl_ms=self._config.liveness_ttl_ms
         )
+        reconcile = partial(self._reconciler.reconcile, liveness_trusted=trusted)
+        counts["republished"] = await self._unless_denied("reconcile", reconcile) or 0
         handed_back = counts.get(Action.TIMEOUT.value) or counts.get(Action.RELEASE.value)
         if handed_back or counts["republished"]:
             await notify.hint(self._redis, self._keys, "retry")

@@ -128,6 +128,49 @@ async def test_a_reconciler_that_lost_the_race_counts_nothing(
     assert await second.reconcile() == 0
 
 
+async def _entry_lost_while_running(h: Harness) -> InstanceRow:
+    """A `slow` run claimed by `gone` for 10 minutes whose entry Redis then lost, left
+    untouched past the reconciler's grace."""
+    row = await h.trigger(TASKS, "slow")
+    await h.redis.delete(*h.keys.streams())
+    await h.store.claim_many([ClaimRequest(row.id, 0, 600)], owner="gone")
+    h.clock.advance(60_000)
+    return row
+
+
+async def test_a_run_whose_entry_and_owner_are_gone_is_timed_out_before_its_lease_ends(
+    h: Harness,
+) -> None:
+    """Redis lost the entry of a running run and its executor died: the owner's liveness key
+    stays absent. The reconciler times the run out as `owner_lost` once the key has been
+    absent for a TTL, instead of waiting out the 10-minute lease."""
+    row = await _entry_lost_while_running(h)
+    reconciler = h.reconciler()  # a liveness TTL of 6 s
+    assert await reconciler.reconcile() == 0  # absent once: maybe a Redis emptied just now
+    h.clock.advance(6_000)
+    assert await reconciler.reconcile() == 1
+    reasons = [x.reason for x in await h.store.history(row.id)]
+    assert OWNER_LOST in reasons and LEASE_EXPIRED not in reasons
+    assert await status_of(h, row.id) in (Status.RETRYING, Status.DISPATCHED)
+
+
+async def test_a_run_whose_owner_sets_its_key_again_keeps_its_lease(h: Harness) -> None:
+    """The owner's key was absent at one pass (Redis emptied under a live executor) and set
+    again before the next: the run is left RUNNING. So is one read while liveness is not
+    trusted (Redis failed within a TTL), however long its key is absent."""
+    row = await _entry_lost_while_running(h)
+    reconciler = h.reconciler(liveness_ttl_ms=6_000)
+    assert await reconciler.reconcile() == 0
+    await h.redis.set(h.keys.alive("gone"), "1", px=6_000)
+    h.clock.advance(6_000)
+    assert await reconciler.reconcile() == 0
+    await h.redis.delete(h.keys.alive("gone"))
+    for _ in range(3):
+        h.clock.advance(6_000)
+        assert await reconciler.reconcile(liveness_trusted=False) == 0
+    assert await status_of(h, row.id) is Status.RUNNING
+
+
 async def time_out_claimed(
     h: Harness, instance_id: str, expected_attempt: int, reason: str
 ) -> Recovered:

@@ -188,6 +188,27 @@ def test_liveness_is_trusted_again_one_ttl_after_redis_failed() -> None:
     assert liveness_trusted(NOW - 6_000, now_ms=NOW, ttl_ms=6_000)
 
 
+def test_an_owner_is_lost_once_absent_at_two_readings_a_ttl_apart() -> None:
+    from taskstream.executor.sweep import owners_lost
+
+    since, lost = owners_lost({}, {"a": False, "b": True}, now_ms=NOW, ttl_ms=6_000)
+    assert (since, lost) == ({"a": NOW}, set())
+    since, lost = owners_lost(since, {"a": False}, now_ms=NOW + 5_999, ttl_ms=6_000)
+    assert (since, lost) == ({"a": NOW}, set())
+    since, lost = owners_lost(since, {"a": False}, now_ms=NOW + 6_000, ttl_ms=6_000)
+    assert (since, lost) == ({"a": NOW}, {"a"})
+
+
+def test_an_owner_seen_alive_or_not_read_starts_its_absence_again() -> None:
+    from taskstream.executor.sweep import owners_lost
+
+    since = {"a": NOW, "b": NOW}
+    again, lost = owners_lost(since, {"a": True}, now_ms=NOW + 10_000, ttl_ms=6_000)
+    assert (again, lost) == ({}, set())  # a came back (Redis emptied), b was not read
+    again, lost = owners_lost(again, {"a": False}, now_ms=NOW + 11_000, ttl_ms=6_000)
+    assert (again, lost) == ({"a": NOW + 11_000}, set())
+
+
 @pytest.mark.parametrize(
     ("failed_with", "reason"),
     [
