@@ -84,7 +84,7 @@ def _trail_row(row: DecisionRow) -> dict[str, Any]:
 def undecided(spec: TaskSpec, now_ms: int, *, paused: bool = False) -> str:
     """Why a task has no decision yet: the next fire time after `now_ms` (UTC epoch ms) in
     UTC and local time, that a paused task is not decided, or that an on-demand task is
-    decided only when asked to run."""
+    decided only when triggered (a backfill needs fire times, which it has none of)."""
     trigger = trigger_of(spec)
     if paused and trigger is not None:
         return (
@@ -94,7 +94,7 @@ def undecided(spec: TaskSpec, now_ms: int, *, paused: bool = False) -> str:
     if trigger is None:
         return (
             "no decision recorded: the task has no schedule; "
-            "`taskstream trigger` and `taskstream backfill` record its decisions"
+            f"`taskstream trigger {spec.id}` records its decisions"
         )
     fire_ms = next_fire(trigger, now_ms)
     local = local_iso(fire_ms, zone_of(spec.timezone))

@@ -38,10 +38,11 @@ def test_a_paused_task_says_it_is_paused() -> None:
 
 
 def test_an_on_demand_task_says_where_its_decisions_come_from() -> None:
+    # Only a trigger: a backfill needs fire times, and refuses a task without a schedule.
     on_demand = TaskSpec.model_validate({"id": "od", "agent": "echo"})
     assert undecided(on_demand, 0) == (
-        "no decision recorded: the task has no schedule; "
-        "`taskstream trigger` and `taskstream backfill` record its decisions"
+        "no decision recorded: the task has no schedule; `taskstream trigger od` records its "
+        "decisions"
     )
 
 
