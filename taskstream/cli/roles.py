@@ -1,7 +1,7 @@
 """Long-running roles: `scheduler`, `executor`, `sweeper`, and `migrate`.
 
 Each role opens the cluster, aligns its clock with the database clock, and runs its service
-until SIGINT/SIGTERM.
+until SIGINT, SIGTERM or SIGHUP.
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ def not_allowed(role: str, refused: list[redis_needs.Refusal]) -> ConfigError:
 
 
 def scheduler_cmd() -> None:
-    """Run one scheduler until SIGINT/SIGTERM."""
+    """Run one scheduler until SIGINT, SIGTERM or SIGHUP."""
     s = settings()
 
     checks = preconditions.load(s.precondition_modules)
@@ -174,7 +174,7 @@ def executor_cmd(
         help="Runs at once (default: TASKSTREAM_EXECUTOR_CONCURRENCY, 4).",
     ),
 ) -> None:
-    """Run one executor until SIGINT/SIGTERM; in-flight runs finish within the grace."""
+    """Run one executor until SIGINT, SIGTERM or SIGHUP; in-flight runs finish within the grace."""
     s = settings()
     config = ExecutorConfig(
         consumer=consumer_name(SystemClock().now_ms()),
@@ -207,7 +207,8 @@ def executor_cmd(
 
 
 def sweeper_cmd() -> None:
-    """Run one sweeper until SIGINT/SIGTERM: reclaims stuck entries, republishes lost work."""
+    """Run one sweeper until SIGINT, SIGTERM or SIGHUP: reclaims stuck entries, republishes
+    lost work."""
     s = settings()
     config = SweeperConfig(
         interval_s=s.sweep_interval_s,

@@ -3,7 +3,7 @@
 Children are `taskstream scheduler`, `taskstream sweeper` and N x `taskstream executor`,
 started with the resolved URLs in their environment. A child that dies is restarted after
 1, 2, 4 and 8 s, then every 16 s (counting its restarts over the supervisor's life). On
-SIGINT or SIGTERM every child gets SIGTERM and may finish in-flight work within the grace
+SIGINT, SIGTERM or SIGHUP every child gets SIGTERM and may finish in-flight work within the grace
 (counted from the SIGTERM); an executor may take `STOP_STEPS_S` to begin its drain, and then
 still has to release the runs that outlived the grace and commit, so a child is killed only
 `KILL_MARGIN_S` after the later of the two (`kill_after_s`). The whole stop takes at most
