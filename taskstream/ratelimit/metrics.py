@@ -12,9 +12,14 @@ Metrics (label `upstream` is the upstream name):
 
 The collectors live on `REGISTRY`, this module's own `CollectorRegistry` rather than
 prometheus_client's global one: importing the module again (a reload, a test) builds a new
-registry instead of registering a name twice. The per-process endpoint (DESIGN.md §10) serves
-`REGISTRY`. Backends take a `GuardMetrics` and default to `METRICS`; tests can pass their own on
-a fresh registry and read it with `CollectorRegistry.get_sample_value`.
+registry instead of registering a name twice. No endpoint serves `REGISTRY` yet: the
+per-process one comes with the health endpoints (DESIGN.md §10). Backends take a `GuardMetrics`
+and default to `METRICS`; tests can pass their own on a fresh registry and read it with
+`CollectorRegistry.get_sample_value`.
+
+Each transition is also a log event, `breaker.opened` (warning), `breaker.half_open` or
+`breaker.closed`, with the `upstream`: the operator's record of an outage, with or without a
+metrics scraper.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from taskstream.core.logging import get_logger
 from taskstream.ratelimit.breaker import BreakerStatus, Transition
 
 STATE_VALUES: Final = {
@@ -31,6 +37,13 @@ STATE_VALUES: Final = {
     BreakerStatus.OPEN: 2,
 }
 """The value of `taskstream_breaker_state` for each status."""
+
+TRANSITION_EVENTS: Final = {
+    Transition.OPENED: "breaker.opened",
+    Transition.HALF_OPENED: "breaker.half_open",
+    Transition.CLOSED: "breaker.closed",
+}
+"""The log event of each transition."""
 
 
 class GuardMetrics:
@@ -64,10 +77,16 @@ class GuardMetrics:
     def breaker_seen(
         self, upstream: str, status: BreakerStatus, transition: Transition | None = None
     ) -> None:
-        """A backend reply showed `upstream`'s breaker at `status`, after `transition` if any."""
+        """A backend reply showed `upstream`'s breaker at `status`, after `transition` if any
+        (counted, and logged as `breaker.<transition>`)."""
         self.state.labels(upstream=upstream).set(STATE_VALUES[status])
         if transition is not None:
             self.transitions.labels(upstream=upstream, transition=transition.value).inc()
+            log = get_logger(upstream=upstream)
+            if transition is Transition.OPENED:
+                log.warning(TRANSITION_EVENTS[transition])
+            else:
+                log.info(TRANSITION_EVENTS[transition])
 
 
 REGISTRY: Final = CollectorRegistry()

@@ -9,6 +9,7 @@ import sys
 from collections.abc import AsyncIterator
 
 import pytest
+from structlog.testing import capture_logs
 
 import taskstream.ratelimit.metrics as metrics_module
 from taskstream.core.protocol import Keys
@@ -120,3 +121,19 @@ def test_importing_the_module_again_registers_nothing_twice() -> None:
             assert module.REGISTRY is not REGISTRY
         finally:
             del sys.modules[copy]
+
+
+async def test_every_breaker_transition_is_a_log_event_naming_the_upstream(rig: Rig) -> None:
+    with capture_logs() as logs:
+        await rig.breakers.record("api", Outcome.FAILURE, SHORT, probe_round=None)
+        opened = await rig.breakers.record("api", Outcome.FAILURE, SHORT, probe_round=None)
+        await rig.breakers.admit("api", SHORT)  # refused while open: no change, no event
+        await rig.wait_until_ms(opened.state.since_ms + SHORT.cooldown_ms)
+        probe = await rig.breakers.admit("api", SHORT)
+        await rig.breakers.record("api", Outcome.SUCCESS, SHORT, probe_round=probe.probe_round)
+    events = [(e["event"], e["upstream"], e["log_level"]) for e in logs]
+    assert events == [
+        ("breaker.opened", "api", "warning"),
+        ("breaker.half_open", "api", "info"),
+        ("breaker.closed", "api", "info"),
+    ]
