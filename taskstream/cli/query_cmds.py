@@ -206,8 +206,7 @@ async def _inspect(instance_id: str) -> dict[str, Any]:
 
 def url_cmd(which: str = typer.Argument(..., help="redis or database")) -> None:
     """Print the cluster's Redis or database URL (for redis-cli or a SQL client)."""
-    eps = resolve(settings(), need_redis=which == "redis")
-    urls = {"redis": eps.redis_url, "database": eps.database_url}
-    if which not in urls:
+    if which not in ("redis", "database"):  # a usage error, whether a cluster is found or not
         raise typer.BadParameter("expected 'redis' or 'database'")
-    sys.stdout.write(urls[which] + "\n")
+    eps = resolve(settings(), need_redis=which == "redis")
+    sys.stdout.write((eps.redis_url if which == "redis" else eps.database_url) + "\n")
