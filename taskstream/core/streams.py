@@ -74,9 +74,22 @@ class Delivery:
     fields: RawFields
 
 
+SOCKET_TIMEOUT_S = 5.0
+"""How long a client waits for a connection or a reply (s) unless the URL says otherwise: a
+frozen server fails the call, an outage to the roles, instead of holding it for ever (redis-py
+before 8.0 waited without limit). Blocking reads end well within it (`read_block_ms`)."""
+
+
 def connect(url: str) -> Redis:
-    """A client for `url`. Connections are made lazily; errors surface on first use."""
-    return aioredis.Redis.from_url(url, decode_responses=False, health_check_interval=30)
+    """A client for `url`. Connections are made lazily; errors surface on first use. The URL's
+    own `socket_timeout` and `socket_connect_timeout` win over `SOCKET_TIMEOUT_S`."""
+    return aioredis.Redis.from_url(
+        url,
+        decode_responses=False,
+        health_check_interval=30,
+        socket_timeout=SOCKET_TIMEOUT_S,
+        socket_connect_timeout=SOCKET_TIMEOUT_S,
+    )
 
 
 @commands("XGROUP|CREATE")
