@@ -18,7 +18,9 @@ the `BreakerConfig` fields in declaration order; `record` adds the outcome and t
 round (its half-open `since_ms`; empty when the call was not a probe). Reply:
 {allowed, probe, retry_after_ms, status before, then every `BreakerState` field in order};
 `record` replies 0, 0, 0 for the first three. The hash has no TTL: a breaker's state survives
-any quiet period, and there is one small hash per upstream.
+any quiet period, and there is one small hash per upstream. A hash whose `status` is not one of
+ours is read as a fresh (closed) breaker, and a counter that is not 1 to `COUNTER_DIGITS` ASCII
+digits as 0, as `redis_backend.state_from_hash` reads them; the next write replaces them.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ from taskstream.ratelimit.breaker_config import BreakerConfig
 STATE_FIELDS: Final = tuple(f.name for f in fields(BreakerState))
 """Hash fields and reply order: `status` first, then the integer counters."""
 COUNTER_FIELDS: Final = STATE_FIELDS[1:]
+COUNTER_DIGITS: Final = 15
+"""Most digits of a counter read from a breaker hash: every one is then an exact integer in
+Lua's doubles (below 2**53), and written back as digits, never as `1e+30`."""
 CONFIG_FIELDS: Final = tuple(f.name for f in fields(BreakerConfig))
 """ARGV order of the breaker scripts' configuration."""
 
@@ -114,8 +119,16 @@ local function load()
   s.since_ms = 0
   s.window_start_ms = 0
   local raw = redis.call('HGETALL', key)
-  for i = 1, #raw, 2 do
-    if raw[i] == 'status' then s.status = raw[i + 1] else s[raw[i]] = tonumber(raw[i + 1]) end
+  local read = {}
+  for i = 1, #raw, 2 do read[raw[i]] = raw[i + 1] end
+  local status = read.status or CLOSED
+  if status ~= CLOSED and status ~= OPEN and status ~= HALF_OPEN then return s end
+  s.status = status
+  for _, name in ipairs(COUNTERS) do
+    local value = read[name]
+    if value and #value <= $counter_digits and string.match(value, '^%d+$$') then
+      s[name] = tonumber(value)
+    end
   end
   return s
 end
@@ -226,6 +239,7 @@ def _prelude() -> str:
         ignore=Outcome.IGNORE.value,
         counters=_lua_list(COUNTER_FIELDS),
         config=_lua_list(CONFIG_FIELDS),
+        counter_digits=COUNTER_DIGITS,
     )
 
 

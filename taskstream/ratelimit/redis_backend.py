@@ -9,7 +9,7 @@ Driver errors become `GuardUnavailable`. Refusals and breaker states are counted
 from __future__ import annotations
 
 import secrets
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import astuple
 from typing import Any
@@ -60,13 +60,32 @@ def state_from_reply(values: Sequence[Any]) -> BreakerState:
     return BreakerState(status=BreakerStatus(_text(status)), **numbers)
 
 
-def state_from_hash(raw: dict[Any, Any]) -> BreakerState:
-    """A `BreakerState` from HGETALL; absent fields keep their defaults (empty = fresh)."""
-    values = {_text(k): _text(v) for k, v in raw.items()}
-    defaults = BreakerState()
-    return state_from_reply(
-        [values.get(name, str(getattr(defaults, name))) for name in lua.STATE_FIELDS]
-    )
+def state_from_hash(raw: Mapping[Any, Any]) -> BreakerState:
+    """A `BreakerState` from HGETALL, read as the scripts read it: absent fields keep their
+    defaults (empty = fresh), a `status` not one of ours makes the whole state fresh, and a
+    counter that is not 1 to `lua.COUNTER_DIGITS` ASCII digits is 0 (a hash written by some
+    other program fails no read)."""
+    values = {_field(k): _field(v) for k, v in raw.items()}
+    try:
+        status = BreakerStatus(values.get("status", BreakerStatus.CLOSED.value))
+    except ValueError:
+        return BreakerState()
+    counters = {
+        name: int(text)
+        for name in lua.COUNTER_FIELDS
+        if (text := values.get(name)) is not None and _counter(text)
+    }
+    return BreakerState(status=status, **counters)
+
+
+def _field(value: bytes | str) -> str:
+    """A hash field as text; bytes that are not UTF-8 as U+FFFD (then never a valid value)."""
+    return value.decode(errors="replace") if isinstance(value, bytes) else value
+
+
+def _counter(text: str) -> bool:
+    """`text` is a counter as the scripts read one: 1 to `lua.COUNTER_DIGITS` ASCII digits."""
+    return 0 < len(text) <= lua.COUNTER_DIGITS and text.isascii() and text.isdigit()
 
 
 def _config_args(cfg: BreakerConfig) -> list[str]:

@@ -13,7 +13,7 @@ from taskstream.core import streams
 from taskstream.core.errors import QueueUnavailable
 from taskstream.core.protocol import Keys
 from taskstream.ratelimit.backend import GuardUnavailable
-from taskstream.ratelimit.breaker import Outcome
+from taskstream.ratelimit.breaker import BreakerState, BreakerStatus, Outcome
 from taskstream.ratelimit.breaker_config import BreakerConfig
 from taskstream.ratelimit.redis_backend import RedisBreakers, RedisLimiter
 from tests.ratelimit.rigs import RedisRig, open_rig
@@ -71,3 +71,40 @@ async def test_an_unreachable_redis_is_a_guard_error() -> None:
             assert isinstance(raised.value, QueueUnavailable)
     finally:
         await client.aclose()
+
+
+UNREADABLE_HASHES = [
+    ({"status": "bogus", "consecutive_failures": "4"}, BreakerState()),
+    ({"status": "closed", "consecutive_failures": "x"}, BreakerState()),
+    ({"status": "open", "since_ms": "1e3"}, BreakerState(status=BreakerStatus.OPEN)),
+    (
+        {"status": "half_open", "probes_admitted": "-1", "probe_successes": "0x0"},
+        BreakerState(status=BreakerStatus.HALF_OPEN),
+    ),
+    (
+        {"status": "closed", "window_start_ms": "9" * 30, "window_calls": "2"},
+        BreakerState(window_calls=2),
+    ),
+    ({"status": b"\xff", "window_failures": b"3"}, BreakerState()),
+]
+
+
+@pytest.mark.parametrize(("written", "read_as"), UNREADABLE_HASHES)
+async def test_a_breaker_field_that_cannot_be_read_is_taken_as_fresh(
+    rig: RedisRig, written: dict[str, str | bytes], read_as: BreakerState
+) -> None:
+    """A hash written by some other program (redis-cli, an older version) with a value no
+    breaker writes is read as if that field were absent (the whole hash, for its status), by
+    the scripts and by reads alike, instead of failing every admission, every scheduler pass
+    and `taskstream status`; the next write of the state replaces it."""
+    breakers, cfg = RedisBreakers(rig.redis, rig.keys), BreakerConfig()
+    key = rig.keys.breaker("api")
+    await rig.redis.hset(key, mapping=written)  # type: ignore[arg-type]
+    assert (await breakers.states(["api"])).states["api"] == read_as
+    assert await breakers.state("api") == read_as
+    await breakers.admit("api", cfg)
+    update = await breakers.record("api", Outcome.FAILURE, cfg, probe_round=None)
+    assert update.state == await breakers.state("api")
+    stored = await rig.redis.hgetall(key)
+    assert all(v.isdigit() for k, v in stored.items() if k != b"status")
+    assert stored[b"status"] in (b"closed", b"open", b"half_open")
