@@ -43,6 +43,12 @@ class StoreRefused(StoreError):
     sending the same again is refused again (unlike `StoreUnavailable`)."""
 
 
+class StoreCorrupt(StoreError):
+    """A stored row holds what taskstream never writes (JSON that does not parse, a status no
+    state machine has), say after a hand edit in SQL: named by table, row and column. The row
+    is left as it is; reading it again fails again until it is mended."""
+
+
 class SchemaMissing(StoreUnavailable):
     """The database has no taskstream tables (not migrated yet), or lacks columns (migrated
     by an older taskstream). An outage to the services, which wait for `taskstream migrate`

@@ -12,7 +12,7 @@ from typing import Any
 
 from sqlalchemy.engine import RowMapping
 
-from taskstream.core.errors import StoreRefused
+from taskstream.core.errors import StoreCorrupt, StoreRefused
 from taskstream.core.states import FailClass, Status
 from taskstream.core.store.port import DecisionRow, DefinitionRecord, HistoryRow, InstanceRow
 from taskstream.core.store.records import stored_json
@@ -30,13 +30,44 @@ def dumps(value: Any, *, what: str) -> str:
         raise StoreRefused(f"{what} is not JSON-serialisable: {exc}") from exc
 
 
-def loads(text: str | None) -> Any:
-    """The value of stored JSON text; None for SQL NULL."""
+def loads(text: str | None, *, where: str = "stored JSON") -> Any:
+    """The value of stored JSON text; None for SQL NULL. `StoreCorrupt` naming `where`
+    (`<table> row '<key>': <column>`) when the text is not JSON (a hand edit in SQL)."""
     if text is None:
         return None
     if text == "{}":  # most contexts: a new dict, without the parser
         return {}
-    return json.loads(text)
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
+        raise StoreCorrupt(f"{where} is not JSON ({exc}); left as it is") from None
+
+
+def _where(table: str, key: object, column: str) -> str:
+    """How a stored value is named in a `StoreCorrupt`: `<table> row '<key>': <column>`."""
+    return f"{table} row {str(key)[:200]!r}: {column}"
+
+
+def _status(m: Mapping[Any, Any], column: str, table: str, key: object) -> Status:
+    """The `Status` in `column`; `StoreCorrupt` naming it when no state has that name."""
+    try:
+        return Status(m[column])
+    except ValueError:
+        raise StoreCorrupt(
+            f"{_where(table, key, column)} is {str(m[column])[:40]!r}, not a status; left as it is"
+        ) from None
+
+
+def _fail_class(m: Mapping[Any, Any]) -> FailClass | None:
+    if m["fail_class"] is None:
+        return None
+    try:
+        return FailClass(m["fail_class"])
+    except ValueError:
+        where = _where("task_instances", m["id"], "fail_class")
+        raise StoreCorrupt(
+            f"{where} is {str(m['fail_class'])[:40]!r}, not a failure class; left as it is"
+        ) from None
 
 
 def reason(text: str) -> str:
@@ -76,16 +107,16 @@ def instance_fields(m: Mapping[Any, Any]) -> dict[str, Any]:
         "task_id": m["task_id"],
         "agent": m["agent"],
         "dedupe_key": m["dedupe_key"],
-        "status": Status(m["status"]),
+        "status": _status(m, "status", "task_instances", m["id"]),
         "attempt": int(m["attempt"]),
         "max_attempts": int(m["max_attempts"]),
         "priority": m["priority"],
         "scheduled_for_ms": int(m["scheduled_for_ms"]),
         "business_date": m["business_date"],
-        "payload": loads(m["payload"]),
-        "result": loads(m["result"]),
-        "context": loads(m["context"]),
-        "fail_class": None if m["fail_class"] is None else FailClass(m["fail_class"]),
+        "payload": loads(m["payload"], where=_where("task_instances", m["id"], "payload")),
+        "result": loads(m["result"], where=_where("task_instances", m["id"], "result")),
+        "context": loads(m["context"], where=_where("task_instances", m["id"], "context")),
+        "fail_class": _fail_class(m),
         "last_error": m["last_error"],
         "lease_owner": m["lease_owner"],
         "lease_expires_at_ms": _opt_int(m["lease_expires_at_ms"]),
@@ -107,8 +138,12 @@ def history_row(m: RowMapping) -> HistoryRow:
     """An `instance_history` row as the port's record."""
     return HistoryRow(
         instance_id=m["instance_id"],
-        from_status=None if m["from_status"] is None else Status(m["from_status"]),
-        to_status=Status(m["to_status"]),
+        from_status=(
+            None
+            if m["from_status"] is None
+            else _status(m, "from_status", "instance_history", m["instance_id"])
+        ),
+        to_status=_status(m, "to_status", "instance_history", m["instance_id"]),
         attempt=int(m["attempt"]),
         owner=m["owner"],
         reason=m["reason"],
@@ -124,7 +159,7 @@ def decision_row(m: RowMapping) -> DecisionRow:
         fire_time_ms=int(m["fire_time_ms"]),
         decision=m["decision"],
         reason=m["reason"],
-        details=loads(m["details"]),
+        details=loads(m["details"], where=_where("trigger_decisions", m["task_id"], "details")),
         instance_id=m["instance_id"],
         decided_at_ms=int(m["decided_at_ms"]),
     )
@@ -134,7 +169,7 @@ def definition_record(m: RowMapping) -> DefinitionRecord:
     """A `task_definitions` row as the port's record."""
     return DefinitionRecord(
         task_id=m["task_id"],
-        spec=loads(m["spec"]),
+        spec=loads(m["spec"], where=_where("task_definitions", m["task_id"], "spec")),
         spec_hash=m["spec_hash"],
         paused=bool(m["paused"]),
         updated_at_ms=int(m["updated_at_ms"]),

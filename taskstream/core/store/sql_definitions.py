@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from sqlalchemy import ColumnElement, case, func, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from taskstream.core.errors import StoreCorrupt
 from taskstream.core.store import sql_codec as codec
 from taskstream.core.store import sql_queries as q
 from taskstream.core.store import sql_templates as templates
@@ -67,7 +68,7 @@ async def upsert(
             outcome.setdefault(record.task_id, "unchanged")
         else:
             changed: dict[str, object] = {"spec": spec, "spec_hash": record.spec_hash}
-            if record.spec.get("schedule") != _stored_schedule(current[0]):
+            if record.spec.get("schedule") != _stored_schedule(record.task_id, current[0]):
                 changed["schedule_from_ms"] = since
             await conn.execute(
                 update(defs)
@@ -90,9 +91,18 @@ async def _stored_specs(conn: AsyncConnection, ids: Sequence[str]) -> dict[str, 
     return stored
 
 
-def _stored_schedule(spec: str) -> object:
-    """The `schedule` of a stored spec (JSON text), None for a task without one."""
-    loaded = codec.loads(spec)
+_UNREADABLE = object()
+"""The schedule of a stored spec that cannot be read: equal to no schedule."""
+
+
+def _stored_schedule(task_id: str, spec: str) -> object:
+    """The `schedule` of a stored spec (JSON text), None for a task without one. A spec that
+    is not JSON (a hand edit) has a schedule unlike any: the apply that mends it starts its
+    schedule anew."""
+    try:
+        loaded = codec.loads(spec, where=f"task_definitions row {task_id!r}: spec")
+    except StoreCorrupt:
+        return _UNREADABLE
     return loaded.get("schedule") if isinstance(loaded, dict) else None
 
 

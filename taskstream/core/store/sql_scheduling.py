@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from taskstream.core.errors import ClaimLost
+from taskstream.core.errors import ClaimLost, StoreCorrupt
 from taskstream.core.states import Status
 from taskstream.core.store import sql_codec as codec
 from taskstream.core.store.dbclock import db_now_ms
@@ -73,7 +73,7 @@ class SchedulingMethods:
         """Every stored upstream's limits, by name."""
         async with self._read() as conn:
             rows = (await conn.execute(select(ups.c.name, ups.c.config))).all()
-        return {str(name): dict(codec.loads(config)) for name, config in rows}
+        return {str(name): _config(name, config) for name, config in rows}
 
     async def next_retry_at(self, *, after_ms: int | None = None) -> int | None:
         """The earliest `next_attempt_at_ms` of any RETRYING row (ms), of those due after
@@ -140,3 +140,12 @@ async def _upsert_upstreams(
             await conn.execute(ups.update().where(ups.c.name == name).values(**values))
         out[name] = "updated" if old is not None else "created"
     return out
+
+
+def _config(name: object, config: str) -> dict[str, Any]:
+    """A stored upstream's config (a JSON object); `StoreCorrupt` naming it when it is not."""
+    where = f"upstreams row {str(name)[:200]!r}: config"
+    loaded = codec.loads(config, where=where)
+    if not isinstance(loaded, dict):
+        raise StoreCorrupt(f"{where} is not a JSON object; left as it is")
+    return loaded
