@@ -75,7 +75,7 @@ async def execute(run: Run, env: RunEnv) -> RunEnd:
     try:
         params = params_of(run.agent.params_model, row.payload)
     except ValidationError as exc:
-        return final("bad_params", FailClass.FATAL, str(exc))
+        return final("bad_params", FailClass.FATAL, params_problem(exc))
     timeout_s = run.spec.timeout if run.spec else DEFAULT_TIMEOUT_S
     if time_limit(timeout_s, row.deadline_ms, env.clock.now_ms()).seconds <= 0:
         return timed_out(TOO_LATE, at_deadline=True)
@@ -92,6 +92,17 @@ def params_of(model: type[BaseModel], payload: dict[str, Any]) -> BaseModel:
         return model.model_validate(payload)
     except ValidationError:
         return model.model_validate_json(stored_json(payload))
+
+
+def params_problem(exc: ValidationError) -> str:
+    """Why a payload does not validate, one line per field: its path and what is wrong, never
+    the value given (a payload may carry a credential, and the text is stored and shown)."""
+    count = exc.error_count()
+    lines = [f"{count} validation error{'s' if count != 1 else ''} for {exc.title}"]
+    for error in exc.errors(include_url=False, include_input=False, include_context=False):
+        where = ".".join(str(part) for part in error["loc"]) or "payload"
+        lines.append(f"{where}: {error['msg']}")
+    return "\n".join(lines)
 
 
 TOO_LATE = "deadline passed before the run started"

@@ -45,3 +45,18 @@ async def test_a_payload_a_strict_model_refuses_still_fails_at_once(
     end = await _run(h, '{when: "2026-05-28", mode: slow}')
     assert end.reason == "bad_params" and end.fail_class is FailClass.FATAL
     assert "mode" in (end.error or "")
+
+
+async def test_a_refused_payload_is_not_quoted_in_the_run_error(
+    store: SqlStore, redis: streams.Redis, keys: Keys
+) -> None:
+    """The error names the fields and what is wrong with them, never their values: a payload
+    may carry a credential, and `last_error` is shown by `inspect` and `dead list`. It used to
+    quote the refused input, the whole payload for a missing field."""
+    h = Harness(store, redis, keys, FixedClock(M0 + 1))
+    end = await _run(h, "{mode: SEKRET-mode, token: SEKRET-token}")
+    assert end.reason == "bad_params" and end.fail_class is FailClass.FATAL
+    error = end.error or ""
+    assert "SEKRET" not in error
+    assert error.splitlines()[0] == "3 validation errors for StrictParams"
+    assert "when: Field required" in error and "token: Extra inputs are not permitted" in error
