@@ -27,6 +27,8 @@ def _problems(**values: str) -> list[str]:
         "mysql://root:s3cr3t%40Xk9@db.internal/taskstream?charset=utf8mb4&connect_timeout=5",
         "mysql://root:s3cr3t@db.internal/taskstream?ssl_ca=/etc/ca.pem&unix_socket=/run/my.sock",
         "mysql+aiomysql://root:s3cr3t@db.internal/taskstream?auth_plugin=mysql_native_password",
+        "postgresql://app:s3cr3t@db.internal/taskstream?ssl=require&command_timeout=5",
+        "postgres://app:s3cr3t@db.internal/taskstream?prepared_statement_cache_size=0",
     ],
 )
 def test_a_database_url_sqlalchemy_reads_is_accepted(url: str) -> None:
@@ -47,6 +49,11 @@ def test_a_database_url_sqlalchemy_reads_is_accepted(url: str) -> None:
         ("postgresql://root:s3cr3t@db.internal", "no database name"),
         ("mysql://root:s3cr3t@db.internal/t?bogusopt=1&charset=utf8mb4", "option(s) bogusopt"),
         ("mysql://root:s3cr3t@db.internal/t?connect_timeout=soon", "options (connect_timeout)"),
+        (
+            "postgresql://root:s3cr3t@db.internal/t?sslmode=require",
+            "option(s) sslmode (asyncpg takes ssl=",
+        ),
+        ("postgres://root:s3cr3t@db.internal/t?bogus_opt=1&ssl=require", "option(s) bogus_opt"),
     ],
 )
 def test_a_bad_database_url_is_refused_without_its_user_info(url: str, says: str) -> None:
