@@ -18,7 +18,7 @@ from redis.exceptions import RedisError
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-from taskstream.core.store.urls import async_driver, normalize_url, url_scheme
+from taskstream.core.store.urls import async_driver, asyncpg_numbers, normalize_url, url_scheme
 
 MAX_PAYLOAD_LIMIT = 7 * 1024 * 1024
 """The largest `max_payload_bytes`: MariaDB refuses statements over `max_allowed_packet`
@@ -193,6 +193,11 @@ def _check_driver_options(url: str) -> None:
     except Exception:  # an option value the dialect cannot read
         names = ", ".join(sorted(make_url(url).query)) or "none"
         raise ValueError(f"the database driver refuses this URL's options ({names})") from None
+    if own:  # asyncpg: its numbers, given as text, are passed as numbers
+        try:
+            asyncpg_numbers(url)
+        except ValueError as exc:
+            raise ValueError(f"the database driver refuses this URL's {exc}") from None
     unknown = sorted(set(given) - known)
     if unknown:
         hint = " (asyncpg takes ssl=, e.g. ssl=require)" if "sslmode" in unknown else ""

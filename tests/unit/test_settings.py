@@ -29,6 +29,7 @@ def _problems(**values: str) -> list[str]:
         "mysql+aiomysql://root:s3cr3t@db.internal/taskstream?auth_plugin=mysql_native_password",
         "postgresql://app:s3cr3t@db.internal/taskstream?ssl=require&command_timeout=5",
         "postgres://app:s3cr3t@db.internal/taskstream?prepared_statement_cache_size=0",
+        "postgres://app:s3cr3t@db.internal/taskstream?statement_cache_size=0&command_timeout=2.5",
     ],
 )
 def test_a_database_url_sqlalchemy_reads_is_accepted(url: str) -> None:
@@ -54,6 +55,8 @@ def test_a_database_url_sqlalchemy_reads_is_accepted(url: str) -> None:
             "option(s) sslmode (asyncpg takes ssl=",
         ),
         ("postgres://root:s3cr3t@db.internal/t?bogus_opt=1&ssl=require", "option(s) bogus_opt"),
+        ("postgres://root:s3cr3t@db.internal/t?command_timeout=soon", "command_timeout: not a"),
+        ("postgres://root:s3cr3t@db.internal/t?statement_cache_size=-1", "size: out of range"),
     ],
 )
 def test_a_bad_database_url_is_refused_without_its_user_info(url: str, says: str) -> None:

@@ -39,6 +39,7 @@ from taskstream.core.errors import (
     StoreRefused,
     StoreUnavailable,
 )
+from taskstream.core.store.urls import asyncpg_numbers, redact_url
 
 READ_ONLY = "taskstream_read_only"
 """Execution option: the transaction only reads (SQLite then uses a deferred BEGIN)."""
@@ -108,12 +109,16 @@ def make_engine(url: str, *, read_timeout_s: float | None = READ_TIMEOUT_S) -> A
     if backend == "mysql":
         return _mysql_engine(url, read_timeout_s)
     if backend == "postgresql":
+        try:
+            numbers = asyncpg_numbers(url)
+        except ValueError as exc:
+            raise ConfigError([f"invalid database URL {redact_url(url)}: {exc}"]) from None
         return create_async_engine(
             url,
             pool_recycle=POOL_RECYCLE_S,
             pool_size=POOL_SIZE,
             pool_reset_on_return=None,
-            connect_args={"timeout": CONNECT_TIMEOUT_S},
+            connect_args={"timeout": CONNECT_TIMEOUT_S, **numbers},
         )
     raise ConfigError([f"no SQL store for database backend {backend!r}"])
 

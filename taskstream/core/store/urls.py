@@ -7,7 +7,10 @@ speaks async drivers, so `normalize_url` rewrites the scheme and keeps the rest 
 
 from __future__ import annotations
 
+import math
 import re
+from collections.abc import Callable
+from typing import Final
 
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
@@ -34,6 +37,38 @@ _QUERY_SECRET = re.compile(r"([?&][^=&#]*(?:pass|pwd|secret|token|key|cred)[^=&#
 """A query parameter that may carry a secret, up to its value: any whose name holds one of
 those words (`password`, `ssl_password`, `sslpassword`, `api_key`, `access_token`, ...). A
 path such as `ssl_keyfile` is hidden too: too much, never too little."""
+
+
+ASYNCPG_NUMBERS: Final[dict[str, Callable[[str], int | float]]] = {
+    "statement_cache_size": int,
+    "max_cached_statement_lifetime": int,
+    "max_cacheable_statement_size": int,
+    "command_timeout": float,
+}
+"""asyncpg's options that are numbers, with the type each is read as. A URL gives them as
+text, which asyncpg's `connect` refuses (`TypeError`); the engine passes them as numbers."""
+
+
+def asyncpg_numbers(url: str) -> dict[str, int | float]:
+    """The numeric asyncpg options (`ASYNCPG_NUMBERS`) in `url`'s query, as numbers.
+    `ValueError` naming the first whose value is not one: a whole number >= 0, or for
+    `command_timeout` a finite number of seconds > 0. Values are never quoted."""
+    query = make_url(url).query
+    found: dict[str, int | float] = {}
+    for name, read in ASYNCPG_NUMBERS.items():
+        given = query.get(name)
+        if given is None:
+            continue
+        text = given if isinstance(given, str) else given[-1]
+        try:
+            value = read(text)
+        except ValueError:
+            kind = "a number" if read is float else "a whole number"
+            raise ValueError(f"option {name}: not {kind}") from None
+        if value < 0 or not math.isfinite(value) or (read is float and value == 0):
+            raise ValueError(f"option {name}: out of range")
+        found[name] = value
+    return found
 
 
 def url_scheme(url: str) -> str | None:
