@@ -191,11 +191,13 @@ async def note(redis: streams.Redis, keys: Keys, handed: list[Handed], owner: st
 
 @commands("GET")
 async def noted(redis: streams.Redis, keys: Keys, row: InstanceRow) -> ReleaseNote | None:
-    """The release noted for `row`'s attempt, if any."""
+    """The release noted for `row`'s attempt, if any. Bytes that are not UTF-8 (written by some
+    other program) are read as U+FFFD: never a consumer name, so no release of this run."""
     value: bytes | str | None = await redis.get(keys.released(row.id, row.attempt))
     if value is None:
         return None
-    owner, lost_end = read_release_note(value.decode() if isinstance(value, bytes) else value)
+    text = value.decode(errors="replace") if isinstance(value, bytes) else value
+    owner, lost_end = read_release_note(text)
     return ReleaseNote(row.attempt, owner, lost_end)
 
 

@@ -107,6 +107,24 @@ async def test_a_note_of_another_run_is_not_its_release(
     assert [x.reason for x in history if x.from_status is Status.RUNNING] == [OWNER_LOST]
 
 
+@pytest.mark.parametrize("value", [b"c1\xff", b"\xff|completed", b"c1|\xfe\xff"])
+async def test_a_note_that_is_not_utf8_is_no_release(outage: Harness, value: bytes) -> None:
+    """A `released:` value written by some other program, bytes that are not UTF-8, is read
+    as no note of this run's owner (its end, if any, shown with replacement characters): the
+    run is timed out as a lost owner's, where the sweeper's pass failed on it every time."""
+    h = outage
+    instance_id, _ = await claimed_unrun(h, "c1")
+    await h.redis.set(h.keys.released(instance_id, 1), value)
+    await h.sweeper().sweep_once()
+    history = await h.store.history(instance_id)
+    moved = [x for x in history if x.from_status is Status.RUNNING]
+    if value.startswith(b"c1|"):  # its owner's note: released, its end named as it could be
+        assert [x.reason for x in moved] == [RELEASED]
+        assert moved[0].note == LOST_END.format(end="\ufffd\ufffd")
+    else:
+        assert [x.reason for x in moved] == [OWNER_LOST]
+
+
 async def test_a_noted_release_loses_to_a_lease_extended_since_it_was_read(
     outage: Harness,
 ) -> None:
