@@ -30,9 +30,11 @@ def dumps(value: Any, *, what: str) -> str:
         raise StoreRefused(f"{what} is not JSON-serialisable: {exc}") from exc
 
 
-def loads(text: str | None, *, where: str = "stored JSON") -> Any:
+def loads(text: str | None, *, where: str | tuple[str, object, str] = "stored JSON") -> Any:
     """The value of stored JSON text; None for SQL NULL. `StoreCorrupt` naming `where`
-    (`<table> row '<key>': <column>`) when the text is not JSON (a hand edit in SQL)."""
+    (`<table> row '<key>': <column>`, or the (table, key, column) to write it from, which
+    reads of many rows pass so that the name is made only for a bad one) when the text is
+    not JSON (a hand edit in SQL)."""
     if text is None:
         return None
     if text == "{}":  # most contexts: a new dict, without the parser
@@ -40,7 +42,8 @@ def loads(text: str | None, *, where: str = "stored JSON") -> Any:
     try:
         return json.loads(text)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
-        raise StoreCorrupt(f"{where} is not JSON ({exc}); left as it is") from None
+        named = where if isinstance(where, str) else _where(*where)
+        raise StoreCorrupt(f"{named} is not JSON ({exc}); left as it is") from None
 
 
 def _where(table: str, key: object, column: str) -> str:
@@ -113,9 +116,9 @@ def instance_fields(m: Mapping[Any, Any]) -> dict[str, Any]:
         "priority": m["priority"],
         "scheduled_for_ms": int(m["scheduled_for_ms"]),
         "business_date": m["business_date"],
-        "payload": loads(m["payload"], where=_where("task_instances", m["id"], "payload")),
-        "result": loads(m["result"], where=_where("task_instances", m["id"], "result")),
-        "context": loads(m["context"], where=_where("task_instances", m["id"], "context")),
+        "payload": loads(m["payload"], where=("task_instances", m["id"], "payload")),
+        "result": loads(m["result"], where=("task_instances", m["id"], "result")),
+        "context": loads(m["context"], where=("task_instances", m["id"], "context")),
         "fail_class": _fail_class(m),
         "last_error": m["last_error"],
         "lease_owner": m["lease_owner"],
@@ -159,7 +162,7 @@ def decision_row(m: RowMapping) -> DecisionRow:
         fire_time_ms=int(m["fire_time_ms"]),
         decision=m["decision"],
         reason=m["reason"],
-        details=loads(m["details"], where=_where("trigger_decisions", m["task_id"], "details")),
+        details=loads(m["details"], where=("trigger_decisions", m["task_id"], "details")),
         instance_id=m["instance_id"],
         decided_at_ms=int(m["decided_at_ms"]),
     )
@@ -169,7 +172,7 @@ def definition_record(m: RowMapping) -> DefinitionRecord:
     """A `task_definitions` row as the port's record."""
     return DefinitionRecord(
         task_id=m["task_id"],
-        spec=loads(m["spec"], where=_where("task_definitions", m["task_id"], "spec")),
+        spec=loads(m["spec"], where=("task_definitions", m["task_id"], "spec")),
         spec_hash=m["spec_hash"],
         paused=bool(m["paused"]),
         updated_at_ms=int(m["updated_at_ms"]),
