@@ -20,7 +20,7 @@ from taskstream.core.settings import Settings
 from taskstream.core.spec import TaskFile
 from taskstream.runtime import endpoint
 from taskstream.runtime.embedded import EmbeddedValkey
-from taskstream.runtime.lifetime import HomeLock
+from taskstream.runtime.lifetime import HomeLock, import_as_children
 from taskstream.runtime.supervisor import Child, Supervisor, install_stop_signals, role_argv
 
 DEFAULT_TASKS = Path("tasks.yaml")
@@ -43,17 +43,21 @@ def up_cmd(
         raise typer.BadParameter(f"no task file at {tasks}", param_hint="--tasks")
     path = tasks or DEFAULT_TASKS
     s = settings()
-    taskfile = None
-    if path.exists():
-        taskfile = load_checked(path, s)
-    else:
-        # Without a task file the cluster runs the definitions stored before. The modules the
-        # roles load are checked here all the same: else each child would exit on a bad one
-        # and be started again, for ever, while `up` looked healthy.
+    run_async(_up(s, _checked(path, s), executors, concurrency))
+
+
+def _checked(path: Path, s: Settings) -> TaskFile | None:
+    """The task file at `path` checked, or None when there is none. The modules the roles
+    load are checked either way, as the roles import them: else each child would exit on a
+    bad one and be started again, for ever, while `up` looked healthy."""
+    with import_as_children():
+        if path.exists():
+            return load_checked(path, s)
+        # Without a task file the cluster runs the definitions stored before.
         default_registry(s.agent_modules)
         preconditions.load(s.precondition_modules)
-        get_logger(role="supervisor").warning("tasks.file_missing", path=str(path))
-    run_async(_up(s, taskfile, executors, concurrency))
+    get_logger(role="supervisor").warning("tasks.file_missing", path=str(path))
+    return None
 
 
 async def _up(

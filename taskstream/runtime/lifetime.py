@@ -21,6 +21,8 @@ import fcntl
 import os
 import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -35,6 +37,21 @@ def python_module(module: str, *args: str) -> list[str]:
     put on the import path (a `queue.py` there must not replace the standard library's, nor
     a source tree the installed package)."""
     return [sys.executable, "-P", "-m", module, *args]
+
+
+@contextmanager
+def import_as_children() -> Iterator[None]:
+    """Within: this process's import path without the entry Python put first (the working
+    folder under `python -m`, the script's folder under a console script), which `-P` keeps
+    off the path of `python_module`'s children, so a module imported here is one they can
+    import too."""
+    saved = list(sys.path)
+    if not sys.flags.safe_path and sys.path:
+        del sys.path[0]
+    try:
+        yield
+    finally:
+        sys.path[:] = saved
 
 
 def guarded(argv: list[str]) -> list[str]:

@@ -355,3 +355,22 @@ async def _instances(store: SqlStore) -> list[str]:
 async def _in(store: SqlStore, instance_id: str, status: Status) -> bool:
     row = await store.get_instance(instance_id)
     return row is not None and row.status is status
+
+
+@pytest.mark.parametrize("task_file", [False, True])
+def test_up_refuses_an_agent_module_its_roles_cannot_import(
+    tmp_path: Path, reaper: list[Any], task_file: bool
+) -> None:
+    """`python -m taskstream up` has its working folder on its import path, its roles
+    (`python -P`) do not: a module found only there is refused at start, exit 2, instead of
+    passing the check and every executor exiting on it and being started again for ever."""
+    (tmp_path / "myagents.py").write_text("AGENTS = []\n")
+    if task_file:
+        (tmp_path / "tasks.yaml").write_text("tasks:\n  - id: t\n    agent: echo\n")
+    proc = start_up(tmp_path, base_env(TASKSTREAM_AGENT_MODULES="myagents"), "--executors", "1")
+    reaper.append(proc)
+    exited = wait_for(lambda: proc.poll() is not None, 20)
+    log = (tmp_path / "up.log").read_text()
+    assert exited and proc.returncode == 2, log[-2000:]
+    assert "agent module 'myagents' cannot be imported" in log
+    assert not (tmp_path / ".taskstream").exists()
