@@ -29,6 +29,13 @@ from taskstream.runtime.supervisor import restart_delay_s
 
 WATCH_S = 1.0
 """How often `keep` looks whether the server is still running (s)."""
+PORT_TRIES = 3
+"""Ports tried at start: the free port picked may be taken by another process before the
+server binds it."""
+PING_TIMEOUT_S = 0.5
+"""Longest wait for one reply while the server starts (s): the port may be another
+process's, which never answers."""
+PORT_TAKEN = "Address already in use"
 
 CONFIG = """bind 127.0.0.1
 protected-mode yes
@@ -55,6 +62,10 @@ def _free_port() -> int:
         return port
 
 
+class PortTaken(QueueUnavailable):
+    """The server exited at start: another process holds its port."""
+
+
 class EmbeddedValkey:
     """One Valkey server process whose data survives restarts of `taskstream up`."""
 
@@ -66,9 +77,17 @@ class EmbeddedValkey:
         self._url = ""
 
     def start(self, timeout_s: float = 15.0) -> str:
-        """Start the server and wait until it answers PING; returns its URL."""
+        """Start the server and wait until it answers PING; returns its URL. A port taken
+        before the server binds it is traded for another, `PORT_TRIES` times at most."""
         self._dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        port = _free_port()
+        for _ in range(PORT_TRIES - 1):
+            try:
+                return self._start_on(_free_port(), timeout_s)
+            except PortTaken as exc:
+                get_logger(role="supervisor").warning("valkey.port_taken", error=str(exc)[-300:])
+        return self._start_on(_free_port(), timeout_s)
+
+    def _start_on(self, port: int, timeout_s: float) -> str:
         password = secrets.token_hex(24)
         conf = self._dir / "valkey.conf"
         # `dir .`: the server runs in its folder, whose path may hold what the config file
@@ -113,7 +132,9 @@ class EmbeddedValkey:
             await _stopped_within(stop, WATCH_S)
 
     def _wait_ready(self, url: str, timeout_s: float) -> None:
-        client = redis.Redis.from_url(url, socket_connect_timeout=0.5)
+        client = redis.Redis.from_url(
+            url, socket_connect_timeout=PING_TIMEOUT_S, socket_timeout=PING_TIMEOUT_S
+        )
         deadline = time.monotonic() + timeout_s
         try:
             while time.monotonic() < deadline:
@@ -122,13 +143,15 @@ class EmbeddedValkey:
                 try:
                     client.ping()
                     return
-                except redis.exceptions.ConnectionError:
+                except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
                     time.sleep(0.05)
         finally:
             client.close()
         code = None if self._proc is None else self._proc.poll()
         self.stop()
         said = " ".join(_tail(self._dir / name) for name in ("valkey.err", "valkey.log")).strip()
+        if code is not None and PORT_TAKEN in said:
+            raise PortTaken(f"embedded valkey exited at start (code {code}): {said}")
         if code is not None:
             raise QueueUnavailable(f"embedded valkey exited at start (code {code}): {said}")
         raise QueueUnavailable(f"embedded valkey did not start within {timeout_s} s: {said}")

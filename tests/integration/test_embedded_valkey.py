@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -86,3 +87,28 @@ async def _answers(url: str) -> bool:
         return False
     finally:
         client.close()
+
+
+def test_a_port_taken_before_the_server_binds_it_is_traded_for_another(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The free port picked for the server is taken by another process before the server
+    binds it (a busy host hands it out to an outgoing connection): the server is started on
+    another port, instead of `up` failing with "Address already in use"."""
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen(1)
+    taken = held.getsockname()[1]
+    picks = iter([taken])
+    real_free_port = embedded._free_port
+    monkeypatch.setattr(embedded, "_free_port", lambda: next(picks, None) or real_free_port())
+    try:
+        with EmbeddedValkey(tmp_path) as url:
+            client = redis.Redis.from_url(url)
+            try:
+                assert client.ping()
+            finally:
+                client.close()
+            assert f":{taken}/" not in url
+    finally:
+        held.close()
