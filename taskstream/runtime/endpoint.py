@@ -12,6 +12,7 @@ from urllib.parse import quote
 
 from taskstream.core.errors import ClusterNotFound, ConfigError
 from taskstream.core.settings import Settings
+from taskstream.runtime.lifetime import holder
 
 ENDPOINT_FILE = "endpoint.json"
 SQLITE_FILE = "taskstream.db"
@@ -75,25 +76,16 @@ def remove(home: Path, pid: int) -> None:
         return
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def read_live(home: Path) -> Endpoints | None:
-    """The endpoints of a running `up` in `home`, or None (no file, or its process is gone)."""
+    """The endpoints of a running `up` in `home`, or None (no file, or the `up` that wrote it
+    no longer holds the folder, though its pid may name another process since)."""
     try:
         data = json.loads((home / ENDPOINT_FILE).read_text())
         pid = int(data["pid"])
         found = Endpoints(redis_url=str(data["redis_url"]), database_url=str(data["database_url"]))
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return found if _alive(pid) else None
+    return found if holder(home) == pid else None
 
 
 def resolve(settings: Settings, *, need_redis: bool = True) -> Endpoints:

@@ -10,7 +10,8 @@ with threads. Elsewhere than Linux `argv` runs as it is, and outlives a killed `
 
 `HomeLock` holds an exclusive `flock` on `<home>/up.lock` for the life of `up`: a second `up`
 in the same folder would start a second Valkey on the same append-only file, and the two would
-overwrite each other's data. The kernel drops the lock when its holder dies, however it dies.
+overwrite each other's data. The kernel drops the lock when its holder dies, however it dies,
+so `holder(home)` says which `up` runs there: a pid alone may since name another process.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import fcntl
 import os
 import signal
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,6 +32,9 @@ from typing import Self
 from taskstream.core.errors import ConfigError, TaskstreamError
 
 _PR_SET_PDEATHSIG = 1
+LOCK_FILE = "up.lock"
+LOOK_WAIT_S = 0.2
+"""How long `HomeLock` waits for a lock taken (s): `holder` takes it shared for an instant."""
 
 
 def python_module(module: str, *args: str) -> list[str]:
@@ -73,11 +78,42 @@ class AlreadyRunning(TaskstreamError):
     """Another `taskstream up` holds this home folder."""
 
 
+def holder(home: Path) -> int | None:
+    """The pid of the `up` holding `home` now, None when none does (or it is still writing
+    its pid). Looks by taking the lock shared, let go at once."""
+    try:
+        fd = os.open(home / LOCK_FILE, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        text = os.read(fd, 32).decode(errors="replace").strip()
+        return int(text) if text.isdigit() else None
+    finally:
+        os.close(fd)  # closing drops the shared lock, when this look took it
+    return None
+
+
+def _take(fd: int) -> bool:
+    """Take the exclusive lock on `fd`, waiting up to `LOOK_WAIT_S` for a `holder` look."""
+    deadline = time.monotonic() + LOOK_WAIT_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+        else:
+            return True
+
+
 class HomeLock:
     """An exclusive lock on `<home>/up.lock`, held from `__enter__` to `__exit__`."""
 
     def __init__(self, home: Path) -> None:
-        self._path = home / "up.lock"
+        self._path = home / LOCK_FILE
         self._fd: int | None = None
 
     def __enter__(self) -> Self:
@@ -91,9 +127,7 @@ class HomeLock:
             raise ConfigError(
                 [f"TASKSTREAM_HOME {self._path.parent} is not a usable folder: {exc.strerror}"]
             ) from exc
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not _take(fd):
             holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
             os.close(fd)
             raise AlreadyRunning(

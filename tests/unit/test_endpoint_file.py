@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import sqlite3
 from pathlib import Path
 
 import pytest
 
 from taskstream.core.store.migrate import upgrade
-from taskstream.runtime import endpoint
+from taskstream.runtime import endpoint, lifetime
 
 
 def test_the_endpoint_file_and_a_home_it_creates_are_the_owners_only(tmp_path: Path) -> None:
@@ -79,3 +80,20 @@ def test_the_embedded_store_is_the_file_in_its_home_whatever_the_folder_is_named
     assert "task_instances" in tables
     assert sorted(p.name for p in tmp_path.iterdir()) == [folder]
     assert db.stat().st_mode & 0o777 == 0o600
+
+
+def test_an_endpoint_file_whose_pid_names_another_process_is_no_running_cluster(
+    tmp_path: Path,
+) -> None:
+    """`up` killed outright, or the host rebooted under it, leaves its endpoint file, and the
+    pid in it may since be another process's (an `up` run as a container's pid 1, say): the
+    commands must not take its stale URLs for a running cluster's. Only an `up` holding the
+    folder's lock makes the file live, and looking does not keep a later `up` from taking it."""
+    eps = endpoint.Endpoints("redis://:secret@127.0.0.1:1/0", "sqlite:///x.db")
+    endpoint.write(tmp_path, eps, pid=os.getpid())  # alive, but no `up`
+    assert endpoint.read_live(tmp_path) is None
+    with lifetime.HomeLock(tmp_path):
+        assert endpoint.read_live(tmp_path) == eps
+    assert endpoint.read_live(tmp_path) is None
+    with lifetime.HomeLock(tmp_path):
+        pass
