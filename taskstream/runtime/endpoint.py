@@ -39,13 +39,19 @@ def private_sqlite(home: Path) -> str:
     """The URL of the embedded store in `home`, its file made the owner's only first (it
     holds payloads and results). SQLite gives its -wal and -shm files the database file's
     mode. A home folder that already existed keeps its own mode, so the files must be
-    private by themselves; files an older version left readable by others are made private."""
-    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    private by themselves; files an older version left readable by others are made private.
+    `ConfigError` naming the file that cannot be (a folder in its place, another user's file
+    left by a command run with sudo, a read-only disk)."""
     path = home / SQLITE_FILE
-    os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
-    for name in (SQLITE_FILE, *(SQLITE_FILE + suffix for suffix in SQLITE_SIDE_FILES)):
-        with contextlib.suppress(FileNotFoundError):
-            (home / name).chmod(0o600)
+    try:
+        home.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+        for name in (SQLITE_FILE, *(SQLITE_FILE + suffix for suffix in SQLITE_SIDE_FILES)):
+            path = home / name
+            with contextlib.suppress(FileNotFoundError):
+                path.chmod(0o600)
+    except OSError as exc:
+        raise ConfigError([f"cannot use {path}: {exc.strerror or exc}"]) from exc
     return sqlite_url(home)
 
 

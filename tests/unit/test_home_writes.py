@@ -42,3 +42,27 @@ def test_an_endpoint_file_that_cannot_be_written_is_a_clear_error(tmp_path: Path
 def test_a_server_config_that_cannot_be_written_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"cannot write .*valkey\.conf"):
         embedded._write_private(tmp_path / "missing" / "valkey.conf", "port 1\n")
+
+
+def test_a_store_file_that_cannot_be_opened_is_a_clear_error(tmp_path: Path) -> None:
+    """The embedded store's path is not a file `up` may use (a folder there; a file another
+    user owns, left by a command run with sudo): an error naming it, not a traceback."""
+    (tmp_path / endpoint.SQLITE_FILE).mkdir()
+    with pytest.raises(ConfigError, match=r"cannot use .*taskstream\.db: Is a directory"):
+        endpoint.private_sqlite(tmp_path)
+
+
+def test_a_store_side_file_that_cannot_be_made_private_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "taskstream.db-wal").write_bytes(b"")
+    real_chmod = Path.chmod
+
+    def not_ours(path: Path, mode: int) -> None:
+        if path.name.endswith("-wal"):
+            raise PermissionError(errno.EPERM, os.strerror(errno.EPERM))
+        real_chmod(path, mode)
+
+    monkeypatch.setattr(Path, "chmod", not_ours)
+    with pytest.raises(ConfigError, match=r"cannot use .*taskstream\.db-wal: Operation not"):
+        endpoint.private_sqlite(tmp_path)
