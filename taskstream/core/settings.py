@@ -157,6 +157,11 @@ def _check_database_url(url: str) -> None:
     server = not scheme.lower().startswith("sqlite")
     if server and not parsed.database:
         raise ValueError("no database name after the host (scheme://user:password@host/name)")
+    if not server and _in_memory(parsed.database, parsed.query.get("mode")):
+        raise ValueError(
+            "an in-memory SQLite store is private to the process that opens it, and each role "
+            "is a process of its own: name a file (sqlite:///path/to/store.db)"
+        )
     if parsed.query and async_driver(scheme) in _CHECKED_DRIVERS:
         _check_driver_options(url)
 
@@ -164,6 +169,13 @@ def _check_database_url(url: str) -> None:
 _CHECKED_DRIVERS = ("mysql+asyncmy", "postgresql+asyncpg")
 """The drivers whose `connect` names every option it takes: an option it does not take is
 refused at the first connection with a `TypeError` (a traceback at every command)."""
+
+
+def _in_memory(database: str | None, mode: str | tuple[str, ...] | None) -> bool:
+    """Whether an SQLite URL's database (its path) and `mode` option name no file."""
+    modes = (mode,) if isinstance(mode, str) else mode or ()
+    return not database or database == ":memory:" or "memory" in modes
+
 
 _ASYNCPG_OWN = frozenset({"prepared_statement_cache_size", "prepared_statement_name_func"})
 """Options of SQLAlchemy's asyncpg dialect, taken before the driver's `connect` is called."""

@@ -68,6 +68,23 @@ def test_a_bad_database_url_is_refused_without_its_user_info(url: str, says: str
 @pytest.mark.parametrize(
     "url",
     [
+        "sqlite://",
+        "sqlite:///:memory:",
+        "sqlite+aiosqlite://",
+        "sqlite:///file:store?mode=memory&cache=shared&uri=true",
+    ],
+)
+def test_an_in_memory_sqlite_store_is_refused(url: str) -> None:
+    """Every role is a process of its own, with its own in-memory database: `up` migrated
+    one that no role saw, and every role waited for its tables for ever."""
+    [line] = _problems(database_url=url)
+    assert line.startswith("TASKSTREAM_DATABASE_URL: "), line
+    assert "an in-memory SQLite store" in line, line
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
         "redis://:s3cr3t%2FXk9@cache.internal:6379/0",
         "rediss://svc:s3cr3t@cache.internal/1",
         "redis://:s3cr3t@Xk9@cache.internal:6379",  # read up to the last '@', as the client does
