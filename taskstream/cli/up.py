@@ -77,7 +77,9 @@ async def _up(
         try:
             eps = endpoint.Endpoints(
                 redis_url=redis_url or "",
-                database_url=s.database_url or endpoint.private_sqlite(s.home),
+                database_url=endpoint.anchored(s.database_url)
+                if s.database_url
+                else endpoint.private_sqlite(s.home),
             )
             if not await _unless_stopped(stop, _prepare(s, eps, taskfile, upgrade)):
                 return

@@ -8,10 +8,11 @@ import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 from taskstream.core.errors import ClusterNotFound, ConfigError
 from taskstream.core.settings import Settings
+from taskstream.core.store.urls import url_scheme
 from taskstream.runtime.lifetime import holder
 
 ENDPOINT_FILE = "endpoint.json"
@@ -33,6 +34,20 @@ def sqlite_url(home: Path) -> str:
     read percent-decoded and ends at a `?`, so a folder named `jobs?v2` or `100%41` would
     otherwise open another file (outside the private home) or none."""
     return "sqlite:///" + quote(str((home / SQLITE_FILE).resolve()), safe="/")
+
+
+def anchored(url: str) -> str:
+    """`url` with a relative SQLite file path made absolute, as this process reads it (from
+    its working folder), so that a command run in another folder opens the same file rather
+    than an empty one of that name. Other URLs are returned as they are."""
+    scheme = url_scheme(url) or ""
+    head = f"{scheme}:///"
+    if not scheme.lower().startswith("sqlite") or not url.startswith(head):
+        return url
+    path, sep, query = url[len(head) :].partition("?")
+    if not path or path.startswith("/") or path == ":memory:" or path.startswith("file:"):
+        return url
+    return head + quote(str(Path(unquote(path)).resolve()), safe="/") + sep + query
 
 
 def private_sqlite(home: Path) -> str:

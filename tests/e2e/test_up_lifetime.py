@@ -374,3 +374,23 @@ def test_up_refuses_an_agent_module_its_roles_cannot_import(
     assert exited and proc.returncode == 2, log[-2000:]
     assert "agent module 'myagents' cannot be imported" in log
     assert not (tmp_path / ".taskstream").exists()
+
+
+def test_a_relative_sqlite_store_is_found_from_another_folder(
+    tmp_path: Path, reaper: list[Any]
+) -> None:
+    """`TASKSTREAM_DATABASE_URL=sqlite:///store.db` is read against the folder `up` runs in:
+    a command run elsewhere, pointed at the cluster by `TASKSTREAM_HOME`, must open that file,
+    not make an empty one of the same name in its own folder."""
+    env = base_env(TASKSTREAM_DATABASE_URL="sqlite:///store.db")
+    proc = start_up(tmp_path, env, "--executors", "0")
+    reaper.append(proc)
+    home = tmp_path / ".taskstream"
+    assert wait_for((home / "endpoint.json").exists, 60), (tmp_path / "up.log").read_text()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    out = run_cli("status", "--json", env=base_env(TASKSTREAM_HOME=str(home)), cwd=elsewhere)
+    assert out.returncode == 0, out.stderr
+    assert not (elsewhere / "store.db").exists()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0

@@ -97,3 +97,22 @@ def test_an_endpoint_file_whose_pid_names_another_process_is_no_running_cluster(
     assert endpoint.read_live(tmp_path) is None
     with lifetime.HomeLock(tmp_path):
         pass
+
+
+@pytest.mark.parametrize(
+    ("given", "anchored"),
+    [
+        ("sqlite:///store.db", "sqlite:///{cwd}/store.db"),
+        (
+            "sqlite+aiosqlite:///a%20b/s.db?timeout=5",
+            "sqlite+aiosqlite:///{cwd}/a%20b/s.db?timeout=5",
+        ),
+        ("sqlite:////srv/store.db", "sqlite:////srv/store.db"),
+        ("mysql://root@db/taskstream", "mysql://root@db/taskstream"),
+    ],
+)
+def test_a_relative_sqlite_path_is_anchored_to_the_working_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, given: str, anchored: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert endpoint.anchored(given) == anchored.format(cwd=tmp_path.resolve())
