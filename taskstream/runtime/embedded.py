@@ -132,6 +132,9 @@ class EmbeddedValkey:
             await _stopped_within(stop, WATCH_S)
 
     def _wait_ready(self, url: str, timeout_s: float) -> None:
+        """Wait until the server answers PING, at most `timeout_s` without an answer; while
+        it answers LOADING (a large data set), as long as it loads: stopping it there would
+        only start the same load again next time."""
         client = redis.Redis.from_url(
             url, socket_connect_timeout=PING_TIMEOUT_S, socket_timeout=PING_TIMEOUT_S
         )
@@ -143,6 +146,9 @@ class EmbeddedValkey:
                 try:
                     client.ping()
                     return
+                except redis.exceptions.BusyLoadingError:
+                    deadline = time.monotonic() + timeout_s
+                    time.sleep(0.05)
                 except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
                     time.sleep(0.05)
         finally:

