@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import event, text
 
 from taskstream.core.errors import StoreError, StoreUnavailable
 from taskstream.core.payloads import payload_problem
@@ -86,6 +86,34 @@ async def test_dispatch_with_a_moved_row_rolls_back_and_decides_each_row(
             (None, Status.PENDING),
             (Status.PENDING, Status.DISPATCHED),
         ]
+
+
+async def test_dispatch_of_rows_all_moved_on_reads_them_in_the_same_transaction(
+    store: SqlStore, make_new: MakeNew, advance: Advance
+) -> None:
+    """An executor that read the entries first claimed every row (the usual race of a batch
+    of one): the UPDATE matched nothing, so nothing is rolled back, and the rows' statuses
+    are read under their locks in that same transaction."""
+    a, b = await _pending(store, make_new, "a", "b")
+    for instance_id in (a, b):
+        won = await store.claim_many([ClaimRequest(instance_id, 0, 30)], owner="x")
+        assert won[instance_id].token == 1
+    before = [await trail(store, i) for i in (a, b)]
+    checkouts: list[object] = []
+
+    def count(dbapi_connection: object, *rest: object) -> None:
+        checkouts.append(dbapi_connection)
+
+    requests = [DispatchRequest(i, Status.PENDING, 0) for i in (a, b)]
+    # Pool listeners cannot be removed; this store is the test's own.
+    event.listen(store.engine.sync_engine, "checkout", count)
+    with statements(store) as sent:
+        results = await store.dispatch_many(requests)
+
+    assert [s.lstrip().split()[0].upper() for s in sent] == ["UPDATE", "SELECT"]
+    assert len(checkouts) == 1  # one transaction
+    assert results == dict.fromkeys((a, b), CasResult(ok=False, found=Status.RUNNING))
+    assert [await trail(store, i) for i in (a, b)] == before
 
 
 async def test_finish_naming_owners_reads_nothing_and_records_them(

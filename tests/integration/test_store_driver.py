@@ -14,7 +14,7 @@ from taskstream.core.errors import StoreUnavailable
 from taskstream.core.states import Status
 from taskstream.core.store import sql_queries as q
 from taskstream.core.store import sql_templates as templates
-from taskstream.core.store.port import ClaimRequest
+from taskstream.core.store.port import CasResult, ClaimRequest, DispatchRequest
 from taskstream.core.store.sql import SqlStore
 from taskstream.core.store.sql_driver import driver_enabled, driver_transaction
 from taskstream.core.store.sql_engine import ConstraintViolation, make_engine
@@ -101,6 +101,30 @@ async def test_hot_writes_skip_the_engine(store: SqlStore) -> None:
     assert claimed["inst-a"].token == 1
     assert [s.split()[0] for s in by_driver] == ["SELECT", "UPDATE", "INSERT"]
     assert by_engine == []
+
+
+async def test_the_dispatch_locking_path_skips_the_engine(store: SqlStore) -> None:
+    """A dispatch that finds one row of its batch moved on (claimed first) rolls back its
+    update and decides each row under lock, on the driver too."""
+    await _seed(store, "a", "b")
+    async with store.engine.begin() as conn:
+        await conn.execute(inst.update().values(status=Status.PENDING.value))
+    await store.claim_many([ClaimRequest("inst-a", 0, 30)], owner="x")
+    by_engine: list[object] = []
+    by_driver: list[str] = []
+    event.listen(store.engine.sync_engine, "before_cursor_execute", lambda *a: by_engine.append(a))
+    store.statement_listeners.append(by_driver.append)
+
+    requests = [DispatchRequest(f"inst-{n}", Status.PENDING, 0) for n in ("a", "b")]
+    results = await store.dispatch_many(requests)
+
+    assert results == {
+        "inst-a": CasResult(ok=False, found=Status.RUNNING),
+        "inst-b": CasResult(ok=True),
+    }
+    assert [s.split()[0] for s in by_driver] == ["UPDATE", "SELECT", "UPDATE", "INSERT"]
+    assert by_engine == []
+    assert await _status(store, "b") is Status.DISPATCHED
 
 
 async def test_commit_keeps_the_connection_for_the_next_transaction(store: SqlStore) -> None:

@@ -6,14 +6,16 @@ so a duplicate does not abort its batch; a concurrent insert that slips in after
 rolls the batch back and each instance is then created on its own), every change has its
 history row copied from the row just written, and the DISPATCHED step is a compare-and-set on
 (id, status, attempt) over rows locked in id order. The DISPATCHED step first updates without
-reading (the rows are almost always where the outbox left them); when an UPDATE matches fewer
-rows than it names, that transaction rolls back and the rows are read under lock to decide each
-one.
+reading (the rows are almost always where the outbox left them); when an UPDATE matches none of
+the rows it names (an executor that read their entries first moved them on), they are read
+under lock for the statuses found, in the same transaction; when it matches some but not all,
+that transaction rolls back and the rows are read under lock to decide each one. Both paths
+send their statements on the driver when the store has one (`SqlStore._hot`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, suppress
 
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -37,8 +39,10 @@ class OutboxMethods:
     helpers."""
 
     _dispatch_found_moved = False
-    """The last `dispatch_many` found some row moved on (an executor claimed it first): the
-    next one locks and reads first rather than try an update that would fail again."""
+    """The last `dispatch_many` (of any caller of this store) found some row moved on (an
+    executor claimed it first): the next one locks and reads first rather than try an update
+    that would fail again. Only a guess at the cheaper path: both paths decide every row
+    alike."""
 
     def _read(self) -> AbstractAsyncContextManager[AsyncConnection]:
         raise NotImplementedError
@@ -106,15 +110,18 @@ class OutboxMethods:
             raise ValueError("dispatch_many: an instance is named twice")
         if not requests:
             return {}
+        results = None
         if len({r.src for r in requests}) == 1 and not self._dispatch_found_moved:
             # Usually every row is still where the outbox left it: update without reading
-            # first, and take the locking path only when some row has moved on. While
-            # executors keep winning that race (busy, fast ones), every batch takes it.
+            # first, and take the locking path only when some rows have moved on and others
+            # not. While executors keep winning that race (busy, fast ones), every batch
+            # takes the locking path.
             with suppress(q.RowsMoved):
                 async with self._hot() as run:
-                    return await dispatch_unread(run, requests)
-        async with self._write() as conn:
-            results = await dispatch_many(conn, requests)
+                    results = await dispatch_unread(run, requests)
+        if results is None:
+            async with self._hot() as run:
+                results = await dispatch_many(run, requests)
         self._dispatch_found_moved = not all(r.ok for r in results.values())
         return results
 
@@ -205,35 +212,59 @@ async def create_many(
     return results
 
 
-async def dispatch_many(
-    conn: AsyncConnection, requests: Sequence[DispatchRequest]
-) -> dict[str, CasResult]:
+async def dispatch_many(run: Runner, requests: Sequence[DispatchRequest]) -> dict[str, CasResult]:
     """CAS src -> DISPATCHED for each request whose row is at (src, attempt) under its lock;
     one UPDATE and one history INSERT per source status and chunk."""
     results: dict[str, CasResult] = {}
     for part in q.chunks(sorted(requests, key=lambda r: r.instance_id)):
-        seen = await q.lock_states(conn, [r.instance_id for r in part])
+        seen = await q.lock_seen(run, [r.instance_id for r in part])
         groups: dict[Status, list[tuple[str, int]]] = {}
         for r in part:
-            state = seen.get(r.instance_id)
-            if state is None or (state.status, state.attempt) != (r.src, r.attempt):
-                found = None if state is None else state.status
-                results[r.instance_id] = CasResult(ok=False, found=found)
-                continue
-            groups.setdefault(r.src, []).append((r.instance_id, r.attempt))
-            results[r.instance_id] = CasResult(ok=True)
+            lost = _lost(r, seen)
+            results[r.instance_id] = lost or CasResult(ok=True)
+            if lost is None:
+                groups.setdefault(r.src, []).append((r.instance_id, r.attempt))
         for src, pairs in sorted(groups.items(), key=lambda g: g[0].value):
-            await dispatch_rows(CoreRunner(conn), src, pairs)
+            await dispatch_rows(run, src, pairs)
     return {r.instance_id: results[r.instance_id] for r in requests}
 
 
+def _lost(request: DispatchRequest, seen: Mapping[str, q.Seen]) -> CasResult | None:
+    """The lost CAS of `request` when its row, as read under its lock, is not at the
+    request's (src, attempt); None when the CAS can land."""
+    state = seen.get(request.instance_id)
+    if state is not None and (state.status, state.attempt) == (request.src, request.attempt):
+        return None
+    return CasResult(ok=False, found=None if state is None else state.status)
+
+
 async def dispatch_unread(run: Runner, requests: Sequence[DispatchRequest]) -> dict[str, CasResult]:
-    """`dispatch_many` for requests that share one source status, without reading the rows
-    first: each chunk's CAS UPDATE must match all of its rows (it locks them in id order),
-    else `q.RowsMoved` and the caller's transaction rolls back."""
+    """`dispatch_many` for requests that share one source status, updating before reading:
+    each chunk's CAS UPDATE (it locks the rows in id order) must match all of its rows, or
+    none. When it matches none, every row of the chunk has moved on (an executor that read
+    its entry first claimed it): the rows are then read under their locks for the statuses
+    that stopped them, in the same transaction. When it matches some but not all, `q.RowsMoved`
+    and the caller's transaction rolls back (which rows it moved cannot be told apart from
+    rows moved to DISPATCHED by another writer).
+
+    No match means moved on for good: a row leaves (src, attempt) only forward (PENDING at an
+    attempt is entered once, RETRYING once per run), so the locking path would find the same.
+    A row found back at it under the lock (a pathological interleaving) raises `RowsMoved`
+    all the same, leaving it to the locking path."""
+    results: dict[str, CasResult] = {}
     for part in q.chunks(sorted(requests, key=lambda r: r.instance_id)):
-        await dispatch_rows(run, part[0].src, [(r.instance_id, r.attempt) for r in part])
-    return {r.instance_id: CasResult(ok=True) for r in requests}
+        src, pairs = part[0].src, [(r.instance_id, r.attempt) for r in part]
+        matched = await run.count(*templates.bind_update(src, pairs, [_DISPATCHED] * len(pairs)))
+        if matched == len(pairs):
+            await _append_published(run, src, pairs)
+            results.update((r.instance_id, CasResult(ok=True)) for r in part)
+            continue
+        seen = await q.lock_seen(run, [r.instance_id for r in part]) if matched == 0 else {}
+        lost = {r.instance_id: _lost(r, seen) for r in part}
+        if matched or None in lost.values():
+            raise q.RowsMoved(f"dispatch batch: {matched} rows matched, {len(pairs)} expected")
+        results.update((i, cas) for i, cas in lost.items() if cas is not None)
+    return {r.instance_id: results[r.instance_id] for r in requests}
 
 
 _DISPATCHED = rows.status_values(Status.DISPATCHED, None, None, None) | {
@@ -255,6 +286,13 @@ async def dispatch_rows(
     clock as read earlier in the transaction); None: the database clock of the statement."""
     values = _DISPATCHED if at_ms is None else _DISPATCHED | {"updated_at_ms": at_ms}
     await q.cas_update(run, src, pairs, [values] * len(pairs), "dispatch batch")
+    await _append_published(run, src, pairs, reason)
+
+
+async def _append_published(
+    run: Runner, src: Status, pairs: Sequence[tuple[str, int]], reason: str = PUBLISHED
+) -> None:
+    """The history rows of the moves of `pairs` from `src` to DISPATCHED, with `reason`."""
     ids = sorted(i for i, _ in pairs)
     await q.append_history(
         run, ids, src=src, owners=dict.fromkeys(ids), reasons=dict.fromkeys(ids, reason)

@@ -172,6 +172,15 @@ async def lock_states(conn: AsyncConnection, ids: Sequence[str]) -> dict[str, Se
     }
 
 
+async def lock_seen(run: Runner, ids: Sequence[str]) -> dict[str, Seen]:
+    """`lock_states` through a `Runner` (so on the driver path too), for at most `CHUNK`
+    ids."""
+    found = await run.rows(*templates.bind_lock_states(ids))
+    return {
+        str(m["id"]): Seen(Status(m["status"]), int(m["attempt"]), m["lease_owner"]) for m in found
+    }
+
+
 async def lock_rows(run: Runner, ids: Sequence[str]) -> tuple[int, dict[str, dict[str, Any]]]:
     """Like `lock_states`, but whole rows (undecoded: `codec.instance_fields` decodes the ones
     the caller keeps), and the database clock (epoch ms) read in the same statement (0 when no

@@ -94,6 +94,24 @@ def lock_rows(n: int) -> Template:
     return Template(stmt)
 
 
+def bind_lock_states(ids: Sequence[str]) -> Bound:
+    """`lock_states` for `ids`."""
+    full = padded(ids)
+    return lock_states(len(full)), id_params(full)
+
+
+@lru_cache(maxsize=_CACHED_SHAPES)
+def lock_states(n: int) -> Template:
+    """(id, status, attempt, lease_owner) of `n` ids, locked in id order."""
+    stmt = (
+        select(inst.c.id, inst.c.status, inst.c.attempt, inst.c.lease_owner)
+        .where(inst.c.id.in_(_ids(n)))
+        .order_by(inst.c.id)
+        .with_for_update()
+    )
+    return Template(stmt)
+
+
 def _match(n: int, one_attempt: bool) -> ColumnElement[bool]:
     ids = inst.c.id.in_(_ids(n))
     if one_attempt:
