@@ -23,7 +23,7 @@ from taskstream.core.protocol import Keys, Priority, decode
 from taskstream.core.spec import instance_id_for
 from taskstream.core.specfile import parse_task_file_text
 from taskstream.core.states import Status
-from taskstream.core.store.port import CasResult, DispatchRequest, NewInstance
+from taskstream.core.store.port import CasResult, ClaimRequest, DispatchRequest, NewInstance
 from taskstream.core.store.sql import SqlStore
 from taskstream.core.store.sql_engine import make_engine
 from taskstream.core.store.sql_instances import instance_values
@@ -249,6 +249,48 @@ async def test_an_emit_during_the_last_cas_step_is_written(
     assert emitted.outcome == "published"
     assert (await writing).outcome == "published"
     assert sorted(await stream_ids(redis, keys)) == sorted([first.id, second.id])
+
+
+async def test_emits_whose_entries_an_executor_claims_first_are_dispatched_once(
+    store: SqlStore, redis: streams.Redis, keys: Keys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An executor reads a batch's entries and claims the rows before the outbox's CAS to
+    DISPATCHED: the claim completes that step (`seen_on_stream`), the outbox's CAS finds the
+    rows claimed, and the emits are answered published. Each row has one move to DISPATCHED,
+    and the next batch, which no executor outruns, is dispatched by the outbox itself."""
+    await streams.ensure_groups(redis, keys)
+    outbox = Outbox(store, redis, keys)
+    real = store.dispatch_many
+    lost: list[dict[str, CasResult]] = []
+
+    async def claimed_first(requests: list[DispatchRequest]) -> dict[str, CasResult]:
+        read = await streams.read(redis, keys, "exec-1", count=len(requests), block_ms=1000)
+        entries = [decode(d.fields) for d in read]
+        claims = [ClaimRequest(e.instance_id, e.attempt, 30) for e in entries]
+        won = await store.claim_many(claims, owner="exec-1")
+        assert sorted(won) == sorted(r.instance_id for r in requests)
+        lost.append(await real(requests))
+        return lost[-1]
+
+    raced, later = news(4)[:3], news(4)[3]
+    monkeypatch.setattr(store, "dispatch_many", claimed_first)
+    emitted = await asyncio.gather(*(outbox.emit(n, now_ms=T0) for n in raced))
+    monkeypatch.setattr(store, "dispatch_many", real)
+    after = await outbox.emit(later, now_ms=T0)
+
+    assert [(e.outcome, e.status) for e in emitted] == [("published", Status.DISPATCHED)] * 3
+    assert [set(r.values()) for r in lost] == [{CasResult(ok=False, found=Status.RUNNING)}]
+    for new in raced:
+        steps = [
+            (h.from_status, h.to_status, h.attempt, h.reason) for h in await store.history(new.id)
+        ]
+        assert steps[1:] == [
+            (Status.PENDING, Status.DISPATCHED, 0, "seen_on_stream"),
+            (Status.DISPATCHED, Status.RUNNING, 1, "claimed"),
+        ]
+    assert (after.outcome, after.status) == ("published", Status.DISPATCHED)
+    last = (await store.history(later.id))[-1]
+    assert (last.to_status, last.reason) == (Status.DISPATCHED, "published")
 
 
 async def test_publish_many_adds_every_entry_and_dispatches_the_waiting_rows(
