@@ -55,7 +55,13 @@ TOLD_MAX = 1024
 
 @dataclass(frozen=True, slots=True)
 class Emitted:
-    """What emitting one instance did. `instance_id` names the row that exists now."""
+    """What emitting one instance did. `instance_id` names the row that exists now.
+
+    `status`: for `duplicate`, the existing row's status as read; for `unpublished`,
+    PENDING; for `published`, DISPATCHED once the step to DISPATCHED is done, by this outbox's
+    CAS or by another writer first (mostly an executor that read the entry and claimed the
+    row, which may then be RUNNING or further on already), else PENDING (that step failed:
+    the row moves on when an executor reads its entry)."""
 
     outcome: EmitOutcome
     instance_id: str
