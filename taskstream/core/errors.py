@@ -46,7 +46,12 @@ class StoreRefused(StoreError):
 class StoreCorrupt(StoreError):
     """A stored row holds what taskstream never writes (JSON that does not parse, a status no
     state machine has), say after a hand edit in SQL: named by table, row and column. The row
-    is left as it is; reading it again fails again until it is mended."""
+    is left as it is; reading it again fails again until it is mended. `column`: the column
+    that holds it, when one is named."""
+
+    def __init__(self, message: str, *, column: str | None = None) -> None:
+        self.column = column
+        super().__init__(message)
 
 
 class SchemaMissing(StoreUnavailable):

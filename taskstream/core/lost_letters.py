@@ -41,7 +41,7 @@ from taskstream.core.states import (
     life_began,
     recorded_by_letter,
 )
-from taskstream.core.store.port import HistoryRow, InstanceRow, Store
+from taskstream.core.store.port import HistoryRow, InstanceRow, Store, UnreadableRow
 
 PAGE = 200
 """Rows FAILED `poison` read from the store at a time."""
@@ -138,8 +138,15 @@ def recorded(
     return recorded_by_letter(attempts, row.status, row.fail_class, row.attempt, life_began=began)
 
 
-async def _judge(store: Store, letters: Letters, rows: Sequence[InstanceRow]) -> list[LostLetter]:
-    """The lost letters of `rows` (FAILED `poison`, the latest failure first), in order."""
+async def _judge(
+    store: Store, letters: Letters, page: Sequence[InstanceRow | UnreadableRow]
+) -> list[LostLetter]:
+    """The lost letters of `page`'s rows (FAILED `poison`, the latest failure first), in
+    order. A row that cannot be read (failed as `corrupt_row` after a hand edit in SQL) is
+    not judged: no replay could run it before it is mended."""
+    rows = [r for r in page if isinstance(r, InstanceRow)]
+    if not rows:
+        return []
     found = await letters.recording(min(r.updated_at_ms for r in rows))
     histories = await store.histories([r.id for r in rows])
     lost = []
@@ -197,7 +204,7 @@ async def latest_lost(
 
 
 def _up_to(
-    rows: Sequence[InstanceRow], lost: list[LostLetter], room: int | None
+    rows: Sequence[InstanceRow | UnreadableRow], lost: list[LostLetter], room: int | None
 ) -> tuple[int, list[LostLetter]]:
     """How many of `rows` count as judged, and their lost letters `lost`, when at most `room`
     more are wanted (None: any number): the rows up to the `room`th lost one."""

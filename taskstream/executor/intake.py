@@ -1,11 +1,12 @@
 """Intake: turn a batch of deliveries into claimed runs.
 
-Entries that do not decode, or name an unknown agent, are dead-lettered (the second also fails
-the instance as poison). The rest are claimed in one store transaction (CAS DISPATCHED ->
-RUNNING with attempt + 1, the fencing token); an entry seen before its PENDING/RETRYING ->
-DISPATCHED step has that step completed by the claim (its XADD evidently happened). A lost
-claim is a duplicate delivery: acked when the instance is settled; one whose row has become
-claimable since is claimed again; an instance this consumer claimed
+Entries that do not decode, name an unknown agent, or name an instance whose row cannot be
+read (`unreadable`), are dead-lettered (the second and third also fail the instance as
+poison, the third when its row allows). The rest are claimed in one store transaction (CAS
+DISPATCHED -> RUNNING with attempt + 1, the fencing token); an entry seen before its
+PENDING/RETRYING -> DISPATCHED step has that step completed by the claim (its XADD evidently
+happened). A lost claim is a duplicate delivery: acked when the instance is settled; one
+whose row has become claimable since is claimed again; an instance this consumer claimed
 but runs nowhere (its batch failed after the claim committed) is adopted and run with the
 token it holds; anything else is left alone.
 """
@@ -19,14 +20,14 @@ from taskstream.agents.base import Agent
 from taskstream.agents.registry import Registry, UnknownAgent
 from taskstream.core import streams
 from taskstream.core.definitions import DefinitionCache
-from taskstream.core.errors import CommandDenied, ProtocolError
+from taskstream.core.errors import CommandDenied, ProtocolError, StoreCorrupt
 from taskstream.core.logging import get_logger
 from taskstream.core.protocol import Keys, WorkEntry, decode
 from taskstream.core.spec import TaskSpec
 from taskstream.core.spec_parts import RetryPolicy
 from taskstream.core.states import AWAITING_CLAIM, SETTLED, Status
 from taskstream.core.store.port import Claimed, ClaimRequest, InstanceRow, Store
-from taskstream.executor import letters
+from taskstream.executor import letters, unreadable
 from taskstream.executor.claims import WonClaims
 from taskstream.executor.letters import owed_letter
 from taskstream.executor.retry import attempts_used, policy_of
@@ -221,7 +222,14 @@ class Intake:
         into `won` as each is found, so a stop cancelling this still hands them back."""
         again: list[_Candidate] = []
         for c in lost:
-            row = await self._store.get_instance(c.entry.instance_id)
+            try:
+                row = await self._store.get_instance(c.entry.instance_id)
+            except StoreCorrupt as exc:  # the claim left it: poison (`unreadable`)
+                await unreadable.set_aside(
+                    self._store, self._log, c.entry, exc, owner=self._consumer
+                )
+                await self.dead(c.delivery, unreadable.CORRUPT_ROW, str(exc))
+                continue
             if row is None:
                 await self.dead(c.delivery, "unknown_instance", c.entry.instance_id)
             elif (claim := self._ours(row, c.entry)) is not None:

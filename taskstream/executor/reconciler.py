@@ -4,6 +4,8 @@
 Streams are scanned first and rows read after, keeping only rows untouched for `grace_ms`:
 a row dispatched after the scan is younger than the grace, so it is never mistaken for lost.
 A spurious republish is harmless anyway: the claim CAS turns it into an acked duplicate.
+A row that cannot be read (it holds what taskstream never writes, say after a hand edit in
+SQL) is passed over and logged once, as it is, while the others are fixed.
 
 A RUNNING row without an entry is timed out when its lease has expired, or sooner when its
 owner's liveness key stays absent for a TTL (`sweep.owners_lost`): Redis lost the entry and
@@ -12,15 +14,17 @@ the executor died with it, so nothing will extend the lease or commit the run.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 from taskstream.core import streams
 from taskstream.core import streams_admin as admin
 from taskstream.core.clock import Clock
 from taskstream.core.logging import get_logger
-from taskstream.core.outbox import Outbox
+from taskstream.core.outbox import TOLD_MAX, Outbox
 from taskstream.core.protocol import Keys
 from taskstream.core.reasons import LEASE_EXPIRED, OWNER_LOST
 from taskstream.core.states import Status
-from taskstream.core.store.port import InstanceRow, Store
+from taskstream.core.store.port import InstanceRow, Store, UnreadableRow
 from taskstream.executor.recovery import Recovery
 from taskstream.executor.sweep import owners_lost
 
@@ -56,6 +60,8 @@ class Reconciler:
         self._after: tuple[int, str] | None = None
         """(updated_at_ms, id) of the last row the previous pass read, when it read a full
         page."""
+        self._told: OrderedDict[str, str] = OrderedDict()
+        """Unreadable rows already logged, with their error (the newest `TOLD_MAX`)."""
         self._log = get_logger(role="reconciler")
 
     async def reconcile(self, *, liveness_trusted: bool = True) -> int:
@@ -71,13 +77,30 @@ class Reconciler:
         # Page on from the last row seen, and start over once past the end: rows that need
         # nothing (a live entry, a held lease) cannot hide the others behind them for good.
         self._after = (rows[-1].updated_at_ms, rows[-1].id) if len(rows) == self._limit else None
-        lost = await self._lost_owners(rows, live, now, liveness_trusted)
+        readable = self._readable(rows)
+        lost = await self._lost_owners(readable, live, now, liveness_trusted)
         fixed = 0
-        for row in rows:
+        for row in readable:
             if row.id not in live and await self._fix(row, now, lost):
                 fixed += 1
                 self._log.info("instance.reconciled", instance_id=row.id, status=row.status)
         return fixed
+
+    def _readable(self, rows: list[InstanceRow | UnreadableRow]) -> list[InstanceRow]:
+        """The rows of a page that were read. One that was not (it holds what taskstream
+        never writes) is passed over, as it is, and logged once per process until its error
+        changes: it must neither stop the pass nor fill the log on every pass."""
+        readable: list[InstanceRow] = []
+        for row in rows:
+            if isinstance(row, InstanceRow):
+                self._told.pop(row.id, None)
+                readable.append(row)
+            elif self._told.get(row.id) != row.error:
+                self._log.error("instance.unreadable", instance_id=row.id, error=row.error[:300])
+                self._told[row.id] = row.error
+                while len(self._told) > TOLD_MAX:
+                    self._told.popitem(last=False)
+        return readable
 
     async def _fix(self, row: InstanceRow, now_ms: int, lost: set[str]) -> bool:
         """Publish or recover one row that has no entry; False when it needs nothing yet or

@@ -18,7 +18,7 @@ from taskstream.core import streams_admin as admin
 from taskstream.core.clock import Clock
 from taskstream.core.definitions import DefinitionCache
 from taskstream.core.denials import Holds, log_denied, pause_s, unless_held
-from taskstream.core.errors import CommandDenied, ProtocolError, StoreUnavailable
+from taskstream.core.errors import CommandDenied, ProtocolError, StoreCorrupt, StoreUnavailable
 from taskstream.core.futures import unless_stopped
 from taskstream.core.logging import get_logger
 from taskstream.core.protocol import Keys, decode
@@ -26,7 +26,7 @@ from taskstream.core.states import (
     FailClass,
 )
 from taskstream.core.store.port import InstanceRow, Store
-from taskstream.executor import handover, letters
+from taskstream.executor import handover, letters, unreadable
 from taskstream.executor.poisoning import fail_as_poison
 from taskstream.executor.reconciler import Reconciler
 from taskstream.executor.recovery import Recovery
@@ -202,7 +202,14 @@ class Sweeper:
         except ProtocolError as exc:
             moved = await self._dead(d, exc.reason)
             return (Action.DEAD_LETTER if moved else Action.LEAVE).value
-        row = await self._store.get_instance(entry.instance_id)
+        try:
+            row = await self._store.get_instance(entry.instance_id)
+        except StoreCorrupt as exc:  # poison (`unreadable`), not the end of the pass
+            await unreadable.set_aside(self._store, self._log, entry, exc)
+            moved = await letters.dead_letter(
+                self._redis, self._keys, self._log, d, unreadable.CORRUPT_ROW, str(exc)
+            )
+            return (Action.DEAD_LETTER if moved else Action.LEAVE).value
         now_ms = self._clock.now_ms()
         facts = SweepFacts(self._store, self._redis, self._keys, now_ms)
         entry_facts, row_facts = await facts.gather(p, entry, row, alive)

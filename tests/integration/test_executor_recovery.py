@@ -18,7 +18,7 @@ from taskstream.core.definitions import DefinitionCache
 from taskstream.core.protocol import GROUP, Keys, Priority, decode
 from taskstream.core.reasons import LEASE_EXPIRED, OWNER_LOST
 from taskstream.core.states import FailClass, Status
-from taskstream.core.store.port import ClaimRequest, InstanceRow
+from taskstream.core.store.port import ClaimRequest, InstanceRow, UnreadableRow
 from taskstream.core.store.sql import SqlStore
 from taskstream.executor.recovery import Recovered, Recovery
 from taskstream.scheduler.instances import new_instance
@@ -121,7 +121,7 @@ async def test_a_reconciler_that_lost_the_race_counts_nothing(
     assert [r.id for r in seen] == [row.id]
     assert await first.reconcile() == 1
 
-    async def as_read_before(*_: Any, **__: Any) -> list[InstanceRow]:
+    async def as_read_before(*_: Any, **__: Any) -> list[InstanceRow | UnreadableRow]:
         return seen
 
     monkeypatch.setattr(h.store, "stale", as_read_before)

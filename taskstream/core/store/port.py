@@ -28,6 +28,7 @@ from taskstream.core.store.records import (
     HistoryRow,
     InstanceRow,
     NewInstance,
+    UnreadableRow,
 )
 
 __all__ = [
@@ -44,6 +45,7 @@ __all__ = [
     "InstanceRow",
     "NewInstance",
     "Store",
+    "UnreadableRow",
 ]
 
 
@@ -181,7 +183,8 @@ class Store(Protocol):
     # batches: the same compare-and-set rules, one transaction for many instances
 
     async def claim_many(self, requests: list[ClaimRequest], *, owner: str) -> dict[str, Claimed]:
-        """`claim` for many instances in one transaction; returns only the won claims. A
+        """`claim` for many instances in one transaction; returns only the won claims (a row
+        that does not decode, `StoreCorrupt`, is not claimed and is left as it is). A
         claim names an entry read from a stream, so its XADD happened: a row still PENDING or
         RETRYING at the expected attempt (the outbox's CAS not landed yet) is first moved to
         DISPATCHED in the same transaction (history reason `seen_on_stream`), then claimed."""
@@ -216,18 +219,21 @@ class Store(Protocol):
         updated_before_ms: int,
         limit: int,
         after: tuple[int, str] | None = None,
-    ) -> list[InstanceRow]:
+    ) -> list[InstanceRow | UnreadableRow]:
         """Rows in `statuses` not updated since `updated_before_ms`, oldest first (then by
-        id), from just past `after` (an (updated_at_ms, id) already seen) when given."""
+        id), from just past `after` (an (updated_at_ms, id) already seen) when given. A row
+        that does not decode (`StoreCorrupt`) is an `UnreadableRow` in its place, so that
+        it neither fails the read of the others nor breaks the paging."""
         ...
 
     async def poisoned(
         self, *, limit: int, before: tuple[int, str] | None = None
-    ) -> list[InstanceRow]:
+    ) -> list[InstanceRow | UnreadableRow]:
         """Rows FAILED `poison`, the latest failure first (`updated_at_ms`, then id, both
         descending; a FAILED row changes only when requeued, so its `updated_at_ms` is when
         it failed), at most `limit`; only those before `before` (an (updated_at_ms, id)
-        already seen) when given."""
+        already seen) when given; one that does not decode (such as a row failed as
+        `corrupt_row`) as an `UnreadableRow` in its place."""
         ...
 
     async def side_effect_done(self, key: str) -> bool:

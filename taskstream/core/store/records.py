@@ -90,6 +90,17 @@ class InstanceRow:
 
 
 @dataclass(frozen=True, slots=True)
+class UnreadableRow:
+    """A `task_instances` row that a read of many passes over, in its place in the read's
+    order, because it holds what taskstream never writes: `error` is the `StoreCorrupt`
+    text naming its column. The row is left as it is."""
+
+    id: str
+    updated_at_ms: int
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
 class HistoryRow:
     """One status change of an instance."""
 

@@ -23,7 +23,7 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from taskstream.core.errors import StoreError
+from taskstream.core.errors import StoreCorrupt, StoreError
 from taskstream.core.reasons import SEEN_ON_STREAM
 from taskstream.core.states import Status
 from taskstream.core.store import sql_codec as codec
@@ -122,10 +122,31 @@ async def _complete_dispatch(
     return moved
 
 
-def _claimed(row: Mapping[str, Any], owner: str, now_ms: int, lease_length_ms: int) -> Claimed:
-    """The locked row as the claim UPDATE (`sql_instances.claim_values`) leaves it."""
+def _readable(
+    groups: Mapping[int, list[tuple[str, int]]], locked: Mapping[str, Mapping[str, Any]]
+) -> tuple[dict[int, list[tuple[str, int]]], dict[str, dict[str, Any]]]:
+    """The winning claims (`_claim_winners`) whose locked row decodes, and each one's fields
+    (`codec.instance_fields`). A row holding what taskstream never writes (`StoreCorrupt`)
+    is left unclaimed and as it is, so that it does not take the others' claims down: the
+    caller reads it as a lost claim and finds why."""
+    kept: dict[int, list[tuple[str, int]]] = {}
+    fields: dict[str, dict[str, Any]] = {}
+    for lease_length_ms, pairs in groups.items():
+        for instance_id, attempt in pairs:
+            try:
+                fields[instance_id] = codec.instance_fields(locked[instance_id])
+            except StoreCorrupt:
+                continue
+            kept.setdefault(lease_length_ms, []).append((instance_id, attempt))
+    return kept, fields
+
+
+def _claimed(
+    row: Mapping[str, Any], fields: dict[str, Any], owner: str, now_ms: int, lease_length_ms: int
+) -> Claimed:
+    """The locked row (decoded as `fields`) as the claim UPDATE (`sql_instances.claim_values`)
+    leaves it."""
     expires = now_ms + lease_length_ms
-    fields = codec.instance_fields(row)
     fields.update(
         status=Status.RUNNING,
         attempt=fields["attempt"] + 1,
@@ -155,7 +176,8 @@ async def claim_many(
     run: Runner, options: Mapping[str, list[tuple[int, int]]], owner: str
 ) -> dict[str, Claimed]:
     """Claim (DISPATCHED -> RUNNING, attempt + 1, lease from db-now) every instance of
-    `options` (from `plan_claims`) whose attempt matches; returns the won claims by id.
+    `options` (from `plan_claims`) whose attempt matches and whose row decodes; returns the
+    won claims by id.
 
     The rows are read whole under their locks, with the database clock, so the claimed rows
     are known without reading them back."""
@@ -163,12 +185,12 @@ async def claim_many(
     for ids in q.chunks(sorted(options)):
         now_ms, locked = await q.lock_rows(run, ids)
         locked = await _complete_dispatch(run, options, locked, now_ms)
-        groups = _claim_winners(options, locked)
+        groups, fields = _readable(_claim_winners(options, locked), locked)
         for lease_length_ms, pairs in sorted(groups.items()):
             values = _claim_columns(owner, now_ms, lease_length_ms)
             await q.cas_update(run, Status.DISPATCHED, pairs, [values] * len(pairs), "claim batch")
-            for instance_id, _ in pairs:
-                claimed[instance_id] = _claimed(locked[instance_id], owner, now_ms, lease_length_ms)
+            for i, _ in pairs:
+                claimed[i] = _claimed(locked[i], fields[i], owner, now_ms, lease_length_ms)
         won = sorted(i for pairs in groups.values() for i, _ in pairs)
         if won:
             await q.append_history(

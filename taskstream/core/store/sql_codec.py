@@ -14,7 +14,13 @@ from sqlalchemy.engine import RowMapping
 
 from taskstream.core.errors import StoreCorrupt, StoreRefused
 from taskstream.core.states import FailClass, Status
-from taskstream.core.store.port import DecisionRow, DefinitionRecord, HistoryRow, InstanceRow
+from taskstream.core.store.port import (
+    DecisionRow,
+    DefinitionRecord,
+    HistoryRow,
+    InstanceRow,
+    UnreadableRow,
+)
 from taskstream.core.store.records import stored_json
 from taskstream.core.store.tables import NOTE_LEN, REASON_LEN
 
@@ -42,8 +48,8 @@ def loads(text: str | None, *, where: str | tuple[str, object, str] = "stored JS
     try:
         return json.loads(text)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
-        named = where if isinstance(where, str) else _where(*where)
-        raise StoreCorrupt(f"{named} is not JSON ({exc}); left as it is") from None
+        named, column = (where, None) if isinstance(where, str) else (_where(*where), where[2])
+        raise StoreCorrupt(f"{named} is not JSON ({exc}); left as it is", column=column) from None
 
 
 def _where(table: str, key: object, column: str) -> str:
@@ -57,7 +63,8 @@ def _status(m: Mapping[Any, Any], column: str, table: str, key: object) -> Statu
         return Status(m[column])
     except ValueError:
         raise StoreCorrupt(
-            f"{_where(table, key, column)} is {str(m[column])[:40]!r}, not a status; left as it is"
+            f"{_where(table, key, column)} is {str(m[column])[:40]!r}, not a status; left as it is",
+            column=column,
         ) from None
 
 
@@ -69,7 +76,8 @@ def _fail_class(m: Mapping[Any, Any]) -> FailClass | None:
     except ValueError:
         where = _where("task_instances", m["id"], "fail_class")
         raise StoreCorrupt(
-            f"{where} is {str(m['fail_class'])[:40]!r}, not a failure class; left as it is"
+            f"{where} is {str(m['fail_class'])[:40]!r}, not a failure class; left as it is",
+            column="fail_class",
         ) from None
 
 
@@ -135,6 +143,16 @@ def instance_fields(m: Mapping[Any, Any]) -> dict[str, Any]:
 def instance_row(m: RowMapping) -> InstanceRow:
     """A `task_instances` row as the port's record."""
     return InstanceRow(**instance_fields(m))
+
+
+def instance_or_unreadable(m: RowMapping) -> InstanceRow | UnreadableRow:
+    """`instance_row`, or for a row holding what taskstream never writes its id, its place
+    in an (updated_at_ms, id) order and the `StoreCorrupt` text, for a read of many rows
+    that must go on past it."""
+    try:
+        return instance_row(m)
+    except StoreCorrupt as exc:
+        return UnreadableRow(str(m["id"]), int(m["updated_at_ms"]), str(exc))
 
 
 def history_row(m: RowMapping) -> HistoryRow:

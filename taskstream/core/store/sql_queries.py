@@ -24,7 +24,7 @@ from taskstream.core.states import IN_FLIGHT, FailClass, Status
 from taskstream.core.store import sql_codec as codec
 from taskstream.core.store import sql_templates as templates
 from taskstream.core.store.dbclock import db_now_ms
-from taskstream.core.store.port import InstanceRow
+from taskstream.core.store.port import InstanceRow, UnreadableRow
 from taskstream.core.store.sql_prepared import Runner
 from taskstream.core.store.tables import instance_history as hist
 from taskstream.core.store.tables import review_queue, side_effects
@@ -242,11 +242,12 @@ async def stale(
     updated_before_ms: int,
     limit: int,
     after: tuple[int, str] | None = None,
-) -> list[InstanceRow]:
+) -> list[InstanceRow | UnreadableRow]:
     """Rows in `statuses` whose `updated_at_ms < updated_before_ms`, least recently updated
     first (then id), at most `limit`; only those past `after` ((updated_at_ms, id)) when
-    given, so a caller can page through all of them. In-flight statuses are found through the
-    `settled` index (`settled IS NULL`)."""
+    given, so a caller can page through all of them; one that does not decode as an
+    `UnreadableRow` in its place. In-flight statuses are found through the `settled` index
+    (`settled IS NULL`)."""
     if not statuses:
         return []
     wanted: ColumnElement[bool] = inst.c.status.in_([s.value for s in statuses])
@@ -260,12 +261,12 @@ async def stale(
     )
     if after is not None:
         stmt = stmt.where(_past(inst.c.updated_at_ms, after))
-    return [codec.instance_row(m) for m in (await conn.execute(stmt)).mappings().all()]
+    return [codec.instance_or_unreadable(m) for m in (await conn.execute(stmt)).mappings()]
 
 
 async def poisoned(
     conn: AsyncConnection, limit: int, before: tuple[int, str] | None = None
-) -> list[InstanceRow]:
+) -> list[InstanceRow | UnreadableRow]:
     """Rows FAILED `poison`, the latest failure first (`updated_at_ms`, then id, both
     descending), at most `limit`; only those before `before` ((updated_at_ms, id)) when
     given. The `fail_class` index narrows the read to the rows FAILED `poison` (the column
@@ -283,7 +284,7 @@ async def poisoned(
         at_ms, instance_id = before
         ms = inst.c.updated_at_ms
         stmt = stmt.where(or_(ms < at_ms, and_(ms == at_ms, inst.c.id < instance_id)))
-    return [codec.instance_row(m) for m in (await conn.execute(stmt)).mappings().all()]
+    return [codec.instance_or_unreadable(m) for m in (await conn.execute(stmt)).mappings()]
 
 
 async def side_effect_done(conn: AsyncConnection, key: str) -> bool:

@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from taskstream.core.states import Status
 from taskstream.core.store import sql_instances as rows
 from taskstream.core.store import sql_queries as queries
-from taskstream.core.store.port import HistoryRow, InstanceRow
+from taskstream.core.store.port import HistoryRow, InstanceRow, UnreadableRow
 
 
 class ReadMethods:
@@ -64,15 +64,16 @@ class ReadMethods:
         updated_before_ms: int,
         limit: int,
         after: tuple[int, str] | None = None,
-    ) -> list[InstanceRow]:
+    ) -> list[InstanceRow | UnreadableRow]:
         """Rows in `statuses` with `updated_at_ms < updated_before_ms`, oldest first (then by
-        id), past `after` ((updated_at_ms, id)) when given."""
+        id), past `after` ((updated_at_ms, id)) when given; one that does not decode as an
+        `UnreadableRow` in its place."""
         async with self._read() as conn:
             return await queries.stale(conn, statuses, updated_before_ms, limit, after)
 
     async def poisoned(
         self, *, limit: int, before: tuple[int, str] | None = None
-    ) -> list[InstanceRow]:
+    ) -> list[InstanceRow | UnreadableRow]:
         """FAILED `poison` rows, the latest failure first (`updated_at_ms`, then id, both
         descending), before `before` ((updated_at_ms, id)) when given."""
         async with self._read() as conn:
