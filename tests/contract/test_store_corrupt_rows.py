@@ -77,3 +77,14 @@ async def test_a_stored_upstream_config_that_is_not_an_object_is_named(store: Sq
         await conn.execute(text("UPDATE upstreams SET config = '[1]'"))
     with pytest.raises(StoreCorrupt, match=r"upstreams row 'api': config is not a JSON object"):
         await store.list_upstreams()
+
+
+async def test_a_status_no_state_has_is_named_by_the_counts_of_status(
+    store: SqlStore, make_new: MakeNew
+) -> None:
+    """`taskstream status` counts instances by status: one no state has is named, with a row
+    that holds it, instead of a ValueError traceback."""
+    await store.create_instance(make_new("a"))
+    await _corrupt(store, "inst-a", "status", "HALF_DONE")
+    with pytest.raises(StoreCorrupt, match=r"task_instances row 'inst-a': status is 'HALF_DONE'"):
+        await store.count_by_status()

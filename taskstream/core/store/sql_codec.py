@@ -57,7 +57,7 @@ def _where(table: str, key: object, column: str) -> str:
     return f"{table} row {str(key)[:200]!r}: {column}"
 
 
-def _status(m: Mapping[Any, Any], column: str, table: str, key: object) -> Status:
+def stored_status(m: Mapping[Any, Any], column: str, table: str, key: object) -> Status:
     """The `Status` in `column`; `StoreCorrupt` naming it when no state has that name."""
     try:
         return Status(m[column])
@@ -118,7 +118,7 @@ def instance_fields(m: Mapping[Any, Any]) -> dict[str, Any]:
         "task_id": m["task_id"],
         "agent": m["agent"],
         "dedupe_key": m["dedupe_key"],
-        "status": _status(m, "status", "task_instances", m["id"]),
+        "status": stored_status(m, "status", "task_instances", m["id"]),
         "attempt": int(m["attempt"]),
         "max_attempts": int(m["max_attempts"]),
         "priority": m["priority"],
@@ -162,9 +162,9 @@ def history_row(m: RowMapping) -> HistoryRow:
         from_status=(
             None
             if m["from_status"] is None
-            else _status(m, "from_status", "instance_history", m["instance_id"])
+            else stored_status(m, "from_status", "instance_history", m["instance_id"])
         ),
-        to_status=_status(m, "to_status", "instance_history", m["instance_id"]),
+        to_status=stored_status(m, "to_status", "instance_history", m["instance_id"]),
         attempt=int(m["attempt"]),
         owner=m["owner"],
         reason=m["reason"],

@@ -262,14 +262,22 @@ async def list_rows(
     return [codec.instance_row(r) for r in rows]
 
 
+_STATUS_VALUES = frozenset(s.value for s in Status)
+
+
 async def count_by_status(conn: AsyncConnection) -> dict[Status, int]:
-    """Every status with its row count (0 when none). Settled rows are counted from the
-    `settled` index alone; in-flight rows (its NULL entries) by their status."""
+    """Every status with its row count (0 when none); `StoreCorrupt` naming a row whose
+    status no state has. Settled rows are counted from the `settled` index alone; in-flight
+    rows (its NULL entries) by their status."""
     done = select(inst.c.settled, func.count()).where(inst.c.settled.is_not(None))
     open_ = select(inst.c.status, func.count()).where(inst.c.settled.is_(None))
     stmt = union_all(done.group_by(inst.c.settled), open_.group_by(inst.c.status))
     counts = dict.fromkeys(Status, 0)
     for status, count in (await conn.execute(stmt)).all():
+        if status not in _STATUS_VALUES:  # a hand edit: named with a row that holds it
+            held = select(inst.c.id).where(inst.c.status == status).limit(1)
+            key = (await conn.execute(held)).scalar()
+            codec.stored_status({"status": status}, "status", "task_instances", key)
         counts[Status(status)] = int(count)
     return counts
 
