@@ -60,6 +60,11 @@ class SchemaMissing(StoreUnavailable):
     as for a database that is down."""
 
 
+class StoreFileMissing(SchemaMissing):
+    """A SQLite store's file does not exist (a typo in its path, or never migrated): only
+    `migrate` and `up` make it; every other command and role opens the file that is there."""
+
+
 class ClaimLost(TaskstreamError):
     """A run wrote on behalf of a claim (instance, token) that is no longer the instance's
     running one: its lease lapsed and the instance moved on. The write was not made."""

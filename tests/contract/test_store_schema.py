@@ -31,7 +31,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Connection, make_url
 
-from taskstream.core.errors import SchemaMissing, StoreError, StoreUnavailable
+from taskstream.core.errors import SchemaMissing, StoreError, StoreFileMissing, StoreUnavailable
 from taskstream.core.states import IN_FLIGHT, SETTLED, Status
 from taskstream.core.store import migrate as migrate_module
 from taskstream.core.store import sql_engine
@@ -138,8 +138,30 @@ async def test_fresh_database_has_no_revision(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'empty.db'}"
 
     assert await current_revision(url) is None
+    assert not (tmp_path / "empty.db").exists()
     await upgrade(url)
     assert await current_revision(url) == HEAD
+
+
+async def test_a_sqlite_file_that_is_not_there_is_made_by_migrations_only(tmp_path: Path) -> None:
+    """A store opened on a path with no file fails each use with `StoreFileMissing` (an
+    outage to the services, which wait for it) and makes no file; once `upgrade` made the
+    file, the same store works."""
+    path = tmp_path / "later.db"
+    store = await SqlStore.connect(f"sqlite:///{path}", check=False)
+    try:
+        with pytest.raises(StoreFileMissing, match=f"no file {path} .*run `taskstream migrate`"):
+            await store.ping()
+        with pytest.raises(StoreFileMissing):
+            await store.claim_many([ClaimRequest("i-1", 0, 30)], owner="o")
+        assert not path.exists()
+        await upgrade(f"sqlite:///{path}")
+        assert await store.get_instance("i-1") is None
+    finally:
+        await store.close()
+    with pytest.raises(StoreFileMissing):
+        await SqlStore.connect(f"sqlite:///{tmp_path / 'other.db'}")
+    assert issubclass(StoreFileMissing, SchemaMissing)
 
 
 async def test_database_clock_is_close_to_this_clock(store: SqlStore) -> None:
@@ -213,6 +235,7 @@ async def test_unopenable_sqlite_file_is_unavailable(tmp_path: Path) -> None:
 
 
 async def test_unmigrated_database_is_a_store_error(tmp_path: Path) -> None:
+    (tmp_path / "bare.db").touch()
     store = await SqlStore.connect(f"sqlite:///{tmp_path / 'bare.db'}")
     try:
         with pytest.raises(StoreError):

@@ -111,11 +111,33 @@ def test_up_with_a_task_file_that_is_not_there_starts_nothing(
 
 def test_a_database_never_migrated_says_to_migrate(tmp_path: Path, redis_url: str) -> None:
     with applied(tmp_path, redis_url, {}) as cli:
+        sqlite3.connect(tmp_path / "fresh.db").close()  # an empty file: a database, no tables
         env = cli.env | {"TASKSTREAM_DATABASE_URL": f"sqlite:///{tmp_path / 'fresh.db'}"}
         out = run_cli("status", env=env, cwd=cli.cwd)
     assert out.returncode == 1
     assert out.stderr.startswith("error: store sqlite:///")
+    assert "no taskstream tables" in out.stderr
     assert out.stderr.rstrip().endswith("run `taskstream migrate`")
+
+
+@pytest.mark.parametrize("command", [("status",), ("tasks", "list"), ("instances",)])
+def test_a_store_file_that_is_not_there_is_named_not_made(
+    tmp_path: Path, redis_url: str, command: tuple[str, ...]
+) -> None:
+    """A typo in the path: the command says the file does not exist, with the exit of a store
+    never migrated, and leaves no empty file behind; `migrate` makes it."""
+    with applied(tmp_path, redis_url, {}) as cli:
+        path = tmp_path / "typo.db"
+        env = cli.env | {"TASKSTREAM_DATABASE_URL": "sqlite:///typo.db"}
+        out = run_cli(*command, env=env, cwd=cli.cwd)
+        assert out.returncode == 1
+        assert out.stderr == (
+            f"error: store sqlite:///typo.db: no file {path} (a typo in the URL?): "
+            "run `taskstream migrate` to make it\n"
+        )
+        assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("typo")) == []
+        run_cli("migrate", env=env, cwd=cli.cwd, check=True)
+    assert path.is_file()
 
 
 @pytest.mark.roles

@@ -160,12 +160,15 @@ async def _server_database(kind: str, name: str) -> AsyncIterator[str]:
 
 @asynccontextmanager
 async def _sqlite_database(name: str, *, copy_of: Path | None = None) -> AsyncIterator[str]:
-    """A database file `name` in a new temporary directory: a copy of `copy_of`, or none yet."""
+    """A database file `name` in a new temporary directory: a copy of `copy_of`, or an empty
+    file (a database with no tables; only migrations make a file that is not there)."""
     directory = Path(tempfile.mkdtemp(prefix="ts_t_"))
     path = directory / f"{name}.db"
     try:
         if copy_of is not None:
             shutil.copyfile(copy_of, path)
+        else:
+            path.touch()
         yield f"sqlite:///{path}"
     finally:
         shutil.rmtree(directory, ignore_errors=True)

@@ -21,7 +21,7 @@ from alembic.util.exc import CommandError
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
-from taskstream.core.errors import StoreError, StoreUnavailable
+from taskstream.core.errors import StoreError, StoreFileMissing, StoreUnavailable
 from taskstream.core.store.sql_engine import make_engine, translate_errors
 from taskstream.core.store.urls import normalize_url, redact_url
 
@@ -67,14 +67,15 @@ def _revision(connection: Connection) -> str | None:
 
 
 async def upgrade(url: str) -> None:
-    """Bring the database at `url` (a user URL) to the newest schema. Idempotent.
+    """Bring the database at `url` (a user URL) to the newest schema. Idempotent. Makes a
+    SQLite file that is not there (no other engine does).
 
     Raises `StoreUnavailable` when the database cannot be reached, `StoreError` when a
     migration fails or the database is at a revision this version does not know (newer code
     migrated it).
     """
     display_url = redact_url(url)
-    engine = make_engine(normalize_url(url), read_timeout_s=None)
+    engine = make_engine(normalize_url(url), read_timeout_s=None, create=True)
     try:
         async with translate_errors(display_url), engine.begin() as conn:
             await conn.run_sync(_upgrade)
@@ -85,10 +86,13 @@ async def upgrade(url: str) -> None:
 
 
 async def current_revision(url: str) -> str | None:
-    """The schema revision of the database at `url`; None before the first migration."""
+    """The schema revision of the database at `url`; None before the first migration
+    (a SQLite file that is not there yet, which this does not make)."""
     engine = make_engine(normalize_url(url))
     try:
         async with translate_errors(redact_url(url)), engine.connect() as conn:
             return await conn.run_sync(_revision)
+    except StoreFileMissing:
+        return None
     finally:
         await engine.dispose()

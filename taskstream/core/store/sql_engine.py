@@ -11,6 +11,9 @@ Session setup, applied to every pooled connection:
   matched rows, not changed rows.
 - PostgreSQL: READ COMMITTED (the default), pre-ping.
 
+A SQLite file that does not exist is made only by an engine made with `create` (migrations):
+any other connect fails with `StoreFileMissing`, so a typo in the path leaves no empty file.
+
 Driver errors never leave this package: `translate_errors` turns them into `StoreUnavailable`
 (cannot reach / lost the connection / deadlocks and lock timeouts: nothing was written, retry
 later), `ConstraintViolation` (an integrity constraint, handled by the adapter) or `StoreError`.
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import os
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -36,6 +40,7 @@ from taskstream.core.errors import (
     ConfigError,
     SchemaMissing,
     StoreError,
+    StoreFileMissing,
     StoreRefused,
     StoreUnavailable,
 )
@@ -99,13 +104,16 @@ every use ends its own transaction (`begin()` commits or rolls back; a read's `c
 rolls back on close), so the pool's extra ROLLBACK would be a wasted round trip."""
 
 
-def make_engine(url: str, *, read_timeout_s: float | None = READ_TIMEOUT_S) -> AsyncEngine:
+def make_engine(
+    url: str, *, read_timeout_s: float | None = READ_TIMEOUT_S, create: bool = False
+) -> AsyncEngine:
     """An engine for a normalized (async-driver) URL, with the session setup above;
     `read_timeout_s` bounds each reply of MySQL / MariaDB (None: no bound, for migrations,
-    whose DDL may take minutes on large tables)."""
+    whose DDL may take minutes on large tables); `create` lets SQLite make a file that does
+    not exist (for migrations only)."""
     backend = make_url(url).get_backend_name()
     if backend == "sqlite":
-        return _sqlite_engine(url)
+        return _sqlite_engine(url, create=create)
     if backend == "mysql":
         return _mysql_engine(url, read_timeout_s)
     if backend == "postgresql":
@@ -123,11 +131,31 @@ def make_engine(url: str, *, read_timeout_s: float | None = READ_TIMEOUT_S) -> A
     raise ConfigError([f"no SQL store for database backend {backend!r}"])
 
 
-def _sqlite_engine(url: str) -> AsyncEngine:
+class _NoStoreFile(Exception):
+    """A SQLite connect found no file at `path`; `translate_errors` names the store."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.path = path
+
+
+def _sqlite_engine(url: str, *, create: bool) -> AsyncEngine:
     engine = create_async_engine(url, pool_recycle=POOL_RECYCLE_S)
+    if not create:
+        event.listen(engine.sync_engine, "do_connect", _sqlite_file_must_exist)
     event.listen(engine.sync_engine, "connect", _sqlite_on_connect)
     event.listen(engine.sync_engine, "begin", _sqlite_on_begin)
     return engine
+
+
+def _sqlite_file_must_exist(
+    _dialect: Any, _record: ConnectionPoolEntry, cargs: list[Any], cparams: dict[str, Any]
+) -> None:
+    # Checked at each connect, not once: a role started before `migrate` waits for the file.
+    # A `file:` URI (uri=true) says itself whether SQLite may make the file (its mode=).
+    path = str(cargs[0])
+    if not cparams.get("uri") and path != ":memory:" and not os.path.exists(path):
+        raise _NoStoreFile(path)
 
 
 def _sqlite_on_connect(dbapi_connection: DBAPIConnection, _record: ConnectionPoolEntry) -> None:
@@ -301,12 +329,18 @@ def translate(exc: Exception, display_url: str) -> StoreError:
 
 @asynccontextmanager
 async def translate_errors(display_url: str) -> AsyncIterator[None]:
-    """Re-raise driver errors (SQLAlchemy, DBAPI, socket) from the body as store errors, and
-    text a driver cannot encode (a lone surrogate, which SQLite's driver raises on) as
-    `StoreRefused`, as PostgreSQL's server refuses it."""
+    """Re-raise driver errors (SQLAlchemy, DBAPI, socket) from the body as store errors, a
+    SQLite file that is not there as `StoreFileMissing`, and text a driver cannot encode (a
+    lone surrogate, which SQLite's driver raises on) as `StoreRefused`, as PostgreSQL's
+    server refuses it."""
     try:
         yield
     except (sa_exc.SQLAlchemyError, OSError) as exc:
         raise translate(exc, display_url) from exc
+    except _NoStoreFile as exc:
+        raise StoreFileMissing(
+            f"store {display_url}: no file {exc.path} (a typo in the URL?): "
+            "run `taskstream migrate` to make it"
+        ) from None
     except UnicodeEncodeError as exc:
         raise StoreRefused(f"store {display_url} refused a value: {_detail(exc)}") from exc
