@@ -149,6 +149,11 @@ class Keys:
     def alive(self, consumer: str) -> str:
         return f"{self.base}:alive:{consumer}"
 
+    def alive_of(self, consumer: bytes) -> bytes:
+        """`alive` of a consumer name as Redis holds it, bytes that need not be UTF-8 (a
+        name some other program gave a consumer of the group)."""
+        return f"{self.base}:alive:".encode() + consumer
+
     def released(self, instance_id: str, attempt: int) -> str:
         """A stopping executor's note that it released the run of `instance_id` at `attempt`
         (its fencing token) while the store could not take the release, or the run's end

@@ -26,6 +26,12 @@ class Pending:
     deliveries: int
 
 
+def shown_name(name: bytes | str) -> str:
+    """A consumer name as text: bytes that are not UTF-8 (a name some other program gave a
+    consumer of the group) as `\\x..` escapes, so one such name cannot fail a whole read."""
+    return name.decode(errors="backslashreplace") if isinstance(name, bytes) else name
+
+
 def missing(exc: ResponseError) -> bool:
     """The reply to a read of a stream's group says there is nothing to read (no such stream
     or group, a key of another type), as opposed to a denial or an outage (a BUSY or a
@@ -59,7 +65,7 @@ async def pending(
         Pending(
             stream,
             as_text(r["message_id"]),
-            as_text(r["consumer"]),
+            shown_name(r["consumer"]),
             int(r["time_since_delivered"]),
             int(r["times_delivered"]),
         )
@@ -101,13 +107,19 @@ async def read_own(redis: Redis, keys: Keys, consumer: str, *, count: int) -> li
 async def alive(redis: Redis, keys: Keys, consumers: set[str]) -> dict[str, bool]:
     """Which consumers still have their liveness key."""
     names = sorted(consumers)
-    if not names:
-        return {}
+    found = await _exist(redis, [keys.alive(name) for name in names])
+    return dict(zip(names, found, strict=True))
+
+
+async def _exist(redis: Redis, keys: list[str] | list[bytes]) -> list[bool]:
+    """Whether each of `keys` is there, in one round trip."""
+    if not keys:
+        return []
     async with redis.pipeline(transaction=False) as pipe:
-        for name in names:
-            pipe.exists(keys.alive(name))
+        for key in keys:
+            pipe.exists(key)
         found: list[int] = await pipe.execute()
-    return {name: bool(n) for name, n in zip(names, found, strict=True)}
+    return [bool(n) for n in found]
 
 
 @commands("XINFO|GROUPS XINFO|CONSUMERS XLEN")
@@ -142,7 +154,7 @@ async def _groups(redis: Redis, stream: str) -> dict[str, dict[str, Any]]:
 async def _consumers(redis: Redis, stream: str) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = await redis.xinfo_consumers(stream, GROUP)
     return [
-        {"name": as_text(r["name"]), "pending": int(r["pending"]), "idle_ms": int(r["idle"])}
+        {"name": shown_name(r["name"]), "pending": int(r["pending"]), "idle_ms": int(r["idle"])}
         for r in rows
     ]
 
@@ -190,20 +202,29 @@ separate check would be lost from the pending list."""
 async def prune_consumers(redis: Redis, keys: Keys, stream: str, *, idle_ms: int) -> list[str]:
     """Delete consumers with empty pending lists, no liveness key and idle past `idle_ms`;
     each is checked again and deleted in one script, so a consumer that reads meanwhile
-    stays."""
+    stays. Names are handled as the bytes Redis holds, which need not be UTF-8; the deleted
+    ones are returned as `shown_name`s."""
     try:
         rows: list[dict[str, Any]] = await redis.xinfo_consumers(stream, GROUP)
     except ResponseError as exc:
         if not missing(exc):
             raise
         return []
-    idle = {as_text(r["name"]) for r in rows if int(r["pending"]) == 0 and int(r["idle"]) > idle_ms}
+    idle = sorted(
+        _raw(r["name"]) for r in rows if int(r["pending"]) == 0 and int(r["idle"]) > idle_ms
+    )
     gone: list[str] = []
     prune_one = redis.register_script(_PRUNE_ONE)
-    for name, ok in (await alive(redis, keys, idle)).items():
-        if not ok and await prune_one(keys=[stream, keys.alive(name)], args=[GROUP, name, idle_ms]):
-            gone.append(name)
+    for name, live in zip(idle, await _exist(redis, [keys.alive_of(n) for n in idle]), strict=True):
+        if not live and await prune_one(
+            keys=[stream, keys.alive_of(name)], args=[GROUP, name, idle_ms]
+        ):
+            gone.append(shown_name(name))
     return gone
+
+
+def _raw(name: bytes | str) -> bytes:
+    return name if isinstance(name, bytes) else name.encode()
 
 
 @commands("XINFO|GROUPS XPENDING XTRIM")

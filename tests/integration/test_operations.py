@@ -161,6 +161,47 @@ async def test_sweeper_prunes_dead_consumers_and_trims(h: Harness) -> None:
     assert await admin.trim(h.redis, stream) == 0
 
 
+FOREIGN = b"\xff\xfeother"
+"""A consumer name that is not UTF-8, as some other program may make one in the group."""
+
+
+async def _read_as(h: Harness, stream: str, consumer: bytes) -> None:
+    """Another program's XREADGROUP of one entry under the name `consumer`."""
+    command: Any = h.redis.execute_command
+    await command("XREADGROUP", "GROUP", GROUP, consumer, "COUNT", 1, "STREAMS", stream, ">")
+
+
+async def test_a_consumer_named_in_bytes_that_are_not_utf8_is_pruned_by_them(h: Harness) -> None:
+    """Idle, with nothing pending and no liveness key: deleted by its own bytes; one holding
+    an entry stays; the pass goes on to the others."""
+    stream = h.keys.stream(Priority.DEFAULT)
+    await streams.ensure_groups(h.redis, h.keys)
+    await h.redis.xgroup_createconsumer(stream, GROUP, FOREIGN)
+    await h.redis.xgroup_createconsumer(stream, GROUP, "gone-consumer")
+    await h.redis.xadd(stream, {"v": "1"})
+    await _read_as(h, stream, b"\xfeholder")
+    gone = await admin.prune_consumers(h.redis, h.keys, stream, idle_ms=-1)
+    assert sorted(gone) == ["\\xff\\xfeother", "gone-consumer"]
+    left = await h.redis.xinfo_consumers(stream, GROUP)
+    assert [row["name"] for row in left] == [b"\xfeholder"]
+
+
+async def test_a_sweep_pass_and_the_queue_view_go_on_past_such_a_consumer(h: Harness) -> None:
+    """The holder's entry is swept (an owner with no liveness key), the idle one pruned, and
+    `status` shows each name with its bad bytes escaped, as not alive."""
+    stream = h.keys.stream(Priority.DEFAULT)
+    await streams.ensure_groups(h.redis, h.keys)
+    await h.redis.xgroup_createconsumer(stream, GROUP, FOREIGN)
+    await h.redis.xadd(stream, {"v": "1"})
+    await _read_as(h, stream, b"\xfeholder")
+    view = await admin.queue_view(h.redis, h.keys)
+    shown = {c["name"]: c["alive"] for c in view["streams"]["default"]["consumers"]}
+    assert shown == {"\\xfeholder": False, "\\xff\\xfeother": False}
+    counts = await h.sweeper(consumer_idle_ms=0).sweep_once()
+    assert counts.get("dead_letter") == 1, counts
+    assert await h.redis.xinfo_consumers(stream, GROUP) == []
+
+
 async def test_a_requeue_with_redis_down_stands_and_the_reconciler_publishes_it(
     h: Harness,
 ) -> None:
