@@ -8,6 +8,12 @@ Valkey running. The signal is armed by this module run as a program, which then 
 in the same process (same pid), rather than by a `preexec_fn`, which is unsafe in a process
 with threads. Elsewhere than Linux `argv` runs as it is, and outlives a killed `up`.
 
+Ctrl-C reaches every process of the terminal's foreground group: `up` and its roles alike.
+`up` stops its roles itself (SIGTERM), so a role it starts ignores SIGINT from its first
+instant: `InterruptsHeld` starts it with SIGINT blocked (the signal mask survives fork and
+exec, even through the wrapper above), and the role then ignores it (`interrupts_ignored`),
+so no Ctrl-C cuts off its imports with a traceback. A role run alone stops on Ctrl-C.
+
 `HomeLock` holds an exclusive `flock` on `<home>/up.lock` for the life of `up`: a second `up`
 in the same folder would start a second Valkey on the same append-only file, and the two would
 overwrite each other's data. The kernel drops the lock when its holder dies, however it dies,
@@ -72,6 +78,40 @@ def _arm_and_exec(parent: int, argv: list[str]) -> None:
     if os.getppid() != parent:  # the parent died before the signal was armed
         sys.exit(1)
     os.execv(argv[0], argv)  # noqa: S606 - argv as given by `guarded`, no shell
+
+
+class InterruptsHeld:
+    """Child starts with SIGINT blocked in this thread, so each child starts with it blocked.
+    Children started at once (tasks of one event loop) unblock it when the last start ends.
+    A SIGINT for this process meanwhile stays pending and comes right after: none is lost."""
+
+    def __init__(self) -> None:
+        self._starts = 0
+
+    @contextmanager
+    def __call__(self) -> Iterator[None]:
+        """Within: SIGINT blocked (for the first of nested starts, unblocked after the last)."""
+        if self._starts == 0:
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        self._starts += 1
+        try:
+            yield
+        finally:
+            self._starts -= 1
+            if self._starts == 0:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def interrupts_ignored() -> bool:
+    """Whether this process is to leave SIGINT alone: it started with SIGINT blocked (a role
+    `up` started, see `InterruptsHeld`), which is then ignored, a pending one discarded, and
+    unblocked; or it started with SIGINT ignored (`nohup`, a background job of a script).
+    Call it from the main thread."""
+    if signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, set()):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        return True
+    return signal.getsignal(signal.SIGINT) is signal.SIG_IGN
 
 
 class AlreadyRunning(TaskstreamError):

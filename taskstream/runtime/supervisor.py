@@ -8,7 +8,8 @@ SIGINT, SIGTERM or SIGHUP every child gets SIGTERM and may finish in-flight work
 still has to release the runs that outlived the grace and commit, so a child is killed only
 `KILL_MARGIN_S` after the later of the two (`kill_after_s`). The whole stop takes at most
 `kill_after_s(grace_s) + 1` seconds. Children get SIGTERM too when the supervisor dies
-(`lifetime.guarded`).
+(`lifetime.guarded`). The terminal's Ctrl-C, sent to the children too, is theirs to ignore
+(`lifetime.InterruptsHeld`): the supervisor's SIGTERM stops them.
 """
 
 from __future__ import annotations
@@ -22,7 +23,12 @@ from dataclasses import dataclass, field
 from taskstream.core.futures import CANCEL_WAIT_S, STEP_END_S
 from taskstream.core.logging import get_logger
 from taskstream.runtime.endpoint import Endpoints
-from taskstream.runtime.lifetime import guarded, python_module
+from taskstream.runtime.lifetime import (
+    InterruptsHeld,
+    guarded,
+    interrupts_ignored,
+    python_module,
+)
 
 MAX_RESTART_DELAY_S = 16.0
 KILL_MARGIN_S = 2.0
@@ -74,6 +80,7 @@ class Supervisor:
         self._children = children
         self._grace_s = grace_s
         self._log = get_logger(role="supervisor")
+        self._held = InterruptsHeld()
 
     async def run(self, stop: asyncio.Event) -> None:
         """Run the children until `stop` is set, then stop them all."""
@@ -90,9 +97,10 @@ class Supervisor:
     async def _watch(self, child: Child, stop: asyncio.Event) -> None:
         while not stop.is_set():
             try:
-                child.proc = await asyncio.create_subprocess_exec(
-                    *guarded(child.argv), env=self._env
-                )
+                with self._held():
+                    child.proc = await asyncio.create_subprocess_exec(
+                        *guarded(child.argv), env=self._env
+                    )
             except OSError as exc:  # EAGAIN, EMFILE, ENOMEM: tried again after the delay
                 child.proc = None
                 code: int | str = f"start failed: {exc}"
@@ -135,7 +143,10 @@ class Supervisor:
 
 def install_stop_signals(stop: asyncio.Event) -> None:
     """SIGINT, SIGTERM and SIGHUP (a closed terminal, a dropped SSH session) set `stop`
-    (once; a second signal changes nothing): each is a clean stop, runs released."""
+    (once; a second signal changes nothing): each is a clean stop, runs released. SIGINT is
+    left ignored in a process that is to ignore it (a role `up` started, which `up` stops
+    with SIGTERM; `lifetime.interrupts_ignored`)."""
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    interrupts = () if interrupts_ignored() else (signal.SIGINT,)
+    for sig in (*interrupts, signal.SIGTERM, signal.SIGHUP):
         loop.add_signal_handler(sig, stop.set)
