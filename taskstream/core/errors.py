@@ -37,6 +37,13 @@ class StoreUnavailable(StoreError):
     """The database cannot be reached. Nothing was written."""
 
 
+class StoreConflict(StoreUnavailable):
+    """The database rolled the transaction back to settle a conflict with another one: a
+    deadlock, or a row lock waited for longer than its lock wait timeout. Nothing was written;
+    the store sends the transaction again a few times at once before raising this, and a
+    caller that gets it waits it out as an outage."""
+
+
 class StoreRefused(StoreError):
     """The store refused a value it will not take: longer than its column, in an encoding it
     cannot hold, not JSON, or a statement over its packet limit. Nothing was written, and

@@ -5,7 +5,9 @@ writer records one of its side-effect keys first). Status writes are compare-and
 their history row in the same transaction; a lost race is a `CasResult(ok=False, found=...)`,
 never an exception. Transitions are checked against the state table before any SQL is sent.
 Leases and timestamps come from the database clock. Driver errors surface as
-`StoreUnavailable` / `StoreError` naming the redacted URL. The SQL lives in `sql_instances`,
+`StoreUnavailable` / `StoreError` naming the redacted URL; a write transaction the database
+rolls back for a conflict (a deadlock, a lock wait timeout) is made again at once, a few
+times (`sql_conflicts`), before it is raised as `StoreConflict`. The SQL lives in `sql_instances`,
 `sql_batch`, `sql_finishes`, `sql_queries` and `sql_definitions`; the methods here, and those
 of the mixins `sql_reads`, `sql_tasks`, `sql_outbox` and `sql_scheduling`, own the transactions.
 """
@@ -33,6 +35,7 @@ from taskstream.core.store.port import (
     ClaimRequest,
     FinishRequest,
 )
+from taskstream.core.store.sql_conflicts import conflicts_retried
 from taskstream.core.store.sql_driver import driver_enabled, driver_transaction
 from taskstream.core.store.sql_engine import (
     READ_ONLY,
@@ -171,14 +174,18 @@ class SqlStore(ReadMethods, DefinitionMethods, OutboxMethods, SchedulingMethods)
             lease_until=lease_until,
             note=note,
         )
-        async with self._write() as conn:
-            for _ in range(2):
-                if await move(conn):
-                    return CasResult(ok=True)
-                found = await rows.status_of(conn, instance_id)
-                if found is not src:
-                    break
-        return CasResult(ok=False, found=found)
+
+        async def once() -> CasResult:
+            async with self._write() as conn:
+                for _ in range(2):
+                    if await move(conn):
+                        return CasResult(ok=True)
+                    found = await rows.status_of(conn, instance_id)
+                    if found is not src:
+                        break
+            return CasResult(ok=False, found=found)
+
+        return await conflicts_retried(once)
 
     async def claim(
         self, instance_id: str, *, expected_attempt: int, owner: str, lease_s: float
@@ -187,16 +194,24 @@ class SqlStore(ReadMethods, DefinitionMethods, OutboxMethods, SchedulingMethods)
         `owner` until db-now + `lease_s`. The new attempt is the fencing token. None when the
         race was lost."""
         lease_length_ms = rows.lease_ms(lease_s)
-        async with self._write() as conn:
-            return await batch.claim_one(
-                conn, instance_id, expected_attempt, owner, lease_length_ms
-            )
+
+        async def once() -> Claim | None:
+            async with self._write() as conn:
+                return await batch.claim_one(
+                    conn, instance_id, expected_attempt, owner, lease_length_ms
+                )
+
+        return await conflicts_retried(once)
 
     async def extend_lease(self, instance_id: str, *, token: int, lease_s: float) -> bool:
         """Push the lease to db-now + `lease_s` while RUNNING with attempt == token."""
         lease_ms = rows.lease_ms(lease_s)
-        async with self._write() as conn:
-            return await rows.extend_lease(conn, instance_id, token, lease_ms)
+
+        async def once() -> bool:
+            async with self._write() as conn:
+                return await rows.extend_lease(conn, instance_id, token, lease_ms)
+
+        return await conflicts_retried(once)
 
     async def finish(
         self,
@@ -221,6 +236,9 @@ class SqlStore(ReadMethods, DefinitionMethods, OutboxMethods, SchedulingMethods)
         return await self._finish_one(finishes.prepare_finish(request))
 
     async def _finish_one(self, prepared: finishes.PreparedFinish) -> CasResult:
+        return await conflicts_retried(partial(self._finish_one_once, prepared))
+
+    async def _finish_one_once(self, prepared: finishes.PreparedFinish) -> CasResult:
         try:
             async with self._write() as conn:
                 return await finishes.finish_one(conn, prepared)
@@ -237,8 +255,12 @@ class SqlStore(ReadMethods, DefinitionMethods, OutboxMethods, SchedulingMethods)
         options = batch.plan_claims(requests)
         if not options:
             return {}
-        async with self._hot() as run:
-            return await batch.claim_many(run, options, owner)
+
+        async def once() -> dict[str, Claimed]:
+            async with self._hot() as run:
+                return await batch.claim_many(run, options, owner)
+
+        return await conflicts_retried(once)
 
     async def finish_many(self, requests: list[FinishRequest]) -> dict[str, CasResult]:
         """`finish` for many runs in one transaction, with the results sequential `finish`
@@ -247,6 +269,11 @@ class SqlStore(ReadMethods, DefinitionMethods, OutboxMethods, SchedulingMethods)
         prepared = finishes.prepare_finishes(requests)
         if not prepared:
             return {}
+        return await conflicts_retried(partial(self._finish_many_once, prepared))
+
+    async def _finish_many_once(
+        self, prepared: list[finishes.PreparedFinish]
+    ) -> dict[str, CasResult]:
         if finishes.unread_ok(prepared):
             # Usually every run still holds its row: update without reading first, and take
             # the locking path only when some row has moved on (a fenced run).
@@ -269,8 +296,12 @@ class SqlStore(ReadMethods, DefinitionMethods, OutboxMethods, SchedulingMethods)
         lease_length_ms = rows.lease_ms(lease_s)
         if not held:
             return set()
-        async with self._write() as conn:
-            return await batch.extend_leases(conn, held, lease_length_ms)
+
+        async def once() -> set[tuple[str, int]]:
+            async with self._write() as conn:
+                return await batch.extend_leases(conn, held, lease_length_ms)
+
+        return await conflicts_retried(once)
 
     async def add_review(self, instance_id: str, reason: str) -> None:
         """Queue an existing instance for human review, once: while it has an unresolved

@@ -7,8 +7,9 @@ to the pool, or is discarded when it may be broken: a lost link, a timeout, a ca
 the middle of a statement, or a rollback that failed.
 
 Driver errors become store errors as `sql_engine.translate` makes them for the engine:
-integrity errors `ConstraintViolation`, operational and interface errors (lost connection,
-lock wait timeout, server gone) and socket errors `StoreUnavailable`, a statement over the
+integrity errors `ConstraintViolation`, deadlocks and lock wait timeouts `StoreConflict`
+(the connection is rolled back and kept), other operational and interface errors (lost connection,
+server gone) and socket errors `StoreUnavailable`, a statement over the
 server's packet limit and anything else `StoreError`. Errors the body raises itself
 (`RowsMoved`, `StoreError`) pass unchanged.
 """
@@ -22,7 +23,8 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.util import greenlet_spawn
 
-from taskstream.core.errors import StoreError, StoreRefused, StoreUnavailable
+from taskstream.core.errors import StoreConflict, StoreError, StoreRefused, StoreUnavailable
+from taskstream.core.store.sql_conflicts import is_conflict
 from taskstream.core.store.sql_engine import ConstraintViolation, refused, translate_errors
 from taskstream.core.store.sql_prepared import DriverRunner
 
@@ -43,7 +45,7 @@ def translate_driver(exc: BaseException, dbapi: Any, display_url: str) -> StoreE
     """The store error for a driver error, or None when `exc` is not one."""
     if isinstance(exc, dbapi.IntegrityError):
         return ConstraintViolation(f"store {display_url}: constraint violated: {_detail(exc)}")
-    final = refused(_detail(exc), display_url) if isinstance(exc, dbapi.Error) else None
+    final = _settled(exc, dbapi, display_url)
     if final is not None:
         return final
     if isinstance(exc, dbapi.OperationalError | dbapi.InterfaceError | OSError | TimeoutError):
@@ -55,10 +57,21 @@ def translate_driver(exc: BaseException, dbapi: Any, display_url: str) -> StoreE
     return None
 
 
+def _settled(exc: BaseException, dbapi: Any, display_url: str) -> StoreError | None:
+    """For a server's error reply: a conflict it rolled back (`StoreConflict`), a refusal
+    trying again cannot mend (`refused`); else None."""
+    if not isinstance(exc, dbapi.Error):
+        return None
+    if is_conflict(exc):
+        return StoreConflict(f"store {display_url} rolled back a conflict: {_detail(exc)}")
+    return refused(_detail(exc), display_url)
+
+
 def _link_may_be_broken(exc: BaseException, dbapi: Any) -> bool:
     """After `exc`, the connection may hold a half-read reply or no link at all. A server
-    error reply (a constraint, a bad value) or our own `StoreError` leaves it clean."""
-    if isinstance(exc, StoreError):
+    error reply (a constraint, a bad value, a deadlock, a lock wait that ran out) or our own
+    `StoreError` leaves it clean."""
+    if isinstance(exc, StoreError) or (isinstance(exc, dbapi.Error) and is_conflict(exc)):
         return False
     return not isinstance(exc, dbapi.Error) or isinstance(
         exc, dbapi.OperationalError | dbapi.InterfaceError

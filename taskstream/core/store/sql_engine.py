@@ -14,9 +14,10 @@ Session setup, applied to every pooled connection:
 A SQLite file that does not exist is made only by an engine made with `create` (migrations):
 any other connect fails with `StoreFileMissing`, so a typo in the path leaves no empty file.
 
-Driver errors never leave this package: `translate_errors` turns them into `StoreUnavailable`
-(cannot reach / lost the connection / deadlocks and lock timeouts: nothing was written, retry
-later), `ConstraintViolation` (an integrity constraint, handled by the adapter) or `StoreError`.
+Driver errors never leave this package: `translate_errors` turns them into `StoreConflict`
+(a deadlock or a lock timeout rolled the transaction back: `sql_conflicts` sends it again),
+`StoreUnavailable` (cannot reach / lost the connection: nothing was written, retry later),
+`ConstraintViolation` (an integrity constraint, handled by the adapter) or `StoreError`.
 """
 
 from __future__ import annotations
@@ -39,11 +40,13 @@ from sqlalchemy.pool import ConnectionPoolEntry
 from taskstream.core.errors import (
     ConfigError,
     SchemaMissing,
+    StoreConflict,
     StoreError,
     StoreFileMissing,
     StoreRefused,
     StoreUnavailable,
 )
+from taskstream.core.store.sql_conflicts import is_conflict
 from taskstream.core.store.urls import asyncpg_numbers, redact_url
 
 READ_ONLY = "taskstream_read_only"
@@ -319,6 +322,8 @@ def translate(exc: Exception, display_url: str) -> StoreError:
         final = refused(_detail(error), display_url)
         if final is not None:
             return final
+    if is_conflict(exc):
+        return StoreConflict(f"store {display_url} rolled back a conflict: {_detail(exc)}")
     if _is_unavailable(exc):
         return StoreUnavailable(f"store {display_url} unavailable: {_detail(exc)}")
     if isinstance(exc, sa_exc.DataError) or _sqlstate(exc).startswith("22"):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, suppress
+from functools import partial
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -26,6 +27,7 @@ from taskstream.core.store import sql_instances as rows
 from taskstream.core.store import sql_queries as q
 from taskstream.core.store import sql_templates as templates
 from taskstream.core.store.port import CasResult, CreateResult, DispatchRequest, NewInstance
+from taskstream.core.store.sql_conflicts import conflicts_retried
 from taskstream.core.store.sql_definitions import newer_held
 from taskstream.core.store.sql_engine import ConstraintViolation
 from taskstream.core.store.sql_prepared import CoreRunner, Runner
@@ -61,6 +63,11 @@ class OutboxMethods:
         is written and the existing row's id is returned with created=False. Safe under
         concurrent inserts: the UNIQUE index decides, each try is a fresh transaction. With a
         leader `token`, nothing is written when the task holds a newer one (`fenced`)."""
+        return await conflicts_retried(partial(self._create_instance, new, skipped, token))
+
+    async def _create_instance(
+        self, new: NewInstance, skipped: str | None, token: int | None
+    ) -> CreateResult:
         last: ConstraintViolation | None = None
         for _ in range(_CREATE_TRIES):
             try:
@@ -90,9 +97,14 @@ class OutboxMethods:
         `tokens[i]`: the leader token of `news[i]`'s creator, or None (see the port)."""
         if not news:
             return []
-        fences = list(tokens) if tokens is not None else [None] * len(news)
+        fences: list[int | None] = list(tokens) if tokens is not None else [None] * len(news)
         if len(fences) != len(news):
             raise ValueError("create_instances: one token (or None) per instance")
+        return await conflicts_retried(partial(self._create_instances, news, fences))
+
+    async def _create_instances(
+        self, news: Sequence[NewInstance], fences: list[int | None]
+    ) -> list[CreateResult]:
         try:
             async with self._hot() as run:
                 return await create_many(run, news, fences)
@@ -110,6 +122,9 @@ class OutboxMethods:
             raise ValueError("dispatch_many: an instance is named twice")
         if not requests:
             return {}
+        return await conflicts_retried(partial(self._dispatch_many, requests))
+
+    async def _dispatch_many(self, requests: Sequence[DispatchRequest]) -> dict[str, CasResult]:
         results = None
         if len({r.src for r in requests}) == 1 and not self._dispatch_found_moved:
             # Usually every row is still where the outbox left it: update without reading

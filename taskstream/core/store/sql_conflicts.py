@@ -1,0 +1,53 @@
+"""Transactions the database rolls back to settle a conflict with another, sent again at once.
+
+A deadlock (MySQL / MariaDB error 1213, PostgreSQL 40P01), a row lock waited for longer than
+the lock wait timeout (1205, PostgreSQL's `lock_timeout` 55P03) and a serialization failure
+(40001) end a transaction that wrote nothing: the server rolled it back (all of it, or for
+1205 the statement, and the store then rolls back the rest). They are raised by a statement,
+never by COMMIT, so a transaction that met one did not land. Another try, in a new
+transaction, meets the rows as the other transaction left them and decides each
+compare-and-set again: a conflict is not the store being away, and is not waited out as an
+outage unless it keeps coming (`StoreConflict` after `TRANSACTION_TRIES`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from taskstream.core.errors import StoreConflict
+
+TRANSACTION_TRIES = 4
+"""Tries in all of a transaction the database keeps rolling back for a conflict."""
+CONFLICT_PAUSE_S = 0.02
+"""Pause before the n-th try again (seconds, times n): lets the winner of a deadlock commit."""
+
+_MYSQL_CONFLICTS = frozenset({1205, 1213})
+_PG_CONFLICTS = frozenset({"40001", "40P01", "55P03"})
+
+T = TypeVar("T")
+
+
+def is_conflict(exc: BaseException) -> bool:
+    """Whether `exc` (a driver error, or SQLAlchemy's wrapper of one) is a conflict the
+    database settled by rolling back: see the module docstring."""
+    cause: Any = getattr(exc, "orig", None) or exc
+    if str(getattr(cause, "sqlstate", None) or "") in _PG_CONFLICTS:
+        return True
+    args: tuple[Any, ...] = getattr(cause, "args", ())
+    return bool(args) and isinstance(args[0], int) and args[0] in _MYSQL_CONFLICTS
+
+
+async def conflicts_retried(transaction: Callable[[], Awaitable[T]]) -> T:
+    """`transaction()` (one whole transaction, from its BEGIN), made again while it raises
+    `StoreConflict`, at most `TRANSACTION_TRIES` times in all; the last conflict is raised."""
+    tries = 1
+    while True:
+        try:
+            return await transaction()
+        except StoreConflict:
+            if tries >= TRANSACTION_TRIES:
+                raise
+        await asyncio.sleep(CONFLICT_PAUSE_S * tries)
+        tries += 1
