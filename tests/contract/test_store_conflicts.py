@@ -15,6 +15,7 @@ from sqlalchemy import event, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from taskstream.core.errors import StoreUnavailable
 from taskstream.core.states import Status
 from taskstream.core.store.port import ClaimRequest, DispatchRequest, FinishRequest
 from taskstream.core.store.sql import SqlStore
@@ -204,3 +205,33 @@ async def test_a_claim_batch_chosen_as_a_deadlock_victim_is_made_again(
         claimed = await claiming
     assert {i: c.token for i, c in claimed.items()} == {a: 1, b: 1}
     assert [h.reason for h in await store.history(a)] == ["claimed"]
+
+
+def _short_busy_wait(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute("PRAGMA busy_timeout = 200")
+    finally:
+        cursor.close()
+
+
+async def test_a_sqlite_file_locked_past_the_busy_timeout_is_an_outage() -> None:
+    """Another process holding the file's write lock longer than the busy timeout: the
+    write fails as the store unavailable (the roles wait it out), not as a refusal or a
+    driver error that would end them, and leaves nothing written."""
+    async with temp_database("sqlite") as url:
+        store = await SqlStore.connect(url, check=False)
+        event.listen(store.engine.sync_engine, "connect", _short_busy_wait)
+        other = make_engine(normalize_url(url))
+        try:
+            [a] = await _seed(store, ["a"])
+            async with other.connect() as holder:
+                await holder.execute(text("SELECT 1"))  # BEGIN IMMEDIATE: the write lock
+                with pytest.raises(StoreUnavailable, match="locked"):
+                    await store.claim_many([ClaimRequest(a, 0, 30.0)], owner="exec-1")
+                await holder.rollback()
+            claimed = await store.claim_many([ClaimRequest(a, 0, 30.0)], owner="exec-1")
+            assert {i: c.token for i, c in claimed.items()} == {a: 1}
+        finally:
+            await other.dispose()
+            await store.close()
