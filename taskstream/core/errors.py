@@ -41,7 +41,12 @@ class StoreConflict(StoreUnavailable):
     """The database rolled the transaction back to settle a conflict with another one: a
     deadlock, or a row lock waited for longer than its lock wait timeout. Nothing was written;
     the store sends the transaction again a few times at once before raising this, and a
-    caller that gets it waits it out as an outage."""
+    caller that gets it waits it out as an outage. `lock_wait`: it was a lock wait timeout,
+    which already waited the server's whole timeout (tried again once only)."""
+
+    def __init__(self, message: str, *, lock_wait: bool = False) -> None:
+        super().__init__(message)
+        self.lock_wait = lock_wait
 
 
 class StoreRefused(StoreError):

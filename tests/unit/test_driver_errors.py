@@ -12,6 +12,7 @@ import asyncmy.errors
 import pytest
 
 from taskstream.core.errors import StoreConflict, StoreError, StoreUnavailable
+from taskstream.core.store import sql_conflicts
 from taskstream.core.store.sql_driver import translate_driver
 
 
@@ -52,3 +53,30 @@ def test_a_read_only_or_full_server_is_an_outage(errno: int, message: str) -> No
 )
 def test_a_deadlock_or_lock_wait_timeout_is_a_conflict(errno: int, message: str) -> None:
     assert isinstance(_translated(errno, message), StoreConflict)
+
+
+@pytest.mark.parametrize(
+    ("errno", "message", "tries"),
+    [
+        (1213, "Deadlock found when trying to get lock; try restarting transaction", 4),
+        (1205, "Lock wait timeout exceeded; try restarting transaction", 2),
+    ],
+)
+async def test_a_lock_wait_timeout_is_tried_again_once_a_deadlock_more(
+    errno: int, message: str, tries: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lock wait timeout has already waited the server's whole timeout (50 s by default):
+    one more try, not three, so that a lease extension does not wait four of them."""
+    monkeypatch.setattr(sql_conflicts, "CONFLICT_PAUSE_S", 0.0)
+    calls = 0
+
+    async def transaction() -> None:
+        nonlocal calls
+        calls += 1
+        error = _translated(errno, message)
+        assert isinstance(error, StoreConflict)
+        raise error
+
+    with pytest.raises(StoreConflict):
+        await sql_conflicts.conflicts_retried(transaction)
+    assert calls == tries

@@ -20,11 +20,15 @@ from taskstream.core.errors import StoreConflict
 
 TRANSACTION_TRIES = 4
 """Tries in all of a transaction the database keeps rolling back for a conflict."""
+LOCK_WAIT_TRIES = 2
+"""Tries in all when the conflict is a lock wait timeout: each has waited the server's whole
+timeout (InnoDB's default is 50 s), so a lease extension must not wait four of them."""
 CONFLICT_PAUSE_S = 0.02
 """Pause before the n-th try again (seconds, times n): lets the winner of a deadlock commit."""
 
 _MYSQL_CONFLICTS = frozenset({1205, 1213})
 _PG_CONFLICTS = frozenset({"40001", "40P01", "55P03"})
+_MYSQL_LOCK_WAIT, _PG_LOCK_WAIT = 1205, "55P03"
 
 T = TypeVar("T")
 
@@ -39,15 +43,25 @@ def is_conflict(exc: BaseException) -> bool:
     return bool(args) and isinstance(args[0], int) and args[0] in _MYSQL_CONFLICTS
 
 
+def is_lock_wait(exc: BaseException) -> bool:
+    """Whether a conflict (`is_conflict`) was a lock wait timeout."""
+    cause: Any = getattr(exc, "orig", None) or exc
+    if str(getattr(cause, "sqlstate", None) or "") == _PG_LOCK_WAIT:
+        return True
+    args: tuple[Any, ...] = getattr(cause, "args", ())
+    return bool(args) and args[0] == _MYSQL_LOCK_WAIT
+
+
 async def conflicts_retried(transaction: Callable[[], Awaitable[T]]) -> T:
     """`transaction()` (one whole transaction, from its BEGIN), made again while it raises
-    `StoreConflict`, at most `TRANSACTION_TRIES` times in all; the last conflict is raised."""
+    `StoreConflict`, at most `TRANSACTION_TRIES` times in all (`LOCK_WAIT_TRIES` once a
+    lock wait timeout came); the last conflict is raised."""
     tries = 1
     while True:
         try:
             return await transaction()
-        except StoreConflict:
-            if tries >= TRANSACTION_TRIES:
+        except StoreConflict as exc:
+            if tries >= (LOCK_WAIT_TRIES if exc.lock_wait else TRANSACTION_TRIES):
                 raise
         await asyncio.sleep(CONFLICT_PAUSE_S * tries)
         tries += 1

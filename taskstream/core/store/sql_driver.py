@@ -24,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.util import greenlet_spawn
 
 from taskstream.core.errors import StoreConflict, StoreError, StoreRefused, StoreUnavailable
-from taskstream.core.store.sql_conflicts import is_conflict
+from taskstream.core.store.sql_conflicts import is_conflict, is_lock_wait
 from taskstream.core.store.sql_engine import ConstraintViolation, refused, translate_errors
 from taskstream.core.store.sql_prepared import DriverRunner
 
@@ -63,7 +63,10 @@ def _settled(exc: BaseException, dbapi: Any, display_url: str) -> StoreError | N
     if not isinstance(exc, dbapi.Error):
         return None
     if is_conflict(exc):
-        return StoreConflict(f"store {display_url} rolled back a conflict: {_detail(exc)}")
+        return StoreConflict(
+            f"store {display_url} rolled back a conflict: {_detail(exc)}",
+            lock_wait=is_lock_wait(exc),
+        )
     return refused(_detail(exc), display_url)
 
 

@@ -46,7 +46,7 @@ from taskstream.core.errors import (
     StoreRefused,
     StoreUnavailable,
 )
-from taskstream.core.store.sql_conflicts import is_conflict
+from taskstream.core.store.sql_conflicts import is_conflict, is_lock_wait
 from taskstream.core.store.urls import asyncpg_numbers, redact_url
 
 READ_ONLY = "taskstream_read_only"
@@ -323,7 +323,10 @@ def translate(exc: Exception, display_url: str) -> StoreError:
         if final is not None:
             return final
     if is_conflict(exc):
-        return StoreConflict(f"store {display_url} rolled back a conflict: {_detail(exc)}")
+        return StoreConflict(
+            f"store {display_url} rolled back a conflict: {_detail(exc)}",
+            lock_wait=is_lock_wait(exc),
+        )
     if _is_unavailable(exc):
         return StoreUnavailable(f"store {display_url} unavailable: {_detail(exc)}")
     if isinstance(exc, sa_exc.DataError) or _sqlstate(exc).startswith("22"):
