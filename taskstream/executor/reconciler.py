@@ -14,17 +14,16 @@ the executor died with it, so nothing will extend the lease or commit the run.
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
 from taskstream.core import streams
 from taskstream.core import streams_admin as admin
 from taskstream.core.clock import Clock
 from taskstream.core.logging import get_logger
-from taskstream.core.outbox import TOLD_MAX, Outbox
+from taskstream.core.outbox import Outbox
 from taskstream.core.protocol import Keys
 from taskstream.core.reasons import LEASE_EXPIRED, OWNER_LOST
 from taskstream.core.states import Status
-from taskstream.core.store.port import InstanceRow, Store, UnreadableRow
+from taskstream.core.store.port import InstanceRow, Store
+from taskstream.core.unreadable_rows import UnreadableRows
 from taskstream.executor.recovery import Recovery
 from taskstream.executor.sweep import owners_lost
 
@@ -60,9 +59,8 @@ class Reconciler:
         self._after: tuple[int, str] | None = None
         """(updated_at_ms, id) of the last row the previous pass read, when it read a full
         page."""
-        self._told: OrderedDict[str, str] = OrderedDict()
-        """Unreadable rows already logged, with their error (the newest `TOLD_MAX`)."""
         self._log = get_logger(role="reconciler")
+        self._unreadable = UnreadableRows(self._log)
 
     async def reconcile(self, *, liveness_trusted: bool = True) -> int:
         """One pass; returns how many rows were published again or recovered. With
@@ -77,7 +75,7 @@ class Reconciler:
         # Page on from the last row seen, and start over once past the end: rows that need
         # nothing (a live entry, a held lease) cannot hide the others behind them for good.
         self._after = (rows[-1].updated_at_ms, rows[-1].id) if len(rows) == self._limit else None
-        readable = self._readable(rows)
+        readable = self._unreadable.readable(rows)
         lost = await self._lost_owners(readable, live, now, liveness_trusted)
         fixed = 0
         for row in readable:
@@ -85,22 +83,6 @@ class Reconciler:
                 fixed += 1
                 self._log.info("instance.reconciled", instance_id=row.id, status=row.status)
         return fixed
-
-    def _readable(self, rows: list[InstanceRow | UnreadableRow]) -> list[InstanceRow]:
-        """The rows of a page that were read. One that was not (it holds what taskstream
-        never writes) is passed over, as it is, and logged once per process until its error
-        changes: it must neither stop the pass nor fill the log on every pass."""
-        readable: list[InstanceRow] = []
-        for row in rows:
-            if isinstance(row, InstanceRow):
-                self._told.pop(row.id, None)
-                readable.append(row)
-            elif self._told.get(row.id) != row.error:
-                self._log.error("instance.unreadable", instance_id=row.id, error=row.error[:300])
-                self._told[row.id] = row.error
-                while len(self._told) > TOLD_MAX:
-                    self._told.popitem(last=False)
-        return readable
 
     async def _fix(self, row: InstanceRow, now_ms: int, lost: set[str]) -> bool:
         """Publish or recover one row that has no entry; False when it needs nothing yet or

@@ -26,6 +26,7 @@ from taskstream.core.outbox import Outbox
 from taskstream.core.preconditions import Check
 from taskstream.core.spec import TaskSpec
 from taskstream.core.store.port import Store
+from taskstream.core.unreadable_rows import UnreadableRows
 from taskstream.scheduler.advance import Advancer
 from taskstream.scheduler.hold import UpstreamHolds
 from taskstream.scheduler.instances import new_instance, on_demand, trigger_of
@@ -102,6 +103,7 @@ class Scheduler:
         self._denials = 0
         """Steps in a row that Redis denied."""
         self._log = get_logger(role="scheduler", owner=leader.owner if leader else None)
+        self._unreadable = UnreadableRows(self._log)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Run passes while leading, stand by otherwise, until `stop` is set. Between passes
@@ -275,16 +277,19 @@ class Scheduler:
 
     async def _emit_due_retries(self, now_ms: int) -> None:
         """Publish RETRYING rows whose next attempt is due (RETRYING -> DISPATCHED), a page of
-        `MAX_RETRIES_PER_PASS` per pass. Rows no entry can be made of stay RETRYING and due:
-        once a page holds some, the next passes read on past it (`_retries_after`) until a
-        page is not full, so a full page of them cannot hide the retries due after it."""
-        due = await self._store.due_retries(
+        `MAX_RETRIES_PER_PASS` per pass. Rows no entry can be made of, and rows that cannot
+        be read (logged once, `UnreadableRows`), stay RETRYING and due: once a page holds
+        some, the next passes read on past it (`_retries_after`) until a page is not full,
+        so a full page of them cannot hide the retries due after it."""
+        page = await self._store.due_retries(
             now_ms=now_ms, limit=MAX_RETRIES_PER_PASS, after=self._retries_after
         )
+        due = self._unreadable.readable(page)
         refused = await self._outbox.publish_many(due, now_ms=now_ms) if due else {}
-        self._refused_in_cycle = self._refused_in_cycle or bool(refused)
-        if len(due) == MAX_RETRIES_PER_PASS and self._refused_in_cycle:
-            last = due[-1]
+        passed = bool(refused) or len(due) < len(page)
+        self._refused_in_cycle = self._refused_in_cycle or passed
+        if len(page) == MAX_RETRIES_PER_PASS and self._refused_in_cycle:
+            last = page[-1]
             self._retries_after, self._refused_by = (last.next_attempt_at_ms or 0, last.id), None
         else:  # every retry due by now has been offered since the cycle began
             self._retries_after = None

@@ -8,9 +8,10 @@ import pytest
 from sqlalchemy import text
 
 from taskstream.core.errors import StoreCorrupt, StoreError
-from taskstream.core.store.port import DefinitionRecord
+from taskstream.core.states import Status
+from taskstream.core.store.port import DefinitionRecord, InstanceRow, UnreadableRow
 from taskstream.core.store.sql import SqlStore
-from tests.contract.conftest import MakeNew
+from tests.contract.conftest import Advance, MakeNew
 
 CORRUPTIONS = [
     ("payload", "{not json"),
@@ -88,3 +89,24 @@ async def test_a_status_no_state_has_is_named_by_the_counts_of_status(
     await _corrupt(store, "inst-a", "status", "HALF_DONE")
     with pytest.raises(StoreCorrupt, match=r"task_instances row 'inst-a': status is 'HALF_DONE'"):
         await store.count_by_status()
+
+
+async def test_due_retries_read_a_corrupt_row_as_unreadable_in_its_place(
+    store: SqlStore, make_new: MakeNew, advance: Advance
+) -> None:
+    """The scheduler pages through due retries by (next_attempt_at_ms, id): a row that does
+    not decode keeps its place, and the rows after it are read."""
+    for name, due_ms in (("a", 1_000), ("b", 2_000)):
+        await store.create_instance(make_new(name))
+        await advance(f"inst-{name}", Status.RUNNING)
+        await store.transition(
+            f"inst-{name}", Status.RUNNING, Status.RETRYING, reason="r", next_attempt_at_ms=due_ms
+        )
+    await _corrupt(store, "inst-a", "payload", "{not json")
+    bad, good = await store.due_retries(now_ms=3_000, limit=10)
+    assert isinstance(bad, UnreadableRow) and isinstance(good, InstanceRow)
+    assert (bad.id, bad.next_attempt_at_ms, good.id) == ("inst-a", 1_000, "inst-b")
+    assert "task_instances row 'inst-a': payload is not JSON" in bad.error
+    assert [
+        r.id for r in await store.due_retries(now_ms=3_000, limit=10, after=(1_000, "inst-a"))
+    ] == ["inst-b"]

@@ -65,7 +65,7 @@ async def test_due_retries_are_retrying_rows_due_by_now_earliest_first(
     due = await store.due_retries(now_ms=3_000, limit=10)
 
     assert [r.id for r in due] == ["inst-b", "inst-c", "inst-d", "inst-a"]
-    assert all(r.status is Status.RETRYING for r in due)
+    assert all(isinstance(r, InstanceRow) and r.status is Status.RETRYING for r in due)
     assert [r.id for r in await store.due_retries(now_ms=3_000, limit=2)] == ["inst-b", "inst-c"]
     assert await store.due_retries(now_ms=999, limit=10) == []
     assert await store.due_retries(now_ms=3_000, limit=0) == []

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from sqlalchemy import update
+from sqlalchemy import text, update
 from structlog.testing import capture_logs
 
 from taskstream.core import operations, streams
@@ -198,3 +198,47 @@ async def test_a_full_page_of_refused_retries_does_not_hide_the_ones_due_after_i
     assert await scheduler._step() == pytest.approx(REFUSED_RECHECK_S)
     statuses = {r.id: r.status for r in await store.list_instances()}
     assert statuses == {**dict.fromkeys(bad, Status.RETRYING), good: Status.DISPATCHED}
+
+
+async def test_a_due_retry_whose_row_cannot_be_read_does_not_stop_the_scheduler(
+    store: SqlStore, redis: streams.Redis, keys: Keys
+) -> None:
+    """A RETRYING row holding JSON that does not parse (a hand edit in SQL): the scheduler's
+    pass re-emits the other due retry and logs the bad row once, not on every pass, leaving
+    it as it is."""
+    bad, good = await retrying(store, T0, count=2)
+    async with store.engine.begin() as conn:
+        await conn.execute(
+            text("UPDATE task_instances SET payload = '{oops' WHERE id = :id"), {"id": bad}
+        )
+    h = Harness(store, redis, keys, FixedClock(T0 + 10))
+    scheduler = Scheduler(store, h.outbox, h.clock, SchedulerConfig())
+    with capture_logs() as logs:
+        await scheduler.run_pass()
+        await scheduler.run_pass()
+    assert await queued(redis, keys) == [good]
+    told = [e for e in logs if e["event"] == "instance.unreadable"]
+    assert [e["instance_id"] for e in told] == [bad]
+    assert "payload" in told[0]["error"]
+    async with store.engine.connect() as conn:
+        kept = (
+            await conn.execute(
+                text("SELECT status, payload FROM task_instances WHERE id = :id"), {"id": bad}
+            )
+        ).one()
+    assert tuple(kept) == (Status.RETRYING.value, "{oops")
+
+
+async def test_a_full_page_of_unreadable_retries_does_not_hide_the_ones_due_after_it(
+    store: SqlStore, redis: streams.Redis, keys: Keys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(service, "MAX_RETRIES_PER_PASS", 2)
+    bad = await retrying(store, T0, count=2)
+    [good] = await retrying(store, T0 + 1, count=1, offset=2)
+    for instance_id in bad:
+        await foreign(store, instance_id, context="[1, 2")
+    h = Harness(store, redis, keys, FixedClock(T0 + 10))
+    scheduler = Scheduler(store, h.outbox, h.clock, SchedulerConfig())
+    assert await scheduler._step() == 0  # a full page, none readable: read on at once
+    await scheduler._step()
+    assert await queued(redis, keys) == [good]

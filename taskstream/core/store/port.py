@@ -207,9 +207,11 @@ class Store(Protocol):
 
     async def due_retries(
         self, *, now_ms: int, limit: int, after: tuple[int, str] | None = None
-    ) -> list[InstanceRow]:
+    ) -> list[InstanceRow | UnreadableRow]:
         """RETRYING rows with `next_attempt_at_ms <= now_ms`, oldest due first (then id);
-        only those past `after` ((next_attempt_at_ms, id)) when given."""
+        only those past `after` ((next_attempt_at_ms, id)) when given. A row that does not
+        decode (`StoreCorrupt`) is an `UnreadableRow` in its place, so that it neither fails
+        the read of the others nor breaks the paging."""
         ...
 
     async def stale(

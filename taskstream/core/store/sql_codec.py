@@ -152,7 +152,9 @@ def instance_or_unreadable(m: RowMapping) -> InstanceRow | UnreadableRow:
     try:
         return instance_row(m)
     except StoreCorrupt as exc:
-        return UnreadableRow(str(m["id"]), int(m["updated_at_ms"]), str(exc))
+        return UnreadableRow(
+            str(m["id"]), int(m["updated_at_ms"]), str(exc), _opt_int(m["next_attempt_at_ms"])
+        )
 
 
 def history_row(m: RowMapping) -> HistoryRow:

@@ -210,10 +210,11 @@ async def instances(conn: AsyncConnection, ids: Sequence[str]) -> list[InstanceR
 
 async def due_retries(
     conn: AsyncConnection, now_ms: int, limit: int, after: tuple[int, str] | None = None
-) -> list[InstanceRow]:
+) -> list[InstanceRow | UnreadableRow]:
     """RETRYING rows with `next_attempt_at_ms <= now_ms`, earliest due first (then id), at most
     `limit`; only those past `after` ((next_attempt_at_ms, id)) when given, so a caller can
-    page past rows it cannot move. Served by the (settled, next_attempt_at_ms) index."""
+    page past rows it cannot move; one that does not decode as an `UnreadableRow` in its
+    place. Served by the (settled, next_attempt_at_ms) index."""
     stmt = (
         select(inst)
         .where(
@@ -226,7 +227,7 @@ async def due_retries(
     )
     if after is not None:
         stmt = stmt.where(_past(inst.c.next_attempt_at_ms, after))
-    return [codec.instance_row(m) for m in (await conn.execute(stmt)).mappings().all()]
+    return [codec.instance_or_unreadable(m) for m in (await conn.execute(stmt)).mappings()]
 
 
 def _past(ms: ColumnElement[Any], after: tuple[int, str]) -> ColumnElement[bool]:

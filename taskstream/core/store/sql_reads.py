@@ -51,9 +51,10 @@ class ReadMethods:
 
     async def due_retries(
         self, *, now_ms: int, limit: int, after: tuple[int, str] | None = None
-    ) -> list[InstanceRow]:
+    ) -> list[InstanceRow | UnreadableRow]:
         """RETRYING rows with `next_attempt_at_ms <= now_ms`, earliest due first (then id),
-        past `after` ((next_attempt_at_ms, id)) when given."""
+        past `after` ((next_attempt_at_ms, id)) when given; one that does not decode as an
+        `UnreadableRow` in its place."""
         async with self._read() as conn:
             return await queries.due_retries(conn, now_ms, limit, after)
 
