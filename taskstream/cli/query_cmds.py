@@ -19,11 +19,13 @@ from taskstream.cli.common import (
     run_async,
     settings,
 )
+from taskstream.cli.shown import err_line
 from taskstream.cli.upstreams_view import render_upstreams, upstreams_status
 from taskstream.core import lost_letters, streams, streams_admin
 from taskstream.core.errors import QueueUnavailable, TaskstreamError
 from taskstream.core.spec import INSTANCE_ID_LENGTH, format_utc_ms
 from taskstream.core.states import Status
+from taskstream.core.store.port import InstanceRow
 from taskstream.core.store.urls import redact_url
 from taskstream.ratelimit.breaker_config import BreakerConfig
 from taskstream.ratelimit.redis_backend import RedisBreakers, RedisLimiter
@@ -138,16 +140,30 @@ def instances_cmd(
     limit: int = typer.Option(50, min=1, max=10_000),
     as_json: bool = JSON_OPT,
 ) -> None:
-    """List instances, oldest fire time first."""
+    """List instances, oldest fire time first. A row that cannot be read (it holds what
+    taskstream never writes: a hand edit in SQL) is listed as unreadable and named, row and
+    column, on stderr, exit 1."""
     rows = run_async(_instances(task, status, limit))
     if as_json:
         print_json(rows)
-        return
+    else:
+        console.print(_instances_table(rows))
+    unreadable = [r["error"] for r in rows if r.get("unreadable")]
+    for error in unreadable:
+        err_line(f"error: {error}")
+    if unreadable:
+        raise typer.Exit(1)
+
+
+def _instances_table(rows: list[dict[str, Any]]) -> Table:
     # The id is what `inspect` takes: never cut it, however narrow the terminal.
     table = Table(Column("id", no_wrap=True, min_width=INSTANCE_ID_LENGTH))
     for name in ("task", "status", "attempt", "scheduled_for (UTC)", "fail_class"):
         table.add_column(name)
     for r in rows:
+        if r.get("unreadable"):
+            table.add_row(r["id"], "", "(unreadable)", "", "", "")
+            continue
         table.add_row(
             r["id"],
             r["task_id"],
@@ -156,13 +172,22 @@ def instances_cmd(
             format_utc_ms(r["scheduled_for_ms"]),
             r["fail_class"] or "",
         )
-    console.print(table)
+    return table
 
 
 async def _instances(task: str | None, status: Status | None, limit: int) -> list[dict[str, Any]]:
+    """The listed rows as dicts; one that cannot be read as its id, `unreadable` and the
+    `error` naming its column."""
     async with open_cluster(settings(), need_redis=False) as cluster:
-        rows = await cluster.store.list_instances(task_id=task, status=status, limit=limit)
-    return [asdict(r) for r in rows]
+        rows = await cluster.store.list_instances_or_unreadable(
+            task_id=task, status=status, limit=limit
+        )
+    return [
+        asdict(r)
+        if isinstance(r, InstanceRow)
+        else {"id": r.id, "unreadable": True, "error": r.error}
+        for r in rows
+    ]
 
 
 def inspect_cmd(instance_id: str = typer.Argument(...), as_json: bool = JSON_OPT) -> None:

@@ -6,6 +6,7 @@ and publishes the others. Nothing stored is rewritten."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from taskstream.core.lost_letters import latest_lost
 from taskstream.core.protocol import Keys
 from taskstream.core.states import Status
 from taskstream.core.store.sql import SqlStore
+from tests.integration.cli_in_process import run_cli
 from tests.integration.executor_cases import TASKS, harness, reach
 from tests.integration.harness import T0, Harness, Running, until
 
@@ -127,3 +129,23 @@ async def test_a_sweep_pass_passes_over_a_corrupt_stale_row_and_publishes_the_ot
     assert "context" in told[0]["error"]
     assert await _raw(h, bad.id, "context") == "{oops"
     assert await _raw(h, bad.id, "status") == Status.DISPATCHED.value
+
+
+async def test_instances_lists_the_good_rows_and_names_a_corrupt_one(
+    h: Harness, db_url: str, redis_url: str
+) -> None:
+    """`taskstream instances` shows every row it can read, names the one it cannot (row and
+    column) on stderr and exits 1, instead of a traceback or an error alone."""
+    bad = await h.trigger(TASKS, "effect", fire_ms=T0)
+    good = await h.trigger(TASKS, "effect", fire_ms=T0 + 60_000)
+    await _corrupt(h, bad.id, "status", "HALF_DONE")
+    out = await run_cli(h, db_url, redis_url, "instances")
+    assert out.exit_code == 1, out.output
+    assert good.id in out.stdout and bad.id in out.stdout
+    assert f"task_instances row '{bad.id}': status is 'HALF_DONE'" in out.stderr
+    as_json = await run_cli(h, db_url, redis_url, "instances", "--json")
+    assert as_json.exit_code == 1, as_json.output
+    listed = {r["id"]: r for r in json.loads(as_json.stdout)}
+    assert listed[good.id]["status"] == Status.DISPATCHED.value
+    assert listed[bad.id]["unreadable"] and "status" in listed[bad.id]["error"]
+    assert await _raw(h, bad.id, "status") == "HALF_DONE"

@@ -124,7 +124,17 @@ class Store(Protocol):
 
     async def list_instances(
         self, *, task_id: str | None = None, status: Status | None = None, limit: int = 100
-    ) -> list[InstanceRow]: ...
+    ) -> list[InstanceRow]:
+        """Matching instances, oldest `scheduled_for_ms` first (then id), at most `limit`;
+        `StoreCorrupt` naming the first row that does not decode."""
+        ...
+
+    async def list_instances_or_unreadable(
+        self, *, task_id: str | None = None, status: Status | None = None, limit: int = 100
+    ) -> list[InstanceRow | UnreadableRow]:
+        """`list_instances` for an operator's listing, which must show the rows it can read:
+        a row that does not decode (`StoreCorrupt`) is an `UnreadableRow` in its place."""
+        ...
 
     async def count_by_status(self) -> dict[Status, int]: ...
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import String, func, insert, literal, select, union_all, update
+from sqlalchemy import Select, String, func, insert, literal, select, union_all, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from taskstream.core.states import FailClass, Status
 from taskstream.core.store import sql_codec as codec
 from taskstream.core.store.dbclock import db_now_ms
-from taskstream.core.store.port import HistoryRow, InstanceRow, NewInstance
+from taskstream.core.store.port import HistoryRow, InstanceRow, NewInstance, UnreadableRow
 from taskstream.core.store.sql_queries import chunks, resolve_reviews
 from taskstream.core.store.tables import NOTE_LEN, OWNER_LEN, STATUS_LEN, side_effects
 from taskstream.core.store.tables import instance_history as hist
@@ -252,14 +252,27 @@ async def get(conn: AsyncConnection, instance_id: str) -> InstanceRow | None:
 async def list_rows(
     conn: AsyncConnection, task_id: str | None, status: Status | None, limit: int
 ) -> list[InstanceRow]:
-    """Instances oldest `scheduled_for_ms` first (then id), at most `limit`."""
+    """Instances oldest `scheduled_for_ms` first (then id), at most `limit`; `StoreCorrupt`
+    naming the first that does not decode."""
+    rows = (await conn.execute(_listing(task_id, status, limit))).mappings()
+    return [codec.instance_row(r) for r in rows]
+
+
+async def list_rows_or_unreadable(
+    conn: AsyncConnection, task_id: str | None, status: Status | None, limit: int
+) -> list[InstanceRow | UnreadableRow]:
+    """`list_rows`, with a row that does not decode as an `UnreadableRow` in its place."""
+    rows = (await conn.execute(_listing(task_id, status, limit))).mappings()
+    return [codec.instance_or_unreadable(r) for r in rows]
+
+
+def _listing(task_id: str | None, status: Status | None, limit: int) -> Select[Any]:
     stmt = select(inst).order_by(inst.c.scheduled_for_ms, inst.c.id).limit(max(limit, 0))
     if task_id is not None:
         stmt = stmt.where(inst.c.task_id == task_id)
     if status is not None:
         stmt = stmt.where(inst.c.status == status.value)
-    rows = (await conn.execute(stmt)).mappings().all()
-    return [codec.instance_row(r) for r in rows]
+    return stmt
 
 
 _STATUS_VALUES = frozenset(s.value for s in Status)

@@ -34,6 +34,14 @@ class ReadMethods:
         async with self._read() as conn:
             return await rows.list_rows(conn, task_id, status, limit)
 
+    async def list_instances_or_unreadable(
+        self, *, task_id: str | None = None, status: Status | None = None, limit: int = 100
+    ) -> list[InstanceRow | UnreadableRow]:
+        """`list_instances`, with a row that does not decode as an `UnreadableRow` in its
+        place."""
+        async with self._read() as conn:
+            return await rows.list_rows_or_unreadable(conn, task_id, status, limit)
+
     async def count_by_status(self) -> dict[Status, int]:
         """Every status with its instance count (0 when none)."""
         async with self._read() as conn:
