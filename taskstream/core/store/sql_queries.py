@@ -202,12 +202,6 @@ async def recorded_keys(conn: AsyncConnection, keys: Sequence[str]) -> set[str]:
     return found
 
 
-async def instances(conn: AsyncConnection, ids: Sequence[str]) -> list[InstanceRow]:
-    """The rows of `ids` (at most `CHUNK`), by id."""
-    stmt = select(inst).where(inst.c.id.in_(ids)).order_by(inst.c.id)
-    return [codec.instance_row(m) for m in (await conn.execute(stmt)).mappings().all()]
-
-
 async def due_retries(
     conn: AsyncConnection, now_ms: int, limit: int, after: tuple[int, str] | None = None
 ) -> list[InstanceRow | UnreadableRow]:
