@@ -240,5 +240,6 @@ async def test_a_full_page_of_unreadable_retries_does_not_hide_the_ones_due_afte
     h = Harness(store, redis, keys, FixedClock(T0 + 10))
     scheduler = Scheduler(store, h.outbox, h.clock, SchedulerConfig())
     assert await scheduler._step() == 0  # a full page, none readable: read on at once
-    await scheduler._step()
+    # The unreadable rows stay due: read again after a while, not in a loop with no sleep.
+    assert await scheduler._step() == pytest.approx(REFUSED_RECHECK_S)
     assert await queued(redis, keys) == [good]
