@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from taskstream.core.preconditions import Check, CheckResult, evaluate
 from taskstream.core.spec import TaskSpec
-from taskstream.core.store.port import InstanceRow, Store
+from taskstream.core.store.port import InstanceRow, Store, UnreadableRow
 from taskstream.scheduler.decide import readiness_checked
 from taskstream.scheduler.instances import business_date_of
 from taskstream.scheduler.verdict import (
@@ -19,6 +19,8 @@ from taskstream.scheduler.verdict import (
 
 ACTIVE_READ = 10
 """Active instances read per tick, oldest fire time first."""
+UNREADABLE = "unreadable"
+"""The status an active run whose row cannot be read is shown with in overlap decisions."""
 REPLACE_READ = 1000
 """Active instances read per tick under `concurrency: replace`, which cancels every earlier
 one (a backfill may have left many); more than that are cancelled by the next ticks."""
@@ -65,10 +67,11 @@ async def tick_facts(
     )
 
 
-async def _active(store: Store, task_id: str, limit: int) -> list[InstanceRow]:
+async def _active(store: Store, task_id: str, limit: int) -> list[InstanceRow | UnreadableRow]:
     """The oldest `limit` active instances, oldest fire time first; when there may be more,
     the newest one last, so that `_other_active` still sees a later run (the newest active
-    instance fires later than the tick whenever any does)."""
+    instance fires later than the tick whenever any does). A row that cannot be read (a hand
+    edit in SQL) is among them: it is not settled, so it is still an active run."""
     rows = await store.active_instances(task_id, limit=limit)
     if len(rows) < limit:
         return rows
@@ -76,7 +79,7 @@ async def _active(store: Store, task_id: str, limit: int) -> list[InstanceRow]:
     return rows + [r for r in newest if r.id not in {row.id for row in rows}]
 
 
-def _other_active(rows: list[InstanceRow], fire_ms: int) -> ActiveInstance | None:
+def _other_active(rows: list[InstanceRow | UnreadableRow], fire_ms: int) -> ActiveInstance | None:
     """The active instance a tick at `fire_ms` overlaps with, from `rows` (oldest fire time
     first): the newest one that fires later when there is one, since `replace` must not
     cancel a newer run; else the oldest earlier one."""
@@ -85,4 +88,5 @@ def _other_active(rows: list[InstanceRow], fire_ms: int) -> ActiveInstance | Non
     other = later[-1] if later else next(iter(others), None)
     if other is None:
         return None
-    return ActiveInstance(other.id, other.status.value, other.scheduled_for_ms)
+    status = other.status.value if isinstance(other, InstanceRow) else UNREADABLE
+    return ActiveInstance(other.id, status, other.scheduled_for_ms)

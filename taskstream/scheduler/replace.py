@@ -5,6 +5,7 @@ heartbeat cancels it, and its late commit is fenced."""
 
 from __future__ import annotations
 
+from taskstream.core.errors import StoreCorrupt
 from taskstream.core.logging import get_logger
 from taskstream.core.states import FailClass, Status, can_transition
 from taskstream.core.store.port import CasResult, InstanceRow, Store
@@ -22,7 +23,9 @@ def replaced_ids(decision: Decision) -> list[str]:
 
 
 async def cancel_previous(store: Store, instance_id: str, *, by_fire_ms: int) -> bool:
-    """Cancel `instance_id` for the run of `by_fire_ms`; False when it settled first.
+    """Cancel `instance_id` for the run of `by_fire_ms`; False when it settled first, or its
+    row cannot be read (it holds what taskstream never writes: logged, left as it is, and no
+    run can be made of it).
 
     The row is read, then moved from the status read. A CAS lost to another move (the outbox's
     dispatch, a claim, a retry) is tried again from where the row is now: giving up after one
@@ -30,7 +33,11 @@ async def cancel_previous(store: Store, instance_id: str, *, by_fire_ms: int) ->
     log = get_logger(instance_id=instance_id)
     reason = f"replaced by the run of {by_fire_ms}"
     for _ in range(MAX_TRIES):
-        row = await store.get_instance(instance_id)
+        try:
+            row = await store.get_instance(instance_id)
+        except StoreCorrupt as exc:
+            log.error("instance.unreadable", error=str(exc)[:300])
+            return False
         if row is None:
             return False
         cas = await _cancel(store, row, reason)

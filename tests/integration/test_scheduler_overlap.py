@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from sqlalchemy import text
 from structlog.testing import capture_logs
 
 from taskstream.core import streams
@@ -150,3 +151,38 @@ async def test_replace_follows_a_previous_instance_claimed_during_the_cancel(
     )
     assert done.lease_owner is None
     assert [x.from_status for x in await store.history(first.id)][-1] is Status.RUNNING
+
+
+@pytest.mark.parametrize("policy", ["forbid", "replace"])
+async def test_an_active_run_whose_row_cannot_be_read_is_still_an_active_run(
+    store: SqlStore, redis: streams.Redis, keys: Keys, policy: str
+) -> None:
+    """The previous run's row holds JSON that does not parse (a hand edit in SQL): it is
+    still in flight, so `forbid` skips the tick naming it, and `replace` runs the tick and
+    leaves it as it is (it cannot be read to be cancelled), instead of the task failing on
+    every pass with no decision recorded."""
+    h = Harness(store, redis, keys, FixedClock(M0 + 1))
+    await h.apply(OVERLAP.format(policy=policy))
+    s = make(h)
+    await s.run_pass()
+    h.clock.advance(60_000)
+    await s.run_pass()  # first run: DISPATCHED, nobody executes it
+    [first] = await store.list_instances()
+    async with store.engine.begin() as conn:
+        stmt = text("UPDATE task_instances SET payload = '{oops' WHERE id = :id")
+        await conn.execute(stmt, {"id": first.id})
+    h.clock.advance(60_000)
+    with capture_logs() as logs:
+        await s.run_pass()
+    assert not [e for e in logs if e["event"] == "task.advance_failed"]
+    last = (await store.decisions("job"))[-1]
+    async with store.engine.connect() as conn:
+        stmt = text("SELECT status, payload FROM task_instances WHERE id = :id")
+        kept = tuple((await conn.execute(stmt, {"id": first.id})).one())
+    assert kept == (Status.DISPATCHED.value, "{oops")
+    if policy == "forbid":
+        assert last.decision == "skip_overlap"
+        assert f"{first.id} is still unreadable" in last.reason
+    else:
+        assert last.decision == "should_run"
+        assert [e["instance_id"] for e in logs if e["event"] == "instance.unreadable"] == [first.id]

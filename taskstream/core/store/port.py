@@ -289,9 +289,10 @@ class Store(Protocol):
 
     async def active_instances(
         self, task_id: str, *, limit: int = 10, newest_first: bool = False
-    ) -> list[InstanceRow]:
+    ) -> list[InstanceRow | UnreadableRow]:
         """Up to `limit` instances of the task not yet settled, oldest fire time first (the
-        newest first with `newest_first`)."""
+        newest first with `newest_first`). A row that does not decode (`StoreCorrupt`) is an
+        `UnreadableRow` in its place: it is still in flight for the overlap policy."""
         ...
 
     async def existing_instances(self, instance_ids: Sequence[str]) -> set[str]:

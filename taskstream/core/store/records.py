@@ -93,13 +93,15 @@ class InstanceRow:
 class UnreadableRow:
     """A `task_instances` row that a read of many passes over, in its place in the read's
     order, because it holds what taskstream never writes: `error` is the `StoreCorrupt`
-    text naming its column. `updated_at_ms` and `next_attempt_at_ms` (integer columns, which
-    always read) place it in the orders reads page by. The row is left as it is."""
+    text naming its column. `updated_at_ms`, `next_attempt_at_ms` and `scheduled_for_ms`
+    (integer columns, which always read) place it in the orders reads go by. The row is left
+    as it is."""
 
     id: str
     updated_at_ms: int
     error: str
     next_attempt_at_ms: int | None
+    scheduled_for_ms: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -153,7 +153,11 @@ def instance_or_unreadable(m: RowMapping) -> InstanceRow | UnreadableRow:
         return instance_row(m)
     except StoreCorrupt as exc:
         return UnreadableRow(
-            str(m["id"]), int(m["updated_at_ms"]), str(exc), _opt_int(m["next_attempt_at_ms"])
+            id=str(m["id"]),
+            updated_at_ms=int(m["updated_at_ms"]),
+            error=str(exc),
+            next_attempt_at_ms=_opt_int(m["next_attempt_at_ms"]),
+            scheduled_for_ms=int(m["scheduled_for_ms"]),
         )
 
 

@@ -14,7 +14,7 @@ from taskstream.core.errors import ClaimLost, StoreCorrupt
 from taskstream.core.states import Status
 from taskstream.core.store import sql_codec as codec
 from taskstream.core.store.dbclock import db_now_ms
-from taskstream.core.store.port import InstanceRow
+from taskstream.core.store.port import InstanceRow, UnreadableRow
 from taskstream.core.store.sql_engine import ConstraintViolation, upsert_retrying
 from taskstream.core.store.sql_queries import chunks, lock_states
 from taskstream.core.store.tables import readiness_markers as markers
@@ -91,9 +91,10 @@ class SchedulingMethods:
 
     async def active_instances(
         self, task_id: str, *, limit: int = 10, newest_first: bool = False
-    ) -> list[InstanceRow]:
+    ) -> list[InstanceRow | UnreadableRow]:
         """Up to `limit` instances of `task_id` not yet settled, oldest fire time first (the
-        newest first with `newest_first`)."""
+        newest first with `newest_first`); one that does not decode as an `UnreadableRow` in
+        its place."""
         order = [inst.c.scheduled_for_ms, inst.c.id]
         stmt = (
             select(inst)
@@ -102,7 +103,7 @@ class SchedulingMethods:
             .limit(limit)
         )
         async with self._read() as conn:
-            return [codec.instance_row(m) for m in (await conn.execute(stmt)).mappings().all()]
+            return [codec.instance_or_unreadable(m) for m in (await conn.execute(stmt)).mappings()]
 
     async def existing_instances(self, instance_ids: Sequence[str]) -> set[str]:
         """Those of `instance_ids` that exist, read `sql_queries.CHUNK` ids at a time."""
