@@ -1,18 +1,19 @@
 """A seeded random walk over the executor side of DESIGN.md §6 (real Redis, real store, one
 fixed clock), checking the delivery guarantees after every step.
 
-Steps: trigger an instance (its agent succeeds, fails retriably for a while, for ever, or
-fatally), run an executor until it is idle, a consumer that reads and maybe claims entries
-and then dies as a kill -9 leaves it (entries in its pending list, runs RUNNING under its
-lease, no liveness key), advance the clock, a sweeper pass, a reconciler pass, a scheduler
-pass, a duplicate XADD of an instance's entry (of its current attempt or an older one), and
-Redis losing the work streams. Every step ends by itself.
+Steps: trigger an instance (its agent succeeds, fails retriably for a while, for ever, fails
+fatally, or takes a while), run an executor until it is idle, stop one with no grace while a
+run of its own is open, a consumer that reads and maybe claims (and maybe commits) entries and
+then dies as a kill -9 leaves it (entries in its pending list, runs RUNNING under its lease or
+committed but not acked, no liveness key), advance the clock, a sweeper pass, a reconciler
+pass, a scheduler pass, a duplicate XADD of an instance's entry (of its current attempt or an
+older one), and Redis losing the work streams. Every step ends by itself.
 
-Invariants, from the store's rows and history: an instance's attempt never exceeds its
-`max_attempts`; at most one move into SUCCESS per instance; every move is one the state
-table allows, and the moves chain (each from where the last one went, the row at the last);
-a settled row never changes again. At the end the cluster is driven to quiescence and every
-instance must be settled."""
+Invariants, from the store's rows and history: the claims of an instance that count as
+attempts (`runs_counted`) never exceed its `max_attempts`; at most one move into SUCCESS per
+instance; every move is one the state table allows, and the moves chain (each from where the
+last one went, the row at the last); a settled row never changes again. At the end the
+cluster is driven to quiescence and every instance must be settled."""
 
 from __future__ import annotations
 
@@ -24,8 +25,9 @@ from taskstream.core import streams
 from taskstream.core.errors import ProtocolError
 from taskstream.core.outbox_entries import row_entry
 from taskstream.core.protocol import GROUP, Priority, decode
+from taskstream.core.reasons import DEFERRED, RELEASED
 from taskstream.core.states import SETTLED, Status, can_transition
-from taskstream.core.store.port import ClaimRequest, InstanceRow
+from taskstream.core.store.port import ClaimRequest, FinishRequest, HistoryRow, InstanceRow
 from tests.integration.harness import Harness, Running, until
 
 TASKS = """
@@ -45,9 +47,15 @@ tasks:
     agent: flaky
     retry: {max_attempts: 3}
     payload: {fail_until: 99, kind: fatal}
+  - id: slow
+    agent: slow
+    timeout: 30s
+    retry: {max_attempts: 2, backoff: {base: 1s}, jitter: 0}
+    payload: {seconds: 0.2}
 """
-TASK_IDS = ("ok", "flaky", "hopeless", "fatal")
+TASK_IDS = ("ok", "flaky", "hopeless", "fatal", "slow")
 MAX_INSTANCES = 5
+UNRUN = (RELEASED, DEFERRED, "attempts_exhausted")
 ADVANCES_MS = (300, 1_500, 5_000, 12_000, 45_000, 200_000)
 STEPS = (
     "trigger",
@@ -56,6 +64,7 @@ STEPS = (
     "execute",
     "kill",
     "kill",
+    "interrupt",
     "advance",
     "advance",
     "sweep",
@@ -102,9 +111,14 @@ class Walk:
     async def _execute(self) -> None:
         await execute_until_idle(self.h, f"ex{len(self.log)}")
 
+    async def _interrupt(self) -> None:
+        """An executor stopped with no grace while a run of its own is open (when one opens
+        soon): the run is handed back (`released`)."""
+        await execute_until_idle(self.h, f"ex{len(self.log)}", interrupt=True)
+
     async def _kill(self) -> None:
         """A consumer reads one or two entries, claims some of them as the executor would,
-        and dies: no release, no ack, no liveness key."""
+        commits some of those, and dies: no release, no ack, no liveness key."""
         self.ghosts += 1
         ghost = f"ghost{self.ghosts}"
         await streams.ensure_groups(self.h.redis, self.h.keys)  # as an executor's start does
@@ -116,10 +130,17 @@ class Walk:
             fields = _entry_of(d)
             if fields is not None and self.rng.random() < 0.7:
                 claims.append(ClaimRequest(fields[0], fields[1], 30))
-        if claims:
-            await self.h.store.claim_many(claims, owner=ghost)
+        won = await self.h.store.claim_many(claims, owner=ghost) if claims else {}
+        # Some die between the commit and the XACK: the redelivery must find the row settled.
+        ends = [
+            FinishRequest(i, c.token, Status.SUCCESS, "completed", owner=ghost)
+            for i, c in won.items()
+            if self.rng.random() < 0.3
+        ]
+        if ends:
+            await self.h.store.finish_many(ends)
         await self.h.redis.delete(self.h.keys.alive(ghost))
-        self.log[-1] += f" read={len(read)} claimed={len(claims)}"
+        self.log[-1] += f" read={len(read)} claimed={len(won)} committed={len(ends)}"
 
     async def _advance(self) -> None:
         ms = self.rng.choice(ADVANCES_MS)
@@ -155,8 +176,8 @@ class Walk:
             row = await self.h.store.get_instance(instance_id)
             assert row is not None
             what = f"{instance_id} ({row.task_id}) after {self.log}"
-            assert row.attempt <= row.max_attempts, what
             moves = histories.get(instance_id, [])
+            assert runs_counted(moves) <= row.max_attempts, what
             assert sum(m.to_status is Status.SUCCESS for m in moves) <= 1, what
             at: Status | None = None
             for m in moves:
@@ -186,6 +207,16 @@ class Walk:
         raise AssertionError(f"not settled: {stuck} after {self.log}")
 
 
+def runs_counted(moves: list[HistoryRow]) -> int:
+    """Claims of an instance that count against its `max_attempts`: every move into RUNNING
+    but those handed back unrun (`released`, `deferred`) and those failed unrun for being
+    over the limit (`attempts_exhausted`). The `attempt` column, a fencing token, counts
+    every claim (see `retry.attempts_used`)."""
+    claims = sum(m.to_status is Status.RUNNING for m in moves)
+    unrun = sum(m.from_status is Status.RUNNING and m.reason in UNRUN for m in moves)
+    return claims - unrun
+
+
 def _entry_of(d: streams.Delivery) -> tuple[str, int] | None:
     try:
         entry = decode(d.fields)
@@ -194,16 +225,19 @@ def _entry_of(d: streams.Delivery) -> tuple[str, int] | None:
     return entry.instance_id, entry.attempt
 
 
-async def execute_until_idle(h: Harness, consumer: str) -> None:
+async def execute_until_idle(h: Harness, consumer: str, *, interrupt: bool = False) -> None:
     """Run an executor until nothing is left for it to read and none of its runs is open
-    (seen twice in a row), then stop it."""
-    ex = h.executor(consumer)
+    (seen twice in a row), then stop it. With `interrupt`, stop it with no grace as soon as
+    one of its runs is open, if that comes first."""
+    ex = h.executor(consumer, grace_s=0)
     running = Running(ex)
     quiet = 0
 
     async def idle() -> bool:
         nonlocal quiet
         open_runs = await _leased_to(h, consumer)
+        if interrupt and open_runs:
+            return True
         busy = open_runs or bool(ex._running) or await _undelivered(h)
         quiet = 0 if busy else quiet + 1
         return quiet >= 2

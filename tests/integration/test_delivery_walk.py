@@ -22,7 +22,7 @@ async def _harness(store: SqlStore, redis: streams.Redis, keys: Keys) -> Harness
 async def test_a_random_walk_keeps_the_delivery_guarantees(
     store: SqlStore, redis: streams.Redis, keys: Keys, seed: int
 ) -> None:
-    """Attempts within max_attempts, one SUCCESS at most, legal chained moves, settled rows
+    """Attempts counted within max_attempts, one SUCCESS at most, legal chained moves, settled rows
     unchanged, after each of 25 random steps; every instance settled at the end."""
     await walk(await _harness(store, redis, keys), seed, steps=25)
 
