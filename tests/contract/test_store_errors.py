@@ -12,7 +12,8 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from taskstream.core.errors import StoreRefused, StoreUnavailable
-from taskstream.core.store.sql_engine import make_engine, translate
+from taskstream.core.store.sql_engine import make_engine
+from taskstream.core.store.sql_errors import translate
 from taskstream.core.store.urls import normalize_url
 from tests.support.databases import available_kinds, empty_database
 

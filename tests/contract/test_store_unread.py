@@ -17,7 +17,8 @@ from taskstream.core.settings import MAX_PAYLOAD_LIMIT
 from taskstream.core.states import Status
 from taskstream.core.store.port import CasResult, ClaimRequest, DispatchRequest, FinishRequest
 from taskstream.core.store.sql import SqlStore
-from taskstream.core.store.sql_engine import make_engine, translate_errors
+from taskstream.core.store.sql_engine import make_engine
+from taskstream.core.store.sql_errors import translate_errors
 from taskstream.core.store.urls import normalize_url
 from tests.contract.conftest import Advance, MakeNew, trail
 from tests.support.statements import statements

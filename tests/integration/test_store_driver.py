@@ -17,7 +17,8 @@ from taskstream.core.store import sql_templates as templates
 from taskstream.core.store.port import CasResult, ClaimRequest, DispatchRequest
 from taskstream.core.store.sql import SqlStore
 from taskstream.core.store.sql_driver import driver_enabled, driver_transaction
-from taskstream.core.store.sql_engine import ConstraintViolation, make_engine
+from taskstream.core.store.sql_engine import make_engine
+from taskstream.core.store.sql_errors import ConstraintViolation
 from taskstream.core.store.sql_prepared import DriverRunner, Template
 from taskstream.core.store.tables import side_effects
 from taskstream.core.store.tables import task_instances as inst

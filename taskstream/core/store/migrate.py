@@ -22,7 +22,8 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
 from taskstream.core.errors import StoreError, StoreFileMissing, StoreUnavailable
-from taskstream.core.store.sql_engine import make_engine, translate_errors
+from taskstream.core.store.sql_engine import make_engine
+from taskstream.core.store.sql_errors import translate_errors
 from taskstream.core.store.urls import normalize_url, redact_url
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"

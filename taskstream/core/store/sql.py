@@ -37,12 +37,8 @@ from taskstream.core.store.port import (
 )
 from taskstream.core.store.sql_conflicts import conflicts_retried
 from taskstream.core.store.sql_driver import driver_enabled, driver_transaction
-from taskstream.core.store.sql_engine import (
-    READ_ONLY,
-    ConstraintViolation,
-    make_engine,
-    translate_errors,
-)
+from taskstream.core.store.sql_engine import READ_ONLY, make_engine
+from taskstream.core.store.sql_errors import ConstraintViolation, translate_errors
 from taskstream.core.store.sql_outbox import OutboxMethods
 from taskstream.core.store.sql_prepared import CoreRunner, Runner
 from taskstream.core.store.sql_reads import ReadMethods

@@ -6,7 +6,7 @@ cursor, commits when the body returns and rolls back when it raises. The connect
 to the pool, or is discarded when it may be broken: a lost link, a timeout, a cancellation in
 the middle of a statement, or a rollback that failed.
 
-Driver errors become store errors as `sql_engine.translate` makes them for the engine:
+Driver errors become store errors as `sql_errors.translate` makes them for the engine:
 integrity errors `ConstraintViolation`, deadlocks and lock wait timeouts `StoreConflict`
 (the connection is rolled back and kept), other operational and interface errors (lost connection,
 server gone) and socket errors `StoreUnavailable`, a statement over the
@@ -25,7 +25,7 @@ from sqlalchemy.util import greenlet_spawn
 
 from taskstream.core.errors import StoreConflict, StoreError, StoreRefused, StoreUnavailable
 from taskstream.core.store.sql_conflicts import is_conflict, is_lock_wait
-from taskstream.core.store.sql_engine import ConstraintViolation, refused, translate_errors
+from taskstream.core.store.sql_errors import ConstraintViolation, refused, translate_errors
 from taskstream.core.store.sql_prepared import DriverRunner
 
 _DETAIL_MAX = 300

@@ -1,4 +1,4 @@
-"""Engines for the SQL store: per-dialect session setup and driver-error translation.
+"""Engines for the SQL store: per-dialect session setup.
 
 Session setup, applied to every pooled connection:
 - SQLite: WAL, `busy_timeout` 10 s, foreign keys on, and SQLAlchemy (not the driver) emits
@@ -14,10 +14,7 @@ Session setup, applied to every pooled connection:
 A SQLite file that does not exist is made only by an engine made with `create` (migrations):
 any other connect fails with `StoreFileMissing`, so a typo in the path leaves no empty file.
 
-Driver errors never leave this package: `translate_errors` turns them into `StoreConflict`
-(a deadlock or a lock timeout rolled the transaction back: `sql_conflicts` sends it again),
-`StoreUnavailable` (cannot reach / lost the connection: nothing was written, retry later),
-`ConstraintViolation` (an integrity constraint, handled by the adapter) or `StoreError`.
+Driver errors are translated by `sql_errors`.
 """
 
 from __future__ import annotations
@@ -25,13 +22,11 @@ from __future__ import annotations
 import asyncio
 import importlib
 import os
-import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any, TypeVar
 
 from sqlalchemy import event
-from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
@@ -39,14 +34,9 @@ from sqlalchemy.pool import ConnectionPoolEntry
 
 from taskstream.core.errors import (
     ConfigError,
-    SchemaMissing,
-    StoreConflict,
     StoreError,
-    StoreFileMissing,
-    StoreRefused,
-    StoreUnavailable,
 )
-from taskstream.core.store.sql_conflicts import is_conflict, is_lock_wait
+from taskstream.core.store.sql_errors import ConstraintViolation, NoStoreFile
 from taskstream.core.store.urls import asyncpg_numbers, redact_url
 
 READ_ONLY = "taskstream_read_only"
@@ -58,7 +48,6 @@ READ_TIMEOUT_S = 60.0
 """Longest wait for one reply of MySQL / MariaDB on an open connection (s): longer than
 InnoDB's own lock wait (50 s by default), which ends a statement waiting for a row lock."""
 SQLITE_BUSY_TIMEOUT_MS = 10_000
-_DETAIL_MAX = 300
 
 _SQLITE_PRAGMAS = (
     # busy_timeout first: switching to WAL needs a lock another process may hold.
@@ -70,11 +59,6 @@ _SQLITE_PRAGMAS = (
 
 
 T = TypeVar("T")
-
-
-class ConstraintViolation(StoreError):
-    """An integrity constraint (UNIQUE, primary key, NOT NULL, foreign key) rejected a write
-    and the transaction was rolled back. Callers expecting a duplicate confirm it by reading."""
 
 
 CONFLICT_TRIES = 3
@@ -134,14 +118,6 @@ def make_engine(
     raise ConfigError([f"no SQL store for database backend {backend!r}"])
 
 
-class _NoStoreFile(Exception):
-    """A SQLite connect found no file at `path`; `translate_errors` names the store."""
-
-    def __init__(self, path: str) -> None:
-        super().__init__(path)
-        self.path = path
-
-
 def _sqlite_engine(url: str, *, create: bool) -> AsyncEngine:
     engine = create_async_engine(url, pool_recycle=POOL_RECYCLE_S)
     if not create:
@@ -158,7 +134,7 @@ def _sqlite_file_must_exist(
     # A `file:` URI (uri=true) says itself whether SQLite may make the file (its mode=).
     path = str(cargs[0])
     if not cparams.get("uri") and path != ":memory:" and not os.path.exists(path):
-        raise _NoStoreFile(path)
+        raise NoStoreFile(path)
 
 
 def _sqlite_on_connect(dbapi_connection: DBAPIConnection, _record: ConnectionPoolEntry) -> None:
@@ -224,131 +200,3 @@ def _mysql_on_connect(dbapi_connection: DBAPIConnection, _record: ConnectionPool
         cursor.execute("SET time_zone = '+00:00'")
     finally:
         cursor.close()
-
-
-def _detail(exc: BaseException) -> str:
-    cause: Any = exc.orig if isinstance(exc, sa_exc.DBAPIError) else exc
-    text = f"{type(cause).__name__}: {cause}".replace("\n", " ")
-    return text[:_DETAIL_MAX]
-
-
-_PASSING_SQLSTATES = frozenset({"25006", "40001", "40P01", "55P03"})
-_PASSING_SQLSTATE_CLASSES = frozenset({"08", "53", "57", "58"})
-"""PostgreSQL errors that pass: read-only during a failover, serialization failure, deadlock,
-lock timeout; and the classes connection exception, insufficient resources, operator
-intervention (a cancelled statement, a statement timeout, a shutdown) and system error.
-Nothing was written, and sending it again can succeed. asyncpg reports them as generic errors;
-MySQL's equivalents (deadlock 1213, lock wait 1205, statement time 1969, read-only 1290) are
-already `OperationalError`s."""
-
-
-def _sqlstate(exc: Exception) -> str:
-    """PostgreSQL's SQLSTATE of a driver error ("" when it has none)."""
-    return str(getattr(getattr(exc, "orig", None), "sqlstate", None) or "")
-
-
-def _is_unavailable(exc: Exception) -> bool:
-    if isinstance(
-        exc, sa_exc.OperationalError | sa_exc.InterfaceError | sa_exc.TimeoutError | OSError
-    ):
-        return True
-    state = _sqlstate(exc)
-    if state in _PASSING_SQLSTATES or state[:2] in _PASSING_SQLSTATE_CLASSES:
-        return True
-    # Outside any statement means while connecting (e.g. PostgreSQL's unknown database or
-    # role, which asyncpg reports as a generic error) or while committing on a lost link.
-    return isinstance(exc, sa_exc.DBAPIError) and (
-        exc.connection_invalidated or exc.statement is None
-    )
-
-
-_NO_TABLE = re.compile(
-    r"no such table|\(1146,|Table '[^']*' doesn't exist|relation \"[^\"]*\" does not exist"
-)
-"""How SQLite, MySQL / MariaDB (error 1146) and PostgreSQL say a table does not exist."""
-_NO_COLUMN = re.compile(
-    r"no such column|has no column named|\(1054,"
-    r"|column \"?[\w.]+\"?( of relation \"[^\"]*\")? does not exist"
-)
-"""How they say a column does not exist: a database migrated by an older taskstream."""
-
-
-_TOO_LARGE = re.compile(r"\(1153,")
-"""MySQL / MariaDB error 1153 (ER_NET_PACKET_TOO_LARGE): a statement over the server's
-`max_allowed_packet`. The same statement sent again is refused again."""
-
-
-def refused(detail: str, display_url: str) -> StoreError | None:
-    """The error for a refusal that trying again cannot mend, from a driver error's text:
-    `SchemaMissing`, or `StoreRefused` (not `StoreUnavailable`, which callers wait out and
-    retry) for a statement over the server's packet limit; None for any other error."""
-    if _TOO_LARGE.search(detail) is not None:
-        return StoreRefused(
-            f"store {display_url} refused a statement over its packet limit ({detail})"
-        )
-    return schema_missing(detail, display_url)
-
-
-def schema_missing(detail: str, display_url: str) -> SchemaMissing | None:
-    """`SchemaMissing` when a driver error's text says a table or a column does not exist:
-    the database was never migrated, or was migrated by an older taskstream."""
-    if _NO_TABLE.search(detail) is not None:
-        what = "has no taskstream tables"
-    elif _NO_COLUMN.search(detail) is not None:
-        what = "is at an older schema than this taskstream's"
-    else:
-        return None
-    return SchemaMissing(f"store {display_url} {what} ({detail}): run `taskstream migrate`")
-
-
-def _driver_errors(exc: Exception) -> Iterator[Exception]:
-    """`exc`, then the driver errors it was raised while handling, newest first: MariaDB
-    closes the connection after refusing a statement over its packet limit, so the rollback
-    that follows fails too ("server has gone away"), and only the first error says why."""
-    yield exc
-    found: BaseException | None = exc
-    while isinstance(found, sa_exc.DBAPIError) and found.orig is not None:
-        found = found.orig.__context__
-        if isinstance(found, sa_exc.DBAPIError):
-            yield found
-
-
-def translate(exc: Exception, display_url: str) -> StoreError:
-    """The domain error for a driver error raised while using the store at `display_url`
-    (a redacted URL: only that form may appear in the message)."""
-    if isinstance(exc, sa_exc.IntegrityError):
-        return ConstraintViolation(f"store {display_url}: constraint violated: {_detail(exc)}")
-    for error in _driver_errors(exc):
-        final = refused(_detail(error), display_url)
-        if final is not None:
-            return final
-    if is_conflict(exc):
-        return StoreConflict(
-            f"store {display_url} rolled back a conflict: {_detail(exc)}",
-            lock_wait=is_lock_wait(exc),
-        )
-    if _is_unavailable(exc):
-        return StoreUnavailable(f"store {display_url} unavailable: {_detail(exc)}")
-    if isinstance(exc, sa_exc.DataError) or _sqlstate(exc).startswith("22"):
-        # A value the column or encoding cannot hold (PostgreSQL's class 22, data exception).
-        return StoreRefused(f"store {display_url} refused a value: {_detail(exc)}")
-    return StoreError(f"store {display_url} failed: {_detail(exc)}")
-
-
-@asynccontextmanager
-async def translate_errors(display_url: str) -> AsyncIterator[None]:
-    """Re-raise driver errors (SQLAlchemy, DBAPI, socket) from the body as store errors, a
-    SQLite file that is not there as `StoreFileMissing`, and text a driver cannot encode (a
-    lone surrogate, which SQLite's driver raises on) as `StoreRefused`, as PostgreSQL's
-    server refuses it."""
-    try:
-        yield
-    except (sa_exc.SQLAlchemyError, OSError) as exc:
-        raise translate(exc, display_url) from exc
-    except _NoStoreFile as exc:
-        raise StoreFileMissing(
-            f"store {display_url}: no file {exc.path} (a typo in the URL?): "
-            "run `taskstream migrate` to make it"
-        ) from None
-    except UnicodeEncodeError as exc:
-        raise StoreRefused(f"store {display_url} refused a value: {_detail(exc)}") from exc

@@ -29,7 +29,7 @@ from taskstream.core.store import sql_templates as templates
 from taskstream.core.store.port import CasResult, CreateResult, DispatchRequest, NewInstance
 from taskstream.core.store.sql_conflicts import conflicts_retried
 from taskstream.core.store.sql_definitions import newer_held
-from taskstream.core.store.sql_engine import ConstraintViolation
+from taskstream.core.store.sql_errors import ConstraintViolation
 from taskstream.core.store.sql_prepared import CoreRunner, Runner
 
 _CREATE_TRIES = 3

@@ -15,7 +15,8 @@ from taskstream.core.states import Status
 from taskstream.core.store import sql_codec as codec
 from taskstream.core.store.dbclock import db_now_ms
 from taskstream.core.store.port import InstanceRow, UnreadableRow
-from taskstream.core.store.sql_engine import ConstraintViolation, upsert_retrying
+from taskstream.core.store.sql_engine import upsert_retrying
+from taskstream.core.store.sql_errors import ConstraintViolation
 from taskstream.core.store.sql_queries import chunks, lock_states
 from taskstream.core.store.tables import readiness_markers as markers
 from taskstream.core.store.tables import task_instances as inst
