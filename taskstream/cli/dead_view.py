@@ -59,7 +59,8 @@ def print_letters(console: Console, letters: list[DeadLetter]) -> None:
             letter.dead_id,
             _cut(letter.reason, 40),
             _cut(letter.detail, 60),
-            _cut(letter.instance_id or "", 40),
+            # A letter naming no instance of the protocol's form shows what it holds, cut.
+            _cut(letter.instance_id or letter.fields.get("orig.instance_id", ""), 40),
             _cut(letter.source_stream, 60),
         )
     console.print(table)

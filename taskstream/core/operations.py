@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from redis.exceptions import ResponseError
 
 from taskstream.core import streams
@@ -18,20 +18,24 @@ from taskstream.core.denials import commands
 from taskstream.core.errors import ChangedMeanwhile, CommandDenied, LetterKept, TaskstreamError
 from taskstream.core.outbox import Outbox
 from taskstream.core.outbox_entries import placed_entry, why_refused
+from taskstream.core.protocol import INSTANCE_ID_MAX
 from taskstream.core.reasons import REQUEUED
 from taskstream.core.states import Status, failed_as_poison, life_began, recorded_by_letter
 from taskstream.core.store.port import InstanceRow, Store
 
 
-@dataclass(frozen=True, slots=True)
-class DeadLetter:
-    """One entry of the dead-letter stream."""
+class DeadLetter(BaseModel):
+    """One entry of the dead-letter stream, as read back (`_letters`): its id and every field
+    as text. `instance_id` is the original entry's, when it has one of the protocol's form
+    (else None: the letter names no instance it could be replayed for)."""
 
-    dead_id: str
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    dead_id: str = Field(min_length=1)
     reason: str
     detail: str
     source_stream: str
-    instance_id: str | None
+    instance_id: str | None = Field(min_length=1, max_length=INSTANCE_ID_MAX)
     fields: dict[str, str]
 
 
@@ -201,20 +205,25 @@ def _shown(value: bytes | str) -> str:
 
 
 def _letters(rows: Any) -> list[DeadLetter]:
-    out: list[DeadLetter] = []
-    for dead_id, raw in rows:
-        fields = {_shown(k): _shown(v) for k, v in (raw or {}).items()}
-        out.append(
-            DeadLetter(
-                dead_id=streams.as_text(dead_id),
-                reason=fields.get("reason", ""),
-                detail=fields.get("detail", ""),
-                source_stream=fields.get("source_stream", ""),
-                instance_id=fields.get("orig.instance_id"),
-                fields=fields,
-            )
-        )
-    return out
+    return [_letter(dead_id, raw) for dead_id, raw in rows]
+
+
+def _letter(dead_id: bytes | str, raw: Mapping[bytes | str, bytes | str] | None) -> DeadLetter:
+    """A letter validated as `DeadLetter`; one whose original instance id is not of the
+    protocol's form (written by some other program) is kept, naming no instance."""
+    fields = {_shown(k): _shown(v) for k, v in (raw or {}).items()}
+    values = {
+        "dead_id": _shown(dead_id),
+        "reason": fields.get("reason", ""),
+        "detail": fields.get("detail", ""),
+        "source_stream": fields.get("source_stream", ""),
+        "instance_id": fields.get("orig.instance_id"),
+        "fields": fields,
+    }
+    try:
+        return DeadLetter.model_validate(values)
+    except ValidationError:
+        return DeadLetter.model_validate(values | {"instance_id": None})
 
 
 async def replay(outbox: Outbox, letter: DeadLetter, *, who: str, now_ms: int) -> str:

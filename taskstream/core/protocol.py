@@ -167,13 +167,17 @@ class Keys:
         return f"{self.base}:breaker:{upstream}"
 
 
+INSTANCE_ID_MAX = 128
+"""Longest instance id an entry may name (characters)."""
+
+
 class WorkEntry(BaseModel):
     """One unit of work on a stream. Small and flat; validated on both ends."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
     v: str = PROTOCOL_VERSION
-    instance_id: str = Field(min_length=1, max_length=128)
+    instance_id: str = Field(min_length=1, max_length=INSTANCE_ID_MAX)
     task_id: str = Field(min_length=1, max_length=200)
     agent: str = Field(min_length=1, max_length=200)
     attempt: int = Field(ge=0)

@@ -113,6 +113,22 @@ async def test_dead_letters_are_listed_and_replayed(h: Harness) -> None:
     assert replayed is not None and replayed.status is Status.DISPATCHED
 
 
+async def test_a_letter_whose_instance_id_is_not_of_the_protocols_form_names_none(
+    h: Harness,
+) -> None:
+    """A letter another program wrote, its original instance id empty or longer than an entry
+    may carry, is listed with every field, naming no instance: it cannot be replayed."""
+    for odd in ("", "x" * 200):
+        await h.redis.xadd(h.keys.dead, {"reason": "poison", "orig.instance_id": odd})
+    letters = await operations.dead_letters(h.redis, h.keys.dead, limit=10)
+    assert [(x.instance_id, x.fields["orig.instance_id"]) for x in letters] == [
+        (None, ""),
+        (None, "x" * 200),
+    ]
+    with pytest.raises(TaskstreamError, match="names no instance"):
+        await operations.replay(h.outbox, letters[1], who="ops", now_ms=0)
+
+
 @pytest.mark.parametrize("status", [Status.DISPATCHED, Status.RUNNING, Status.RETRYING])
 async def test_replaying_a_letter_of_an_instance_in_flight(h: Harness, status: Status) -> None:
     """A letter whose instance has moved on since (say it was retried by hand): waiting for a
