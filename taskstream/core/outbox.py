@@ -19,7 +19,6 @@ makes a retry safe).
 from __future__ import annotations
 
 import asyncio
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -41,6 +40,7 @@ from taskstream.core.store.port import (
     NewInstance,
     Store,
 )
+from taskstream.core.told import Told
 from taskstream.core.wrong_types import publish_each
 
 EmitOutcome = Literal["published", "duplicate", "unpublished", "fenced"]
@@ -49,8 +49,6 @@ stream (Redis failed); the reconciler publishes it once it is older than its gra
 `fenced`: nothing was written, a scheduler newer than the emitting one leads its task."""
 MAX_BATCH = 200
 """Instances per group-committed batch (one chunk of the store's batch statements)."""
-TOLD_MAX = 1024
-"""Refused rows an outbox remembers having logged (see `Outbox._told`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,9 +84,9 @@ class Outbox:
         self._queue: list[_Emit] = []
         self._writer: asyncio.Task[None] | None = None
         self._log = get_logger(role="outbox")
-        self._told: OrderedDict[str, str] = OrderedDict()
-        """Refused rows already logged, with why (the newest `TOLD_MAX`): the reconciler
-        offers such a row again every pass, and once is enough until its reason changes."""
+        self._told = Told()
+        """Refused rows already logged, with why: the reconciler offers such a row again
+        every pass, and once is enough until its reason changes."""
 
     async def emit(self, new: NewInstance, *, now_ms: int, token: int | None = None) -> Emitted:
         """Create the instance and publish it. A duplicate dedupe key publishes nothing, even
@@ -150,14 +148,13 @@ class Outbox:
                 refused[row.id] = why_refused(exc)
                 self._tell(row, refused[row.id])
             else:
-                self._told.pop(row.id, None)
+                self._told.forget(row.id)
         return out
 
     def _tell(self, row: InstanceRow, why: str, wrong: WrongType | None = None) -> None:
         """Log a refused row, unless this outbox already logged it for the same reason;
         `redis.wrong_type` when its stream's key holds another type (`wrong`)."""
-        if self._told.get(row.id) == why:
-            self._told.move_to_end(row.id)
+        if not self._told.first_time(row.id, why):
             return
         if wrong is not None:
             log_denied(self._log, wrong, instance_id=row.id, status=row.status)
@@ -165,9 +162,6 @@ class Outbox:
             self._log.error(
                 "instance.unpublishable", instance_id=row.id, status=row.status, error=why
             )
-        self._told[row.id] = why
-        while len(self._told) > TOLD_MAX:
-            self._told.popitem(last=False)
 
     async def _write_queue(self) -> None:
         """Write queued emits batch by batch. A batch's CAS step overlaps the next batch's

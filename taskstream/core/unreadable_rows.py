@@ -5,15 +5,13 @@ mend neither stops the pass nor fills the log on every pass. The row is left as 
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Iterable
 
 from structlog.typing import FilteringBoundLogger
 
 from taskstream.core.store.port import InstanceRow, UnreadableRow
+from taskstream.core.told import Told
 
-TOLD_MAX = 1024
-"""Unreadable rows remembered as logged, the newest first kept."""
 ERROR_CHARS = 300
 """Characters of a row's error that its log line carries."""
 
@@ -25,15 +23,14 @@ class UnreadableRows:
 
     def __init__(self, log: FilteringBoundLogger) -> None:
         self._log = log
-        self._told: OrderedDict[str, str] = OrderedDict()
-        """Unreadable rows already logged, with their error (the newest `TOLD_MAX`)."""
+        self._told = Told()
 
     def readable(self, rows: Iterable[InstanceRow | UnreadableRow]) -> list[InstanceRow]:
         """The rows that were read, in order; the others logged (once) and passed over."""
         readable: list[InstanceRow] = []
         for row in rows:
             if isinstance(row, InstanceRow):
-                self._told.pop(row.id, None)
+                self._told.forget(row.id)
                 readable.append(row)
             else:
                 self.tell(row)
@@ -41,10 +38,7 @@ class UnreadableRows:
 
     def tell(self, row: UnreadableRow) -> None:
         """Log `row` unless it was logged with the same error already."""
-        if self._told.get(row.id) == row.error:
-            self._told.move_to_end(row.id)
-            return
-        self._log.error("instance.unreadable", instance_id=row.id, error=row.error[:ERROR_CHARS])
-        self._told[row.id] = row.error
-        while len(self._told) > TOLD_MAX:
-            self._told.popitem(last=False)
+        if self._told.first_time(row.id, row.error):
+            self._log.error(
+                "instance.unreadable", instance_id=row.id, error=row.error[:ERROR_CHARS]
+            )
