@@ -33,23 +33,31 @@ _MYSQL_LOCK_WAIT, _PG_LOCK_WAIT = 1205, "55P03"
 T = TypeVar("T")
 
 
+def _codes(exc: BaseException) -> tuple[str, object]:
+    """The PostgreSQL SQLSTATE ("" when none) and the MySQL error number (first argument) of
+    a driver error, or of the one SQLAlchemy wraps."""
+    cause: Any = getattr(exc, "orig", None) or exc
+    args: tuple[Any, ...] = getattr(cause, "args", ())
+    return str(getattr(cause, "sqlstate", None) or ""), args[0] if args else None
+
+
 def is_conflict(exc: BaseException) -> bool:
     """Whether `exc` (a driver error, or SQLAlchemy's wrapper of one) is a conflict the
     database settled by rolling back: see the module docstring."""
-    cause: Any = getattr(exc, "orig", None) or exc
-    if str(getattr(cause, "sqlstate", None) or "") in _PG_CONFLICTS:
-        return True
-    args: tuple[Any, ...] = getattr(cause, "args", ())
-    return bool(args) and isinstance(args[0], int) and args[0] in _MYSQL_CONFLICTS
+    state, errno = _codes(exc)
+    return state in _PG_CONFLICTS or (isinstance(errno, int) and errno in _MYSQL_CONFLICTS)
 
 
-def is_lock_wait(exc: BaseException) -> bool:
-    """Whether a conflict (`is_conflict`) was a lock wait timeout."""
-    cause: Any = getattr(exc, "orig", None) or exc
-    if str(getattr(cause, "sqlstate", None) or "") == _PG_LOCK_WAIT:
-        return True
-    args: tuple[Any, ...] = getattr(cause, "args", ())
-    return bool(args) and args[0] == _MYSQL_LOCK_WAIT
+def conflict_error(exc: BaseException, display_url: str, detail: str) -> StoreConflict | None:
+    """The `StoreConflict` for a conflict (`is_conflict`), marked `lock_wait` for a lock wait
+    timeout; None for any other error. `detail`: the error's text for the message."""
+    if not is_conflict(exc):
+        return None
+    state, errno = _codes(exc)
+    return StoreConflict(
+        f"store {display_url} rolled back a conflict: {detail}",
+        lock_wait=state == _PG_LOCK_WAIT or errno == _MYSQL_LOCK_WAIT,
+    )
 
 
 async def conflicts_retried(transaction: Callable[[], Awaitable[T]]) -> T:

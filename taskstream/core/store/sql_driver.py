@@ -23,8 +23,8 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.util import greenlet_spawn
 
-from taskstream.core.errors import StoreConflict, StoreError, StoreRefused, StoreUnavailable
-from taskstream.core.store.sql_conflicts import is_conflict, is_lock_wait
+from taskstream.core.errors import StoreError, StoreRefused, StoreUnavailable
+from taskstream.core.store.sql_conflicts import conflict_error, is_conflict
 from taskstream.core.store.sql_errors import ConstraintViolation, refused, translate_errors
 from taskstream.core.store.sql_prepared import DriverRunner
 
@@ -62,11 +62,9 @@ def _settled(exc: BaseException, dbapi: Any, display_url: str) -> StoreError | N
     trying again cannot mend (`refused`); else None."""
     if not isinstance(exc, dbapi.Error):
         return None
-    if is_conflict(exc):
-        return StoreConflict(
-            f"store {display_url} rolled back a conflict: {_detail(exc)}",
-            lock_wait=is_lock_wait(exc),
-        )
+    conflict = conflict_error(exc, display_url, _detail(exc))
+    if conflict is not None:
+        return conflict
     return refused(_detail(exc), display_url)
 
 

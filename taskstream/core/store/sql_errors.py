@@ -17,13 +17,12 @@ from sqlalchemy import exc as sa_exc
 
 from taskstream.core.errors import (
     SchemaMissing,
-    StoreConflict,
     StoreError,
     StoreFileMissing,
     StoreRefused,
     StoreUnavailable,
 )
-from taskstream.core.store.sql_conflicts import is_conflict, is_lock_wait
+from taskstream.core.store.sql_conflicts import conflict_error
 
 _DETAIL_MAX = 300
 
@@ -47,14 +46,14 @@ def _detail(exc: BaseException) -> str:
     return text[:_DETAIL_MAX]
 
 
-_PASSING_SQLSTATES = frozenset({"25006", "40001", "40P01", "55P03"})
+_PASSING_SQLSTATES = frozenset({"25006"})
 _PASSING_SQLSTATE_CLASSES = frozenset({"08", "53", "57", "58"})
-"""PostgreSQL errors that pass: read-only during a failover, serialization failure, deadlock,
-lock timeout; and the classes connection exception, insufficient resources, operator
-intervention (a cancelled statement, a statement timeout, a shutdown) and system error.
-Nothing was written, and sending it again can succeed. asyncpg reports them as generic errors;
-MySQL's equivalents (deadlock 1213, lock wait 1205, statement time 1969, read-only 1290) are
-already `OperationalError`s."""
+"""PostgreSQL errors that pass: read-only during a failover; and the classes connection
+exception, insufficient resources, operator intervention (a cancelled statement, a statement
+timeout, a shutdown) and system error. Nothing was written, and sending it again can succeed.
+asyncpg reports them as generic errors; MySQL's equivalents (statement time 1969, read-only
+1290) are already `OperationalError`s. Conflicts (a deadlock, a lock timeout, a serialization
+failure) are told apart before these (`sql_conflicts`)."""
 
 
 def _sqlstate(exc: Exception) -> str:
@@ -137,11 +136,9 @@ def translate(exc: Exception, display_url: str) -> StoreError:
         final = refused(_detail(error), display_url)
         if final is not None:
             return final
-    if is_conflict(exc):
-        return StoreConflict(
-            f"store {display_url} rolled back a conflict: {_detail(exc)}",
-            lock_wait=is_lock_wait(exc),
-        )
+    conflict = conflict_error(exc, display_url, _detail(exc))
+    if conflict is not None:
+        return conflict
     if _is_unavailable(exc):
         return StoreUnavailable(f"store {display_url} unavailable: {_detail(exc)}")
     if isinstance(exc, sa_exc.DataError) or _sqlstate(exc).startswith("22"):
