@@ -162,7 +162,7 @@ async def finish_many(
     concurrently after the pre-check raises an IntegrityError and the whole batch rolls back."""
     seen: dict[str, q.Seen] = {}
     for ids in q.chunks(sorted(p.request.instance_id for p in prepared)):
-        seen |= await q.lock_states(conn, ids)
+        seen |= await q.lock_states(CoreRunner(conn), ids)
     keys = sorted({k for p in prepared if p.request.instance_id in seen for k in p.keys})
     results, winners = _decide_finishes(prepared, seen, await q.recorded_keys(conn, keys))
     owners = {i: s.lease_owner for i, s in seen.items()}

@@ -232,7 +232,7 @@ async def dispatch_many(run: Runner, requests: Sequence[DispatchRequest]) -> dic
     one UPDATE and one history INSERT per source status and chunk."""
     results: dict[str, CasResult] = {}
     for part in q.chunks(sorted(requests, key=lambda r: r.instance_id)):
-        seen = await q.lock_seen(run, [r.instance_id for r in part])
+        seen = await q.lock_states(run, [r.instance_id for r in part])
         groups: dict[Status, list[tuple[str, int]]] = {}
         for r in part:
             lost = _lost(r, seen)
@@ -274,7 +274,7 @@ async def dispatch_unread(run: Runner, requests: Sequence[DispatchRequest]) -> d
             await _append_published(run, src, pairs)
             results.update((r.instance_id, CasResult(ok=True)) for r in part)
             continue
-        seen = await q.lock_seen(run, [r.instance_id for r in part]) if matched == 0 else {}
+        seen = await q.lock_states(run, [r.instance_id for r in part]) if matched == 0 else {}
         lost = {r.instance_id: _lost(r, seen) for r in part}
         if matched or None in lost.values():
             raise q.RowsMoved(f"dispatch batch: {matched} rows matched, {len(pairs)} expected")

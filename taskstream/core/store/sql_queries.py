@@ -156,25 +156,11 @@ async def update_exactly(conn: AsyncConnection, stmt: Update, expected: int, wha
         raise RowsMoved(f"{what}: {matched} rows matched, {expected} expected")
 
 
-async def lock_states(conn: AsyncConnection, ids: Sequence[str]) -> dict[str, Seen]:
-    """Lock the rows of `ids` (in id order, so concurrent batches queue instead of
-    deadlocking) and read their state; missing ids are absent. SQLite ignores FOR UPDATE: its
-    writers already hold the file lock from BEGIN IMMEDIATE."""
-    stmt = (
-        select(inst.c.id, inst.c.status, inst.c.attempt, inst.c.lease_owner)
-        .where(inst.c.id.in_(ids))
-        .order_by(inst.c.id)
-        .with_for_update()
-    )
-    return {
-        str(r.id): Seen(Status(r.status), int(r.attempt), r.lease_owner)
-        for r in (await conn.execute(stmt)).all()
-    }
-
-
-async def lock_seen(run: Runner, ids: Sequence[str]) -> dict[str, Seen]:
-    """`lock_states` through a `Runner` (so on the driver path too), for at most `CHUNK`
-    ids."""
+async def lock_states(run: Runner, ids: Sequence[str]) -> dict[str, Seen]:
+    """Lock the rows of `ids`, at most `CHUNK` (in id order, so concurrent batches queue
+    instead of deadlocking) and read their state; missing ids are absent. SQLite ignores FOR
+    UPDATE: its writers already hold the file lock from BEGIN IMMEDIATE. Through a `Runner`,
+    so on the driver path too (`CoreRunner` on an engine connection)."""
     found = await run.rows(*templates.bind_lock_states(ids))
     return {
         str(m["id"]): Seen(Status(m["status"]), int(m["attempt"]), m["lease_owner"]) for m in found

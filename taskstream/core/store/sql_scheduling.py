@@ -17,6 +17,7 @@ from taskstream.core.store.dbclock import db_now_ms
 from taskstream.core.store.port import InstanceRow, UnreadableRow
 from taskstream.core.store.sql_engine import upsert_retrying
 from taskstream.core.store.sql_errors import ConstraintViolation
+from taskstream.core.store.sql_prepared import CoreRunner
 from taskstream.core.store.sql_queries import chunks, lock_states
 from taskstream.core.store.tables import readiness_markers as markers
 from taskstream.core.store.tables import task_instances as inst
@@ -118,7 +119,7 @@ class SchedulingMethods:
 
 async def _hold(conn: AsyncConnection, instance_id: str, token: int) -> None:
     """Lock the instance row; `ClaimLost` unless it is RUNNING at `token`."""
-    seen = (await lock_states(conn, [instance_id])).get(instance_id)
+    seen = (await lock_states(CoreRunner(conn), [instance_id])).get(instance_id)
     if seen is None or seen.status is not Status.RUNNING or seen.attempt != token:
         found = "no row" if seen is None else f"{seen.status} at attempt {seen.attempt}"
         raise ClaimLost(f"instance {instance_id}: claim {token} no longer held ({found})")
