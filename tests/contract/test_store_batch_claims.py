@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import func, select
 
 from taskstream.core.states import Status
-from taskstream.core.store import sql_queries
+from taskstream.core.store import sql_chunks
 from taskstream.core.store.port import CasResult, ClaimRequest, DispatchRequest
 from taskstream.core.store.sql import SqlStore
 from taskstream.core.store.tables import instance_history, task_instances
@@ -163,7 +163,7 @@ async def test_concurrent_claim_many_wins_each_id_once(store: SqlStore, db_url: 
 
 
 async def test_claim_many_spans_chunks(store: SqlStore) -> None:
-    count = 2 * sql_queries.CHUNK + 50
+    count = 2 * sql_chunks.CHUNK + 50
     ids = await _seed(store, (f"c{n:04d}" for n in range(count)))
     requests = [ClaimRequest(i, 0, 30) for i in ids] + [ClaimRequest("inst-none", 0, 30)]
 

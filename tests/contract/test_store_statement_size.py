@@ -12,9 +12,9 @@ from sqlalchemy import text
 
 from taskstream.core.errors import StoreRefused
 from taskstream.core.states import Status
+from taskstream.core.store import sql_chunks
 from taskstream.core.store import sql_finishes as finishes
 from taskstream.core.store import sql_instances as rows
-from taskstream.core.store import sql_queries as q
 from taskstream.core.store.port import CasResult, FinishRequest
 from taskstream.core.store.sql import SqlStore
 from tests.contract.conftest import Advance, MakeNew
@@ -75,8 +75,10 @@ async def test_creations_of_four_byte_text_filling_a_statement_are_all_written(
     # Payloads of about 4 MB each (within `max_payload_bytes` at its largest), whose
     # characters add up to exactly one statement's budget.
     bare = [replace(make_new(f"wide{k}"), payload={"p": ""}) for k in range(ROWS)]
-    base = max(q.text_size(rows.instance_values(n)) for n in bare)
-    news = [replace(n, payload={"p": EMOJI * (q.STATEMENT_BYTES // ROWS - base)}) for n in bare]
+    base = max(sql_chunks.text_size(rows.instance_values(n)) for n in bare)
+    news = [
+        replace(n, payload={"p": EMOJI * (sql_chunks.STATEMENT_BYTES // ROWS - base)}) for n in bare
+    ]
 
     results = await store.create_instances(news)
 
@@ -95,7 +97,7 @@ async def test_finishes_of_four_byte_results_filling_a_statement_are_all_written
     # characters add up to exactly one statement's budget; through the unread path (the
     # runs name their owner) and the locking path alike.
     bare = finishes.prepare_finish(FinishRequest("x", 1, Status.SUCCESS, "ok", result=""))
-    n = q.STATEMENT_BYTES // ROWS - q.text_size(bare.values)
+    n = sql_chunks.STATEMENT_BYTES // ROWS - sql_chunks.text_size(bare.values)
     # Each result its own (equal results would be one value in the UPDATE, not one each).
     results_of = {i: chr(ord(EMOJI) + k) * n for k, (i, _) in enumerate(runs)}
     requests = [

@@ -1,11 +1,11 @@
-"""`sql_queries.sized_chunks`: slices bounded by count and by bytes, in order, none lost."""
+"""`sql_chunks.sized_chunks`: slices bounded by count and by bytes, in order, none lost."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from taskstream.core.store.sql_queries import CHUNK, sized_chunks, text_size
+from taskstream.core.store.sql_chunks import CHUNK, sized_chunks, text_size
 
 
 def test_slices_close_before_the_byte_budget_and_at_the_count_limit() -> None:

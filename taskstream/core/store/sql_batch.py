@@ -11,7 +11,7 @@ from the row just written, times from the database clock. For many instances:
   (id, status, attempt) and must match exactly the winners, else `RowsMoved` rolls back.
 - Locks are taken in sorted order, so two batches over the same rows wait for each other
   instead of deadlocking.
-- Statements per chunk of `sql_queries.CHUNK` ids: claims 2 + one per distinct lease length,
+- Statements per chunk of `sql_chunks.CHUNK` ids: claims 2 + one per distinct lease length,
   leases 2; never one per row.
 """
 
@@ -26,6 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from taskstream.core.errors import StoreCorrupt, StoreError
 from taskstream.core.reasons import SEEN_ON_STREAM
 from taskstream.core.states import Status
+from taskstream.core.store import sql_chunks
 from taskstream.core.store import sql_codec as codec
 from taskstream.core.store import sql_instances as rows
 from taskstream.core.store import sql_queries as q
@@ -182,7 +183,7 @@ async def claim_many(
     The rows are read whole under their locks, with the database clock, so the claimed rows
     are known without reading them back."""
     claimed: dict[str, Claimed] = {}
-    for ids in q.chunks(sorted(options)):
+    for ids in sql_chunks.chunks(sorted(options)):
         now_ms, locked = await q.lock_rows(run, ids)
         locked = await _complete_dispatch(run, options, locked, now_ms)
         groups, fields = _readable(_claim_winners(options, locked), locked)
@@ -213,7 +214,7 @@ async def extend_leases(
     that attempt; returns those pairs. Like `sql_instances.extend_lease`, not a status change:
     `updated_at_ms` and history are left alone."""
     still: set[tuple[str, int]] = set()
-    for pairs in q.chunks(sorted(set(held))):
+    for pairs in sql_chunks.chunks(sorted(set(held))):
         locked = (
             select(inst.c.id, inst.c.attempt)
             .where(inst.c.status == Status.RUNNING.value, q.match_pairs(pairs))

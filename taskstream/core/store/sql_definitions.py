@@ -13,8 +13,8 @@ from sqlalchemy import ColumnElement, case, func, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from taskstream.core.errors import StoreCorrupt
+from taskstream.core.store import sql_chunks
 from taskstream.core.store import sql_codec as codec
-from taskstream.core.store import sql_queries as q
 from taskstream.core.store import sql_templates as templates
 from taskstream.core.store.dbclock import db_now_ms
 from taskstream.core.store.port import DecisionRow, DefinitionRecord
@@ -81,11 +81,11 @@ async def upsert(
 
 
 async def _stored_specs(conn: AsyncConnection, ids: Sequence[str]) -> dict[str, tuple[str, str]]:
-    """(spec text, hash) of each of `ids` that is stored, read `q.CHUNK` ids per statement:
+    """(spec text, hash) of each of `ids` that is stored, read `sql_chunks.CHUNK` ids per statement:
     a file of more tasks than a driver takes bound parameters (PostgreSQL 32767) applies."""
     cols = (defs.c.task_id, defs.c.spec, defs.c.spec_hash)
     stored: dict[str, tuple[str, str]] = {}
-    for part in q.chunks(ids):
+    for part in sql_chunks.chunks(ids):
         for row in await conn.execute(select(*cols).where(defs.c.task_id.in_(part))):
             stored[row.task_id] = (row.spec, row.spec_hash)
     return stored
@@ -191,7 +191,7 @@ async def newer_held(run: Runner, writes: Sequence[tuple[str, int]]) -> set[tupl
     commit (`sql_templates.leader_tokens`), so a takeover in progress commits first and one
     that comes later waits for this transaction."""
     held: dict[str, int] = {}
-    for part in q.chunks(sorted({task_id for task_id, _ in writes})):
+    for part in sql_chunks.chunks(sorted({task_id for task_id, _ in writes})):
         for m in await run.rows(*templates.bind_leader_tokens(part)):
             if m["cursor_token"] is not None:
                 held[str(m["task_id"])] = int(m["cursor_token"])

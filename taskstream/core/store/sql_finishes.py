@@ -25,6 +25,7 @@ from sqlalchemy import insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from taskstream.core.states import Status, check_transition
+from taskstream.core.store import sql_chunks
 from taskstream.core.store import sql_codec as codec
 from taskstream.core.store import sql_instances as rows
 from taskstream.core.store import sql_queries as q
@@ -125,9 +126,9 @@ async def _finish_chunk(
 
 def _update_chunks(prepared: Sequence[PreparedFinish]) -> Iterator[Sequence[PreparedFinish]]:
     """`prepared` in id order (the order rows are locked in), in slices that each make one
-    CAS UPDATE of at most `q.STATEMENT_BYTES`: results can be large."""
+    CAS UPDATE of at most `sql_chunks.STATEMENT_BYTES`: results can be large."""
     ordered = sorted(prepared, key=lambda p: p.request.instance_id)
-    return q.sized_chunks(ordered, [q.row_size(p.values) for p in ordered])
+    return sql_chunks.sized_chunks(ordered, [sql_chunks.row_size(p.values) for p in ordered])
 
 
 def unread_ok(prepared: Sequence[PreparedFinish]) -> bool:
@@ -161,7 +162,7 @@ async def finish_many(
     whose keys are free; the others change nothing. Results are in request order. A key taken
     concurrently after the pre-check raises an IntegrityError and the whole batch rolls back."""
     seen: dict[str, q.Seen] = {}
-    for ids in q.chunks(sorted(p.request.instance_id for p in prepared)):
+    for ids in sql_chunks.chunks(sorted(p.request.instance_id for p in prepared)):
         seen |= await q.lock_states(CoreRunner(conn), ids)
     keys = sorted({k for p in prepared if p.request.instance_id in seen for k in p.keys})
     results, winners = _decide_finishes(prepared, seen, await q.recorded_keys(conn, keys))
@@ -170,7 +171,7 @@ async def finish_many(
         await _finish_chunk(CoreRunner(conn), part, owners)
     effects = sorted((k, p.request.instance_id, p.request.token) for p in winners for k in p.keys)
     stmt = insert(side_effects).values(created_at_ms=db_now_ms())
-    for rows_part in q.chunks(effects):
+    for rows_part in sql_chunks.chunks(effects):
         params = [{"idempotency_key": k, "instance_id": i, "attempt": a} for k, i, a in rows_part]
         await conn.execute(stmt, params)
     await _queue_reviews(conn, winners)

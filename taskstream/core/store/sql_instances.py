@@ -18,7 +18,8 @@ from taskstream.core.states import FailClass, Status
 from taskstream.core.store import sql_codec as codec
 from taskstream.core.store.dbclock import db_now_ms
 from taskstream.core.store.port import HistoryRow, InstanceRow, NewInstance, UnreadableRow
-from taskstream.core.store.sql_queries import chunks, resolve_reviews
+from taskstream.core.store.sql_chunks import chunks
+from taskstream.core.store.sql_queries import resolve_reviews
 from taskstream.core.store.tables import NOTE_LEN, OWNER_LEN, STATUS_LEN, side_effects
 from taskstream.core.store.tables import instance_history as hist
 from taskstream.core.store.tables import task_instances as inst

@@ -23,6 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from taskstream.core.errors import StoreError
 from taskstream.core.states import Status, check_transition
+from taskstream.core.store import sql_chunks
 from taskstream.core.store import sql_instances as rows
 from taskstream.core.store import sql_queries as q
 from taskstream.core.store import sql_templates as templates
@@ -152,7 +153,7 @@ async def _taken(run: Runner, news: Sequence[NewInstance]) -> tuple[dict[str, st
     SELECT per chunk of instances, through both unique indexes."""
     by_key: dict[str, str] = {}
     ids: set[str] = set()
-    for part in q.chunks(sorted(news, key=lambda n: n.dedupe_key)):
+    for part in sql_chunks.chunks(sorted(news, key=lambda n: n.dedupe_key)):
         keys, wanted = {n.dedupe_key for n in part}, {n.id for n in part}
         for m in await run.rows(*templates.bind_taken(sorted(keys), sorted(wanted))):
             key, found = str(m["dedupe_key"]), str(m["id"])
@@ -214,7 +215,9 @@ async def create_many(
     # In key order, so two batches racing for the same keys wait instead of deadlocking.
     fresh.sort(key=lambda n: n.dedupe_key)
     values = [rows.instance_values(n) for n in fresh]
-    for span in q.sized_chunks(range(len(fresh)), [q.row_size(v) for v in values]):
+    for span in sql_chunks.sized_chunks(
+        range(len(fresh)), [sql_chunks.row_size(v) for v in values]
+    ):
         await run.insert(*templates.bind_insert([values[i] for i in span]))
         part = [fresh[i] for i in span]
         await q.append_history(
@@ -231,7 +234,7 @@ async def dispatch_many(run: Runner, requests: Sequence[DispatchRequest]) -> dic
     """CAS src -> DISPATCHED for each request whose row is at (src, attempt) under its lock;
     one UPDATE and one history INSERT per source status and chunk."""
     results: dict[str, CasResult] = {}
-    for part in q.chunks(sorted(requests, key=lambda r: r.instance_id)):
+    for part in sql_chunks.chunks(sorted(requests, key=lambda r: r.instance_id)):
         seen = await q.lock_states(run, [r.instance_id for r in part])
         groups: dict[Status, list[tuple[str, int]]] = {}
         for r in part:
@@ -267,7 +270,7 @@ async def dispatch_unread(run: Runner, requests: Sequence[DispatchRequest]) -> d
     A row found back at it under the lock (a pathological interleaving) raises `RowsMoved`
     all the same, leaving it to the locking path."""
     results: dict[str, CasResult] = {}
-    for part in q.chunks(sorted(requests, key=lambda r: r.instance_id)):
+    for part in sql_chunks.chunks(sorted(requests, key=lambda r: r.instance_id)):
         src, pairs = part[0].src, [(r.instance_id, r.attempt) for r in part]
         matched = await run.count(*templates.bind_update(src, pairs, [_DISPATCHED] * len(pairs)))
         if matched == len(pairs):

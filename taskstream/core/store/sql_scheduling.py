@@ -15,10 +15,11 @@ from taskstream.core.states import Status
 from taskstream.core.store import sql_codec as codec
 from taskstream.core.store.dbclock import db_now_ms
 from taskstream.core.store.port import InstanceRow, UnreadableRow
+from taskstream.core.store.sql_chunks import chunks
 from taskstream.core.store.sql_engine import upsert_retrying
 from taskstream.core.store.sql_errors import ConstraintViolation
 from taskstream.core.store.sql_prepared import CoreRunner
-from taskstream.core.store.sql_queries import chunks, lock_states
+from taskstream.core.store.sql_queries import lock_states
 from taskstream.core.store.tables import readiness_markers as markers
 from taskstream.core.store.tables import task_instances as inst
 from taskstream.core.store.tables import upstreams as ups
@@ -108,7 +109,7 @@ class SchedulingMethods:
             return [codec.instance_or_unreadable(m) for m in (await conn.execute(stmt)).mappings()]
 
     async def existing_instances(self, instance_ids: Sequence[str]) -> set[str]:
-        """Those of `instance_ids` that exist, read `sql_queries.CHUNK` ids at a time."""
+        """Those of `instance_ids` that exist, read `sql_chunks.CHUNK` ids at a time."""
         found: set[str] = set()
         async with self._read() as conn:
             for part in chunks(instance_ids):

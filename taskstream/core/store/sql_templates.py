@@ -10,7 +10,7 @@ Statements keep the rules of `sql_queries`: rows are addressed through the prima
 values go as `CASE WHEN id = ... THEN ... END`, and their count never grows with the rows.
 
 Lists of n ids are sent in a statement sized for `size_for(n)` ids (the next power of two, at
-most `sql_queries.CHUNK`), the last id repeated to fill it: a repeated id in an `IN` list or a
+most `sql_chunks.CHUNK`), the last id repeated to fill it: a repeated id in an `IN` list or a
 `CASE` selects and updates the same row once, and a process keeps about ten sizes of each
 statement instead of up to 200 (each several hundred KB at the largest). New rows are inserted
 with a one-row INSERT sent for many rows (`sql_prepared.RowsTemplate`).
@@ -48,7 +48,7 @@ Bound = tuple[Template, dict[str, Any]]
 _CACHED_SHAPES = 256
 """Templates kept per builder: about ten sizes (`size_for`) times the column variants."""
 _MAX_SIZE = 200
-"""The largest size: `sql_queries.CHUNK`, the most ids callers put in one statement."""
+"""The largest size: `sql_chunks.CHUNK`, the most ids callers put in one statement."""
 
 
 def size_for(n: int) -> int:
