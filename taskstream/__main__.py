@@ -1,5 +1,5 @@
 """`python -m taskstream` runs the CLI."""
 
-from taskstream.cli.main import run
+from taskstream.cli.entry import run
 
 run()
