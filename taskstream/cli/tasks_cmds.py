@@ -12,7 +12,7 @@ from taskstream.agents.registry import default_registry
 from taskstream.cli.common import console, open_cluster, print_json, run_async, settings
 from taskstream.cli.shown import err_line
 from taskstream.core import preconditions
-from taskstream.core.definitions import from_record, to_records, upstream_configs
+from taskstream.core.definitions import apply_file, from_record
 from taskstream.core.errors import ConfigError
 from taskstream.core.settings import Settings
 from taskstream.core.spec import TaskFile, TaskSpec
@@ -57,9 +57,7 @@ def apply_cmd(path: Path = FILE_ARG) -> None:
 
 async def _apply(taskfile: TaskFile) -> dict[str, str]:
     async with open_cluster(settings(), need_redis=False) as cluster:
-        changes = await cluster.store.upsert_definitions(to_records(taskfile))
-        ups = await cluster.store.upsert_upstreams(upstream_configs(taskfile))
-        changes.update({f"upstream {name}": change for name, change in ups.items()})
+        changes = await apply_file(cluster.store, taskfile)
         await cluster.hint("definitions")
         return changes
 

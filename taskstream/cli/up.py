@@ -14,7 +14,7 @@ from taskstream.agents.registry import default_registry
 from taskstream.cli.common import open_cluster, run_async, settings
 from taskstream.cli.tasks_cmds import load_checked
 from taskstream.core import preconditions
-from taskstream.core.definitions import to_records, upstream_configs
+from taskstream.core.definitions import apply_file
 from taskstream.core.logging import get_logger
 from taskstream.core.settings import Settings
 from taskstream.core.spec import TaskFile
@@ -132,6 +132,5 @@ async def _unless_stopped(stop: asyncio.Event, step: Awaitable[None]) -> bool:
 async def _apply(s: Settings, eps: endpoint.Endpoints, taskfile: TaskFile) -> None:
     s2 = s.model_copy(update={"database_url": eps.database_url, "redis_url": eps.redis_url})
     async with open_cluster(s2, need_redis=False) as cluster:
-        changes = await cluster.store.upsert_definitions(to_records(taskfile))
-        changes |= await cluster.store.upsert_upstreams(upstream_configs(taskfile))
+        changes = await apply_file(cluster.store, taskfile)
     get_logger(role="supervisor").info("tasks.applied", changes=changes)

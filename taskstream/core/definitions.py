@@ -38,6 +38,14 @@ def upstream_configs(taskfile: TaskFile) -> dict[str, dict[str, Any]]:
     return {name: _stored_upstream(upstream) for name, upstream in taskfile.upstreams.items()}
 
 
+async def apply_file(store: Store, taskfile: TaskFile) -> dict[str, str]:
+    """Write a validated file's tasks and upstream limits in one transaction (a failure
+    stores neither). Returns task_id -> change and "upstream NAME" -> change, each change
+    "created" | "updated" | "unchanged"."""
+    changes, ups = await store.apply_definitions(to_records(taskfile), upstream_configs(taskfile))
+    return changes | {f"upstream {name}": change for name, change in ups.items()}
+
+
 def _stored_upstream(upstream: UpstreamLimit) -> dict[str, Any]:
     data = upstream.model_dump(mode="json")
     if upstream.breaker is None:

@@ -7,12 +7,14 @@ import asyncio
 import pytest
 from sqlalchemy import insert
 
+from taskstream.core.errors import StoreError
 from taskstream.core.store import sql_codec as codec
 from taskstream.core.store.port import DecisionRow, DefinitionRecord
 from taskstream.core.store.sql import SqlStore
 from taskstream.core.store.sql_engine import make_engine
 from taskstream.core.store.tables import task_definitions
 from taskstream.core.store.urls import normalize_url
+from tests.support.refused_inserts import MESSAGE, refused_inserts
 
 
 def _record(task_id: str, schedule: str, *, paused: bool = False) -> DefinitionRecord:
@@ -47,6 +49,26 @@ async def test_upsert_reports_created_updated_unchanged(store: SqlStore) -> None
     ]
     assert all(d.updated_at_ms > 0 for d in stored)
     assert await store.upsert_definitions([]) == {}
+
+
+async def test_apply_writes_tasks_and_upstreams_in_one_transaction(store: SqlStore) -> None:
+    """A failure on the upstreams, after the tasks' statements ran, stores neither: no task
+    is left changed or created without the limits applied with it."""
+    await store.upsert_definitions([_record("a", "0 9 * * *")])
+    before = (await store.list_definitions(), await store.definitions_version())
+    records = [_record("a", "0 10 * * *"), _record("b", "* * * * *")]
+    limits = {"llm": {"limit": 5, "window": 10.0}}
+    async with refused_inserts(store.engine, "upstreams"):
+        with pytest.raises(StoreError, match=MESSAGE):
+            await store.apply_definitions(records, limits)
+    assert (await store.list_definitions(), await store.definitions_version()) == before
+    assert await store.list_upstreams() == {}
+
+    assert await store.apply_definitions(records, limits) == (
+        {"a": "updated", "b": "created"},
+        {"llm": "created"},
+    )
+    assert await store.list_upstreams() == {"llm": {"limit": 5, "window": 10.0}}
 
 
 async def test_version_moves_on_every_change_and_only_then(store: SqlStore) -> None:

@@ -72,6 +72,17 @@ class Store(Protocol):
         database clock when None)."""
         ...
 
+    async def apply_definitions(
+        self,
+        records: list[DefinitionRecord],
+        upstreams: Mapping[str, Mapping[str, Any]],
+        *,
+        now_ms: int | None = None,
+    ) -> tuple[dict[str, str], dict[str, str]]:
+        """`upsert_definitions` and `upsert_upstreams` as one transaction: on any error
+        neither is stored. Returns (task_id -> change, upstream name -> change)."""
+        ...
+
     async def list_definitions(self) -> list[DefinitionRecord]: ...
 
     async def definitions_version(self) -> str:

@@ -1,4 +1,5 @@
-"""Statements on `task_definitions` (specs, pause, cursor) and `trigger_decisions`.
+"""Statements on `task_definitions` (specs, pause, cursor), `upstreams` and
+`trigger_decisions`.
 
 `updated_at_ms` of a definition strictly increases on every change (db-now, or the previous
 value + 1 when the clock has not moved past it), so `definitions_version` changes with every
@@ -7,7 +8,8 @@ insert, edit and pause even when two changes fall in the same millisecond.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from sqlalchemy import ColumnElement, case, func, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -21,6 +23,7 @@ from taskstream.core.store.port import DecisionRow, DefinitionRecord
 from taskstream.core.store.sql_prepared import CoreRunner, Runner
 from taskstream.core.store.tables import task_definitions as defs
 from taskstream.core.store.tables import trigger_decisions as decs
+from taskstream.core.store.tables import upstreams as ups
 
 
 def _bumped_updated_at() -> ColumnElement[int]:
@@ -78,6 +81,28 @@ async def upsert(
             outcome[record.task_id] = outcome.get(record.task_id) or "updated"
         stored[record.task_id] = (spec, record.spec_hash)
     return outcome
+
+
+async def upsert_upstreams(
+    conn: AsyncConnection, configs: Mapping[str, Mapping[str, Any]]
+) -> dict[str, str]:
+    """Insert or replace upstream configs by name (the others are kept); name -> "created" |
+    "updated" | "unchanged"."""
+    out: dict[str, str] = {}
+    for name, config in sorted(configs.items()):
+        text = codec.dumps(dict(config), what=f"upstream {name}")
+        stmt = select(ups.c.config).where(ups.c.name == name)
+        old = (await conn.execute(stmt)).scalar_one_or_none()
+        if old == text:
+            out[name] = "unchanged"
+            continue
+        values = {"config": text, "updated_at_ms": db_now_ms()}
+        if old is None:
+            await conn.execute(ups.insert().values(name=name, **values))
+        else:
+            await conn.execute(ups.update().where(ups.c.name == name).values(**values))
+        out[name] = "updated" if old is not None else "created"
+    return out
 
 
 async def _stored_specs(conn: AsyncConnection, ids: Sequence[str]) -> dict[str, tuple[str, str]]:

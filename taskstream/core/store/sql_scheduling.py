@@ -16,6 +16,7 @@ from taskstream.core.store import sql_codec as codec
 from taskstream.core.store.dbclock import db_now_ms
 from taskstream.core.store.port import InstanceRow, UnreadableRow
 from taskstream.core.store.sql_chunks import chunks
+from taskstream.core.store.sql_definitions import upsert_upstreams
 from taskstream.core.store.sql_engine import upsert_retrying
 from taskstream.core.store.sql_errors import ConstraintViolation
 from taskstream.core.store.sql_prepared import CoreRunner
@@ -69,7 +70,7 @@ class SchedulingMethods:
         "unchanged". Upstreams missing from `configs` are kept. A concurrent apply that
         inserts the same new upstream first makes this one read again and update it."""
         return await upsert_retrying(
-            self._write, lambda conn: _upsert_upstreams(conn, configs), "upstreams"
+            self._write, lambda conn: upsert_upstreams(conn, configs), "upstreams"
         )
 
     async def list_upstreams(self) -> dict[str, dict[str, Any]]:
@@ -124,26 +125,6 @@ async def _hold(conn: AsyncConnection, instance_id: str, token: int) -> None:
     if seen is None or seen.status is not Status.RUNNING or seen.attempt != token:
         found = "no row" if seen is None else f"{seen.status} at attempt {seen.attempt}"
         raise ClaimLost(f"instance {instance_id}: claim {token} no longer held ({found})")
-
-
-async def _upsert_upstreams(
-    conn: AsyncConnection, configs: Mapping[str, Mapping[str, Any]]
-) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for name, config in sorted(configs.items()):
-        text = codec.dumps(dict(config), what=f"upstream {name}")
-        stmt = select(ups.c.config).where(ups.c.name == name)
-        old = (await conn.execute(stmt)).scalar_one_or_none()
-        if old == text:
-            out[name] = "unchanged"
-            continue
-        values = {"config": text, "updated_at_ms": db_now_ms()}
-        if old is None:
-            await conn.execute(ups.insert().values(name=name, **values))
-        else:
-            await conn.execute(ups.update().where(ups.c.name == name).values(**values))
-        out[name] = "updated" if old is not None else "created"
-    return out
 
 
 def _config(name: object, config: str) -> dict[str, Any]:

@@ -3,7 +3,9 @@ are in `sql_definitions`): mixed into `SqlStore`, one transaction each."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
+from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -31,6 +33,22 @@ class DefinitionMethods:
         return await upsert_retrying(
             self._write, lambda conn: defs.upsert(conn, records, now_ms), "definitions"
         )
+
+    async def apply_definitions(
+        self,
+        records: list[DefinitionRecord],
+        upstreams: Mapping[str, Mapping[str, Any]],
+        *,
+        now_ms: int | None = None,
+    ) -> tuple[dict[str, str], dict[str, str]]:
+        """`upsert_definitions` and `upsert_upstreams` in one transaction: a failure stores
+        neither. Returns (task_id -> change, upstream name -> change)."""
+
+        async def both(conn: AsyncConnection) -> tuple[dict[str, str], dict[str, str]]:
+            changes = await defs.upsert(conn, records, now_ms)
+            return changes, await defs.upsert_upstreams(conn, upstreams)
+
+        return await upsert_retrying(self._write, both, "definitions")
 
     async def list_definitions(self) -> list[DefinitionRecord]:
         """Every definition, by task id."""
