@@ -42,7 +42,7 @@ from taskstream.core.spec import (
     duplicate_ids,
     undeclared_upstreams,
 )
-from taskstream.core.spec_parts import Name
+from taskstream.core.spec_parts import Name, Schedule
 from taskstream.core.spec_upstreams import UpstreamLimit
 from taskstream.core.specyaml import problem_lines, read_document
 
@@ -184,13 +184,14 @@ def _check_task(item: object, rules: _Rules) -> tuple[TaskSpec | None, list[str]
 
 
 def _spec_problems(spec: TaskSpec, rules: _Rules) -> list[str]:
-    """Problems of a task valid on its own: undeclared upstreams, preconditions no module
-    provides, an oversize payload."""
+    """Problems of a task valid on its own: schedule fields its kind never reads,
+    undeclared upstreams, preconditions no module provides, an oversize payload."""
     declared = ", ".join(sorted(rules.declared))
-    lines = [
+    lines = _unread_schedule_fields(spec.schedule)
+    lines.extend(
         f"upstreams: undeclared upstream '{name}' (declared: {declared})"
         for name in undeclared_upstreams(spec, rules.declared)
-    ]
+    )
     if rules.known_checks is not None:
         lines.extend(unknown_check_lines(spec.preconditions, rules.known_checks))
     if rules.max_payload_bytes is not None:
@@ -198,6 +199,20 @@ def _spec_problems(spec: TaskSpec, rules: _Rules) -> list[str]:
         if too_big is not None:
             lines.append(f"payload: {too_big}")
     return lines
+
+
+_NO_DST = {
+    "every": "an every schedule counts UTC intervals, which daylight saving never moves",
+    "on_demand": "an on-demand task has no fire times",
+}
+
+
+def _unread_schedule_fields(schedule: Schedule | None) -> list[str]:
+    """Fields the file wrote that this kind of schedule never reads: `dst` without `cron`.
+    Files only: the stored form of every spec holds `dst`, its defaults at least."""
+    if schedule is None or "dst" not in schedule.model_fields_set or schedule.kind == "cron":
+        return []
+    return [f"schedule.dst: applies to cron only ({_NO_DST[schedule.kind]}): remove it"]
 
 
 def unknown_check_lines(names: Sequence[str], known: AbstractSet[str]) -> list[str]:

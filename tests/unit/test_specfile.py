@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from taskstream.core.definitions import from_record, to_records
 from taskstream.core.errors import ConfigError
+from taskstream.core.spec import TaskFile
 from taskstream.core.specfile import load_task_file, parse_task_file_text
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -280,3 +282,33 @@ def test_non_utf8_file(tmp_path: Path) -> None:
     path.write_bytes("tasks: [{id: caf\xe9, agent: echo}]".encode("latin-1"))
     with pytest.raises(ConfigError, match="not UTF-8 text"):
         load_task_file(path)
+
+
+@pytest.mark.parametrize(
+    ("schedule", "kind"),
+    [
+        ("{every: 1h, dst: {gap: skip}}", "every schedule"),
+        ("{every: 1h, timezone: Europe/Berlin, dst: {fold: both}}", "every schedule"),
+        ("{every: 1h, dst: {}}", "every schedule"),
+        ("{timezone: Europe/Berlin, dst: {gap: skip}}", "on-demand task"),
+    ],
+)
+def test_dst_is_refused_where_no_cron_reads_it(schedule: str, kind: str) -> None:
+    """`dst` rules how a cron's local wall times map to instants: an `every` schedule counts
+    UTC intervals and an on-demand task has no fire times, so it would be silently ignored."""
+    text = f"tasks:\n  - {{id: a, agent: echo, schedule: {schedule}}}\n"
+    [problem] = problems_of(text)
+    assert problem.startswith(f"t.yaml: task 'a': schedule.dst: applies to cron only (an {kind}")
+    assert problem.endswith("): remove it")
+
+
+def test_dst_with_cron_loads_and_a_stored_every_spec_still_does() -> None:
+    """The stored form of every spec carries `dst` (its defaults): reading it back is not
+    refused, only a file that writes it where it means nothing."""
+    text = "tasks:\n  - {id: a, agent: echo, schedule: {every: 1h}}\n"
+    [spec] = parse_task_file_text(text, "t.yaml", known_agents=AGENTS).tasks
+    assert from_record(to_records(TaskFile(tasks=[spec]))[0]) == spec
+    cron = "{cron: '0 9 * * *', timezone: Europe/Berlin, dst: {gap: skip}}"
+    text = f"tasks:\n  - {{id: b, agent: echo, schedule: {cron}}}\n"
+    [spec] = parse_task_file_text(text, "t.yaml", known_agents=AGENTS).tasks
+    assert spec.schedule is not None and spec.schedule.dst.gap == "skip"
