@@ -143,7 +143,7 @@ async def _measure(
     deadline = started + max(120.0, n / 100)
     try:
         while time.monotonic() < deadline:
-            success = (await store.count_by_status())[Status.SUCCESS]
+            success = (await store.count_by_status()).counts[Status.SUCCESS]
             if success >= n:
                 break
             if steady is None and success > 0:
@@ -202,7 +202,7 @@ async def prepublish(stage: Stage, n: int, mode: Mode, label: str) -> float:
     started = time.monotonic()
     await publish(mode, store, stage.redis, stage.keys, clock, news)
     publish_s = time.monotonic() - started
-    dispatched = (await store.count_by_status())[Status.DISPATCHED]
+    dispatched = (await store.count_by_status()).counts[Status.DISPATCHED]
     say(f"{label} published {n} ({mode}) in {publish_s:.1f} s; {dispatched} DISPATCHED")
     return publish_s
 

@@ -256,7 +256,7 @@ async def _settle(store: SqlStore, total: int, children: Children) -> None:
     deadline = time.monotonic() + SETTLE_S
     counts: dict[Status, int] = {}
     while time.monotonic() < deadline:
-        counts = await store.count_by_status()
+        counts = (await store.count_by_status()).counts
         if counts[Status.SUCCESS] >= total:
             return
         if dead := children.exited():

@@ -124,7 +124,7 @@ async def run_raw_store(svc: Services, n: int) -> RawResult:
         before = cpu.snapshot()
         results = await run_workers(_consumer_main, jobs, DEADLINE_S + 30)
         used = cpu.usage(before, cpu.snapshot())
-        success = (await stage.store.count_by_status())[Status.SUCCESS]
+        success = (await stage.store.count_by_status()).counts[Status.SUCCESS]
     result = RawResult.of(results, used, success)
     say(f"(a2) raw with taskstream's statements: {result.summary()}")
     return result

@@ -22,7 +22,7 @@ from taskstream.cli.common import (
 from taskstream.cli.shown import err_line
 from taskstream.cli.upstreams_view import render_upstreams, upstreams_status
 from taskstream.core import lost_letters, streams, streams_admin
-from taskstream.core.errors import QueueUnavailable, StoreCorrupt, TaskstreamError
+from taskstream.core.errors import QueueUnavailable, TaskstreamError
 from taskstream.core.spec import INSTANCE_ID_LENGTH, format_utc_ms
 from taskstream.core.states import Status
 from taskstream.core.store.port import InstanceRow
@@ -38,16 +38,17 @@ def status_cmd(as_json: bool = JSON_OPT) -> None:
     """Queue depth, pending entries, consumers, dead letters (and the letters Redis lost of
     instances FAILED poison), instances by status, and every upstream's limiter usage and
     breaker state. With Redis down or not serving us (a refusal, a wrong database number, not
-    Redis at all), the store's counts alone and the Redis error, exit 1. A row whose status
-    no state has (a hand edit in SQL) is named instead of the counts, on stderr too, exit 1."""
+    Redis at all), the store's counts alone and the Redis error, exit 1. Rows whose status
+    no state has (a hand edit in SQL) are named beside the counts of the others, on stderr
+    too, exit 1."""
     data = run_async(_status())
     if as_json:
         print_json(data)
     else:
         _print_status(data)
-    if "instances_error" in data:
-        err_line(f"error: {data['instances_error']}")
-    if "redis_error" in data or "instances_error" in data:
+    for unreadable in data.get("instances_unreadable", ()):
+        err_line(f"error: {unreadable}")
+    if "redis_error" in data or "instances_unreadable" in data:
         raise typer.Exit(1)
 
 
@@ -68,7 +69,9 @@ def _print_status(data: dict[str, Any]) -> None:
         console.print(table)
         console.print(f"dead letters: {data['dead']}{_lost_text(data)}")
     counts = "  ".join(f"{k}={v}" for k, v in data["instances"].items())
-    console.print(f"instances: {data.get('instances_error') or counts or 'none'}")
+    console.print(f"instances: {counts or 'none'}")
+    for unreadable in data.get("instances_unreadable", ()):
+        console.print(f"  unreadable: {unreadable}")
     if "upstreams" in data:
         render_upstreams(console, data["upstreams"])
 
@@ -103,11 +106,10 @@ async def _status() -> dict[str, Any]:
             "database_url": redact_url(cluster.endpoints.database_url),
             "namespace": cluster.settings.namespace,
         }
-        try:
-            counts = await cluster.store.count_by_status()
-            data["instances"] = {s.value: counts.get(s, 0) for s in Status}
-        except StoreCorrupt as exc:  # the rest of the cluster is still worth showing
-            data["instances"], data["instances_error"] = {}, str(exc)
+        counts = await cluster.store.count_by_status()
+        data["instances"] = {s.value: counts.counts.get(s, 0) for s in Status}
+        if counts.unreadable:
+            data["instances_unreadable"] = list(counts.unreadable)
         try:
             data |= await _queue_view(cluster)
         except (QueueUnavailable, RedisError, *streams.DRIVER_ERRORS) as exc:

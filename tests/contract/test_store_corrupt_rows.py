@@ -80,15 +80,26 @@ async def test_a_stored_upstream_config_that_is_not_an_object_is_named(store: Sq
         await store.list_upstreams()
 
 
-async def test_a_status_no_state_has_is_named_by_the_counts_of_status(
-    store: SqlStore, make_new: MakeNew
+async def test_a_status_no_state_has_is_named_beside_the_counts_of_the_others(
+    store: SqlStore, make_new: MakeNew, advance: Advance
 ) -> None:
-    """`taskstream status` counts instances by status: one no state has is named, with a row
-    that holds it, instead of a ValueError traceback."""
-    await store.create_instance(make_new("a"))
+    """`taskstream status` counts instances by status: the rows of a status no state has are
+    named, with one row that holds it and how many do, and every other status is counted."""
+    for name in ("a", "b", "c", "d", "e"):
+        await store.create_instance(make_new(name))
+    await advance("inst-d", Status.SUCCESS)
     await _corrupt(store, "inst-a", "status", "HALF_DONE")
-    with pytest.raises(StoreCorrupt, match=r"task_instances row 'inst-a': status is 'HALF_DONE'"):
-        await store.count_by_status()
+    await _corrupt(store, "inst-b", "status", "HALF_DONE")
+    await _corrupt(store, "inst-c", "status", "MOSTLY")
+
+    counts = await store.count_by_status()
+
+    assert counts.counts == {**dict.fromkeys(Status, 0), Status.PENDING: 1, Status.SUCCESS: 1}
+    half, mostly = counts.unreadable
+    assert half.startswith("task_instances row 'inst-a': status is 'HALF_DONE', not a status")
+    assert half.endswith("(2 rows)")
+    assert mostly.startswith("task_instances row 'inst-c': status is 'MOSTLY', not a status")
+    assert mostly.endswith("(1 row)")
 
 
 async def test_due_retries_read_a_corrupt_row_as_unreadable_in_its_place(

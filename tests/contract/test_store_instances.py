@@ -10,7 +10,7 @@ from sqlalchemy import func, select, update
 
 from taskstream.core.errors import StoreRefused
 from taskstream.core.states import Status
-from taskstream.core.store.port import CreateResult, InstanceRow
+from taskstream.core.store.port import CreateResult, InstanceRow, StatusCounts
 from taskstream.core.store.sql import SqlStore
 from taskstream.core.store.tables import instance_history, task_instances
 from tests.contract.conftest import Advance, MakeNew
@@ -186,7 +186,7 @@ async def test_list_filters_orders_and_limits(
 async def test_count_by_status_names_every_status(
     store: SqlStore, make_new: MakeNew, advance: Advance
 ) -> None:
-    assert await store.count_by_status() == dict.fromkeys(Status, 0)
+    assert await store.count_by_status() == StatusCounts(dict.fromkeys(Status, 0), ())
     for name in ["a", "b", "c"]:
         await store.create_instance(make_new(name))
     await advance("inst-a", Status.SUCCESS)
@@ -194,12 +194,13 @@ async def test_count_by_status_names_every_status(
 
     counts = await store.count_by_status()
 
-    assert counts == {
+    assert counts.counts == {
         **dict.fromkeys(Status, 0),
         Status.PENDING: 1,
         Status.SUCCESS: 1,
         Status.SKIPPED: 1,
     }
+    assert counts.unreadable == ()
 
 
 async def test_history_is_in_commit_order(

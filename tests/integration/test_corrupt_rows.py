@@ -151,19 +151,24 @@ async def test_instances_lists_the_good_rows_and_names_a_corrupt_one(
     assert await _raw(h, bad.id, "status") == "HALF_DONE"
 
 
-async def test_status_shows_the_cluster_and_names_a_row_whose_status_no_state_has(
+async def test_status_counts_the_readable_statuses_and_names_one_no_state_has(
     h: Harness, db_url: str, redis_url: str
 ) -> None:
-    """The counts by status cannot be made, but the queue, dead letters and upstreams are
-    shown, and the row is named, exit 1, instead of that error alone."""
+    """The rows whose status no state has are named, with how many there are, and every
+    other status is counted, beside the queue, dead letters and upstreams; exit 1."""
     bad = await h.trigger(TASKS, "effect", fire_ms=T0)
+    await h.trigger(TASKS, "effect", fire_ms=T0 + 60_000)
     await _corrupt(h, bad.id, "status", "HALF_DONE")
     out = await run_cli(h, db_url, redis_url, "status")
     assert out.exit_code == 1, out.output
     assert "dead letters: 0" in out.stdout
+    assert "DISPATCHED=1" in out.stdout, "the readable rows are counted"
     named = f"task_instances row '{bad.id}': status is 'HALF_DONE'"
     assert named in out.stdout and named in out.stderr
+    assert "(1 row)" in out.stderr
     as_json = await run_cli(h, db_url, redis_url, "status", "--json")
     assert as_json.exit_code == 1, as_json.output
     data = json.loads(as_json.stdout)
-    assert data["dead"] == 0 and named in data["instances_error"]
+    assert data["dead"] == 0 and data["instances"][Status.DISPATCHED.value] == 1
+    [unreadable] = data["instances_unreadable"]
+    assert named in unreadable

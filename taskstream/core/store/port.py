@@ -28,6 +28,7 @@ from taskstream.core.store.records import (
     HistoryRow,
     InstanceRow,
     NewInstance,
+    StatusCounts,
     UnreadableRow,
 )
 
@@ -44,6 +45,7 @@ __all__ = [
     "HistoryRow",
     "InstanceRow",
     "NewInstance",
+    "StatusCounts",
     "Store",
     "UnreadableRow",
 ]
@@ -147,7 +149,9 @@ class Store(Protocol):
         a row that does not decode (`StoreCorrupt`) is an `UnreadableRow` in its place."""
         ...
 
-    async def count_by_status(self) -> dict[Status, int]: ...
+    async def count_by_status(self) -> StatusCounts:
+        """Instances by status; the rows of a status no state has are named, not counted."""
+        ...
 
     async def history(self, instance_id: str) -> list[HistoryRow]: ...
 

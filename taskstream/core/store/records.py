@@ -105,6 +105,16 @@ class UnreadableRow:
 
 
 @dataclass(frozen=True, slots=True)
+class StatusCounts:
+    """Instances by status: `counts` has every `Status` (0 when none). `unreadable` names,
+    one text per value, the rows whose `status` no state has (a hand edit in SQL): one row
+    that holds it (the `StoreCorrupt` text) and how many do. They are in no count."""
+
+    counts: dict[Status, int]
+    unreadable: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class HistoryRow:
     """One status change of an instance."""
 

@@ -62,10 +62,12 @@ def stored_status(m: Mapping[Any, Any], column: str, table: str, key: object) ->
     try:
         return Status(m[column])
     except ValueError:
-        raise StoreCorrupt(
-            f"{_where(table, key, column)} is {str(m[column])[:40]!r}, not a status; left as it is",
-            column=column,
-        ) from None
+        raise StoreCorrupt(not_a_status(m[column], column, table, key), column=column) from None
+
+
+def not_a_status(value: object, column: str, table: str, key: object) -> str:
+    """What `StoreCorrupt` says of a row whose `column` holds `value`, which no state has."""
+    return f"{_where(table, key, column)} is {str(value)[:40]!r}, not a status; left as it is"
 
 
 def _fail_class(m: Mapping[Any, Any]) -> FailClass | None:

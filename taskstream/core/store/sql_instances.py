@@ -18,6 +18,7 @@ from taskstream.core.states import FailClass, Status
 from taskstream.core.store import sql_codec as codec
 from taskstream.core.store.dbclock import db_now_ms
 from taskstream.core.store.port import HistoryRow, InstanceRow, NewInstance, UnreadableRow
+from taskstream.core.store.records import StatusCounts
 from taskstream.core.store.sql_chunks import chunks
 from taskstream.core.store.sql_queries import resolve_reviews
 from taskstream.core.store.tables import NOTE_LEN, OWNER_LEN, STATUS_LEN, side_effects
@@ -276,24 +277,29 @@ def _listing(task_id: str | None, status: Status | None, limit: int) -> Select[A
     return stmt
 
 
-_STATUS_VALUES = frozenset(s.value for s in Status)
-
-
-async def count_by_status(conn: AsyncConnection) -> dict[Status, int]:
-    """Every status with its row count (0 when none); `StoreCorrupt` naming a row whose
-    status no state has. Settled rows are counted from the `settled` index alone; in-flight
-    rows (its NULL entries) by their status."""
+async def count_by_status(conn: AsyncConnection) -> StatusCounts:
+    """Every status with its row count (0 when none), and each status no state has named
+    with a row that holds it (a hand edit). Settled rows are counted from the `settled` index
+    alone; in-flight rows (its NULL entries, where an unknown status falls) by their status."""
     done = select(inst.c.settled, func.count()).where(inst.c.settled.is_not(None))
     open_ = select(inst.c.status, func.count()).where(inst.c.settled.is_(None))
     stmt = union_all(done.group_by(inst.c.settled), open_.group_by(inst.c.status))
     counts = dict.fromkeys(Status, 0)
+    unreadable: list[str] = []
     for status, count in (await conn.execute(stmt)).all():
-        if status not in _STATUS_VALUES:  # a hand edit: named with a row that holds it
-            held = select(inst.c.id).where(inst.c.status == status).limit(1)
-            key = (await conn.execute(held)).scalar()
-            codec.stored_status({"status": status}, "status", "task_instances", key)
-        counts[Status(status)] = int(count)
-    return counts
+        try:
+            counts[Status(status)] = int(count)
+        except ValueError:
+            unreadable.append(await _unknown_status(conn, status, int(count)))
+    return StatusCounts(counts, tuple(sorted(unreadable)))
+
+
+async def _unknown_status(conn: AsyncConnection, status: object, count: int) -> str:
+    """What `StoreCorrupt` says of the first row (by id) holding `status`, and how many do."""
+    held = select(inst.c.id).where(inst.c.status == status).order_by(inst.c.id).limit(1)
+    key = (await conn.execute(held)).scalar()
+    named = codec.not_a_status(status, "status", "task_instances", key)
+    return f"{named} ({count} row{'s' if count != 1 else ''})"
 
 
 async def history(conn: AsyncConnection, instance_id: str) -> list[HistoryRow]:

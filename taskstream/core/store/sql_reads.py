@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from taskstream.core.states import Status
 from taskstream.core.store import sql_instances as rows
 from taskstream.core.store import sql_queries as queries
-from taskstream.core.store.port import HistoryRow, InstanceRow, UnreadableRow
+from taskstream.core.store.port import HistoryRow, InstanceRow, StatusCounts, UnreadableRow
 
 
 class ReadMethods:
@@ -42,8 +42,9 @@ class ReadMethods:
         async with self._read() as conn:
             return await rows.list_rows_or_unreadable(conn, task_id, status, limit)
 
-    async def count_by_status(self) -> dict[Status, int]:
-        """Every status with its instance count (0 when none)."""
+    async def count_by_status(self) -> StatusCounts:
+        """Every status with its instance count (0 when none), and the rows of a status no
+        state has named instead of counted."""
         async with self._read() as conn:
             return await rows.count_by_status(conn)
 
