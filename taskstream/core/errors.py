@@ -72,6 +72,12 @@ class SchemaMissing(StoreUnavailable):
     as for a database that is down."""
 
 
+class StoreDenied(StoreUnavailable):
+    """The database refused the user a statement it has no privilege for (a GRANT missing
+    or revoked). Nothing was written. Like `SchemaMissing`, an outage to the services, which
+    wait until an operator grants the privilege; the message names what was refused."""
+
+
 class StoreFileMissing(SchemaMissing):
     """A SQLite store's file does not exist (a typo in its path, or never migrated): only
     `migrate` and `up` make it; every other command and role opens the file that is there."""

@@ -8,10 +8,10 @@ the middle of a statement, or a rollback that failed.
 
 Driver errors become store errors as `sql_errors.translate` makes them for the engine:
 integrity errors `ConstraintViolation`, deadlocks and lock wait timeouts `StoreConflict`
-(the connection is rolled back and kept), other operational and interface errors (lost connection,
-server gone) and socket errors `StoreUnavailable`, a statement over the
-server's packet limit and anything else `StoreError`. Errors the body raises itself
-(`RowsMoved`, `StoreError`) pass unchanged.
+(the connection is rolled back and kept), other operational and interface errors (lost
+connection, server gone) and socket errors `StoreUnavailable`, a missing privilege
+`StoreDenied`, a statement over the server's packet limit and anything else `StoreError`.
+Errors the body raises itself (`RowsMoved`, `StoreError`) pass unchanged.
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 (a deadlock or a lock timeout rolled the transaction back: `sql_conflicts` sends it again),
 `StoreUnavailable` (cannot reach / lost the connection: nothing was written, retry later),
 `ConstraintViolation` (an integrity constraint, handled by the adapter), `SchemaMissing`,
+`StoreDenied` (the user lacks a privilege: waited out like an outage until it is granted),
 `StoreFileMissing` (a SQLite file that is not there), `StoreRefused` (what trying again cannot
 mend) or `StoreError`. Messages name the store by its redacted URL only.
 """
@@ -17,6 +18,7 @@ from sqlalchemy import exc as sa_exc
 
 from taskstream.core.errors import (
     SchemaMissing,
+    StoreDenied,
     StoreError,
     StoreFileMissing,
     StoreRefused,
@@ -87,6 +89,12 @@ _NO_COLUMN = re.compile(
 """How they say a column does not exist: a database migrated by an older taskstream."""
 
 
+_DENIED = re.compile(r"\((1044|1142|1143|1227|1370),")
+"""MySQL / MariaDB's refusals for want of a privilege: on a database (1044), a table (1142), a
+column (1143), an administrative statement (1227) or a routine (1370)."""
+_DENIED_SQLSTATE = "42501"
+"""PostgreSQL's insufficient_privilege (its message text follows the server's language)."""
+
 _TOO_LARGE = re.compile(r"\(1153,")
 """MySQL / MariaDB error 1153 (ER_NET_PACKET_TOO_LARGE): a statement over the server's
 `max_allowed_packet`. The same statement sent again is refused again."""
@@ -94,13 +102,24 @@ _TOO_LARGE = re.compile(r"\(1153,")
 
 def refused(detail: str, display_url: str) -> StoreError | None:
     """The error for a refusal that trying again cannot mend, from a driver error's text:
-    `SchemaMissing`, or `StoreRefused` (not `StoreUnavailable`, which callers wait out and
-    retry) for a statement over the server's packet limit; None for any other error."""
+    `StoreDenied` or `SchemaMissing` (outages that last until an operator grants the
+    privilege or migrates), or `StoreRefused` (not `StoreUnavailable`, which callers wait out
+    and retry) for a statement over the server's packet limit; None for any other error."""
+    if _DENIED.search(detail) is not None:
+        return denied(detail, display_url)
     if _TOO_LARGE.search(detail) is not None:
         return StoreRefused(
             f"store {display_url} refused a statement over its packet limit ({detail})"
         )
     return schema_missing(detail, display_url)
+
+
+def denied(detail: str, display_url: str) -> StoreDenied:
+    """`StoreDenied` for a driver error's text that says the user lacks a privilege."""
+    return StoreDenied(
+        f"store {display_url} denied this user a statement ({detail}): grant the user the "
+        "privilege it names (SELECT, INSERT and UPDATE on every taskstream table)"
+    )
 
 
 def schema_missing(detail: str, display_url: str) -> SchemaMissing | None:
@@ -127,15 +146,26 @@ def _driver_errors(exc: Exception) -> Iterator[Exception]:
             yield found
 
 
+def _lasting(exc: Exception, display_url: str) -> StoreError | None:
+    """`refused` of `exc` or of a driver error it was raised while handling; `StoreDenied`
+    for PostgreSQL's insufficient privilege; else None."""
+    for error in _driver_errors(exc):
+        final = refused(_detail(error), display_url)
+        if final is not None:
+            return final
+    if _sqlstate(exc) == _DENIED_SQLSTATE:
+        return denied(_detail(exc), display_url)
+    return None
+
+
 def translate(exc: Exception, display_url: str) -> StoreError:
     """The domain error for a driver error raised while using the store at `display_url`
     (a redacted URL: only that form may appear in the message)."""
     if isinstance(exc, sa_exc.IntegrityError):
         return ConstraintViolation(f"store {display_url}: constraint violated: {_detail(exc)}")
-    for error in _driver_errors(exc):
-        final = refused(_detail(error), display_url)
-        if final is not None:
-            return final
+    final = _lasting(exc, display_url)
+    if final is not None:
+        return final
     conflict = conflict_error(exc, display_url, _detail(exc))
     if conflict is not None:
         return conflict
