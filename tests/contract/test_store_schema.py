@@ -126,6 +126,26 @@ async def test_a_database_at_an_older_schema_says_to_run_migrate(store: SqlStore
         await store.count_by_status()
 
 
+@pytest.mark.parametrize(
+    ("ddl", "named"),
+    [
+        ("DROP TABLE instance_history", "table instance_history"),
+        ("ALTER TABLE task_instances DROP COLUMN trace_id", "column task_instances.trace_id"),
+    ],
+)
+async def test_a_table_dropped_after_migrating_is_named_by_migrate(
+    store: SqlStore, db_url: str, ddl: str, named: str
+) -> None:
+    """The roles say to run `taskstream migrate` for a missing table or column, but a
+    database already at the newest revision gets nothing from the migrations: `migrate`
+    names what is missing instead of succeeding with the roles still waiting."""
+    async with store.engine.begin() as conn:
+        await conn.execute(text(ddl))
+    with pytest.raises(StoreError, match=rf"lacks {named} \(dropped by hand\?\)"):
+        await upgrade(db_url)
+    assert await current_revision(db_url) is not None
+
+
 async def test_database_from_a_newer_version_is_refused(store: SqlStore, db_url: str) -> None:
     async with store.engine.begin() as conn:
         await conn.execute(text("UPDATE alembic_version SET version_num = '9999'"))

@@ -18,12 +18,13 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.util.exc import CommandError
-from sqlalchemy import text
+from sqlalchemy import inspect, text
 from sqlalchemy.engine import Connection
 
 from taskstream.core.errors import StoreError, StoreFileMissing, StoreUnavailable
 from taskstream.core.store.sql_engine import make_engine
 from taskstream.core.store.sql_errors import translate_errors
+from taskstream.core.store.tables import metadata
 from taskstream.core.store.urls import normalize_url, redact_url
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
@@ -58,9 +59,29 @@ def _lock(connection: Connection) -> None:
         connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_LOCK_KEY})
 
 
+class _Incomplete(Exception):
+    """At the newest revision, yet without tables or columns the migrations made."""
+
+
 def _upgrade(connection: Connection) -> None:
     _lock(connection)
     command.upgrade(alembic_config(connection), HEAD)
+    if missing := _missing(connection):
+        raise _Incomplete(", ".join(missing))
+
+
+def _missing(connection: Connection) -> list[str]:
+    """The tables and columns of `tables.metadata` the database does not have: the
+    migrations made them, so only a hand (or a restore of part of a backup) removed them."""
+    found = inspect(connection)
+    missing: list[str] = []
+    for table in metadata.sorted_tables:
+        if not found.has_table(table.name):
+            missing.append(f"table {table.name}")
+            continue
+        have = {column["name"] for column in found.get_columns(table.name)}
+        missing.extend(f"column {table.name}.{c.name}" for c in table.columns if c.name not in have)
+    return missing
 
 
 def _revision(connection: Connection) -> str | None:
@@ -72,8 +93,8 @@ async def upgrade(url: str) -> None:
     SQLite file that is not there (no other engine does).
 
     Raises `StoreUnavailable` when the database cannot be reached, `StoreError` when a
-    migration fails or the database is at a revision this version does not know (newer code
-    migrated it).
+    migration fails, the database is at a revision this version does not know (newer code
+    migrated it), or it lacks a table or column the migrations made (`_missing`).
     """
     display_url = redact_url(url)
     engine = make_engine(normalize_url(url), read_timeout_s=None, create=True)
@@ -82,6 +103,11 @@ async def upgrade(url: str) -> None:
             await conn.run_sync(_upgrade)
     except CommandError as exc:
         raise StoreError(f"cannot migrate {display_url}: {exc}") from exc
+    except _Incomplete as exc:
+        raise StoreError(
+            f"store {display_url} is at the newest schema revision but lacks {exc} (dropped "
+            "by hand?): the migrations will not make them again; restore them from a backup"
+        ) from None
     finally:
         await engine.dispose()
 
