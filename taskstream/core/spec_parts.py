@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Hashable
-from datetime import UTC, date, datetime, time
+from datetime import date, time
 from typing import Annotated, Final, Literal, TypeVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import CroniterBadDateError, CroniterError, croniter
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -29,6 +28,7 @@ from pydantic import (
     model_validator,
 )
 
+from taskstream.core.cron import check_cron
 from taskstream.core.durations import Duration, PositiveDuration
 
 NAME_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}$"
@@ -36,22 +36,6 @@ MAX_ATTEMPTS: Final = 10_000
 """The most attempts a task may allow (the store keeps attempts in a 32-bit column)."""
 """Readiness markers, preconditions and upstreams: e.g. `raw_data.ready`, `openai`."""
 
-_CRON_PROBE_START: Final = datetime(2000, 1, 1, tzinfo=UTC)
-_CRON_REASON_PREFIX: Final = re.compile(r"^\[[^\]]*\]\s*(?:is\s+)?")
-_CRON_ONE_VALUE_RANGE: Final = re.compile(r"^(\w+)-(\w+)(/\d+)?$")
-"""A range part (`9-9`, `MON-MON`, `9-9/2`) that may name one value only."""
-_CRON_DRAWN: Final = re.compile(r"^([hr])(\(\d+-\d+\))?(/\d+)?$", re.IGNORECASE)
-"""croniter's `R` and `H` (`R`, `R(0-29)`, `H/15`): a value drawn at random at every reading,
-or from a hash of an id the task file does not give."""
-_CRON_NAMES: Final = {
-    name: number
-    for names, first in (
-        ("sun mon tue wed thu fri sat", 0),
-        ("jan feb mar apr may jun jul aug sep oct nov dec", 1),
-    )
-    for number, name in enumerate(names.split(), start=first)
-}
-"""Weekday (Sunday 0) and month (January 1) names, as croniter numbers them."""
 _TIME_OF_DAY: Final = re.compile(r"([01]?\d|2[0-3]):([0-5]\d)(?::00)?")
 
 T = TypeVar("T", bound=Hashable)
@@ -82,58 +66,6 @@ def check_timezone(name: str) -> str:
     except (ZoneInfoNotFoundError, ValueError, OSError):
         raise ValueError(f"unknown timezone {name!r}") from None
     return name
-
-
-def check_cron(expr: str) -> str:
-    """Return `expr` with whitespace normalised when it is a cron that fires at least once.
-
-    Five fields (minute first) or six with seconds first (`0 0 9 * * *` is 09:00:00 daily).
-    """
-    fields = expr.split()
-    if len(fields) not in (5, 6):
-        raise ValueError(
-            f"invalid cron expression {expr!r}: expected 5 fields, or 6 with seconds first "
-            f"(got {len(fields)})"
-        )
-    parts = [field.split(",") for field in fields]
-    for part in (part for field in parts for part in field):
-        if (drawn := _CRON_DRAWN.match(part)) is None:
-            continue
-        what = "a random value" if drawn[1].lower() == "r" else "a hashed value"
-        raise ValueError(
-            f"invalid cron expression {expr!r}: {part!r} ({what}) is not supported, since"
-            " every scheduler and every pass must compute the same fire times; write the"
-            " value itself"
-        )
-    normal = " ".join(",".join(_one_value(part) for part in field) for field in parts)
-    try:
-        croniter(normal, _CRON_PROBE_START, second_at_beginning=True).get_next(datetime)
-    except CroniterBadDateError:
-        raise ValueError(f"invalid cron expression {expr!r}: it never fires") from None
-    except (CroniterError, ValueError, KeyError) as exc:
-        reason = _CRON_REASON_PREFIX.sub("", str(exc)) or type(exc).__name__
-        raise ValueError(f"invalid cron expression {expr!r}: {reason}") from None
-    return normal
-
-
-def _one_value(part: str) -> str:
-    """`part` of a cron field, with a range of one value (`9-9`, `MON-MON`, `MON-1`, `9-9/2`)
-    written as that value: croniter reads such a range as `*`, every value of the field."""
-    found = _CRON_ONE_VALUE_RANGE.match(part)
-    if found is None:
-        return part
-    low, high = found[1], found[2]
-    low_n, high_n = _cron_number(low), _cron_number(high)
-    same = low_n == high_n if low_n is not None else low.lower() == high.lower()
-    return low if same else part
-
-
-def _cron_number(text: str) -> int | None:
-    """The number a cron value stands for (`09` and `9`: 9; `MON`: 1; `JAN`: 1), or None for
-    anything else (`L`). Month and weekday names differ, so one table serves both fields."""
-    if text.isascii() and text.isdigit():
-        return int(text)
-    return _CRON_NAMES.get(text.lower())
 
 
 def not_a_bool(value: object) -> object:
