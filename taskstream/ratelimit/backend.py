@@ -72,8 +72,9 @@ class Limiter(Protocol):
 
     async def restamp(self, name: str, member: str, window_ms: int) -> bool:
         """The call of hit `member` (from its `Admission`) is being sent now: move the hit to
-        now when it is still in the `window_ms` window ending now, and say True; else (gone,
-        or older: stale) leave it and say False, and the call must not be sent."""
+        now when it is still in the `window_ms` window ending now, and say True; else say
+        False, and the call must not be sent: a stale hit (older) is forgotten then, so a call
+        never sent holds no slot, not even of the long cap (see `window`)."""
         ...
 
     async def release(self, name: str, member: str) -> None:

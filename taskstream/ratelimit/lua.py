@@ -9,7 +9,8 @@ the token is unique per call, so two hits in the same millisecond are two member
 (limit, window_ms, burst, token). Reply: {allowed 0|1, retry_after_ms, in_window}, and the
 hit's member when allowed. `LIMITER_RESTAMP` moves one hit to now (`window.restamped`):
 ARGV is (window_ms, member); reply 1 when the hit was still in the window ending now (and
-is now at now), 0 when it was not (gone, or older than the window: stale, left as it is).
+is now at now), 0 when it was not (gone, or older than the window: stale, and removed, as its
+call is not sent).
 `LIMITER_USAGE` reads the same key without writing: ARGV is (window_ms,); reply
 {used, in_horizon, now_ms}, the hits in the window and in twice the window ending now.
 
@@ -76,7 +77,11 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local window = tonumber(ARGV[1])
 local score = redis.call('ZSCORE', KEYS[1], ARGV[2])
-if not score or tonumber(score) <= now - window then
+if not score then
+  return 0
+end
+if tonumber(score) <= now - window then
+  redis.call('ZREM', KEYS[1], ARGV[2])
   return 0
 end
 if tonumber(score) < now then

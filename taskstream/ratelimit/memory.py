@@ -47,6 +47,7 @@ class MemoryLimiter:
         at = hits.get(member)
         moved = None if at is None else window.restamped(at, self._clock.now_ms(), window_ms)
         if moved is None:
+            hits.pop(member, None)
             return False
         hits[member] = moved
         return True

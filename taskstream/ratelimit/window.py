@@ -33,8 +33,9 @@ So when the request's headers go out, the client moves the call's hit to that mo
 (`Limiter.restamp`, on the same clock). That is sound while the hit is still in its window:
 every admission since it was recorded counted it, so moving it later only counts it longer.
 A hit already out of its window is stale: its slot may have been given again, so the call is
-not sent (the run is deferred and admitted anew). What is left for the guard is the spread
-from headers out to arrival.
+not sent (the run is deferred and admitted anew), and the hit is dropped, so a call never sent
+does not hold a slot of the long cap either. What is left for the guard is the spread from
+headers out to arrival.
 """
 
 from __future__ import annotations

@@ -122,7 +122,7 @@ async def test_a_restamped_hit_counts_from_when_its_call_was_sent(rig: Rig) -> N
     assert (await rig.limiter.acquire("api", 1, 50)).allowed
 
 
-async def test_a_hit_out_of_its_window_is_stale_and_left_alone(rig: Rig) -> None:
+async def test_a_hit_out_of_its_window_is_stale_and_does_not_move(rig: Rig) -> None:
     admitted = await rig.limiter.acquire("api", 1, 50)
     t0 = await rig.now_ms()
     assert admitted.member is not None
@@ -131,3 +131,17 @@ async def test_a_hit_out_of_its_window_is_stale_and_left_alone(rig: Rig) -> None
     assert not await rig.limiter.restamp("api", admitted.member, 50)
     assert not await rig.limiter.restamp("api", "0:unknown", 50)
     assert (await rig.limiter.acquire("api", 1, 50)).allowed  # the stale hit did not move
+
+
+async def test_a_stale_hit_is_forgotten(rig: Rig) -> None:
+    """A stale hit's call is not sent: the hit goes, so it does not hold the long cap (2 per
+    two windows here) against the calls sent after it."""
+    admitted = await rig.limiter.acquire("api", 1, 200, burst=1)
+    t0 = await rig.now_ms()
+    assert admitted.member is not None
+    await rig.wait_until_ms(t0 + 201)
+
+    assert not await rig.limiter.restamp("api", admitted.member, 200)
+    assert (await rig.limiter.usage("api", 200)).in_horizon == 0
+    assert (await rig.limiter.acquire("api", 1, 200, burst=1)).allowed
+    assert (await rig.limiter.acquire("api", 1, 200, burst=1)).allowed
