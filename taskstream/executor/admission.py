@@ -153,6 +153,13 @@ class UpstreamGate:
             except GuardUnavailable as exc:  # the slot then counts until its window passes
                 self._log.warning("upstream.release_failed", upstream=name, error=str(exc)[:300])
 
+    async def give_back(self, tickets: Sequence[CallTicket]) -> None:
+        """Give back what `tickets` (one per upstream) took, for calls that will not go out:
+        their half-open probes and their window slots, as `_give_back` does."""
+        probes = {t.upstream: t.probe_round for t in tickets if t.probe_round is not None}
+        hits = {t.upstream: t.hit for t in tickets if t.hit is not None}
+        await self._give_back(probes, hits)
+
     async def _give_back(self, probes: Mapping[str, int], hits: Mapping[str, str]) -> None:
         """`_hand_back` on the way out of an admission that raised or was cancelled (a stop,
         a fence): shielded, so the cancellation does not cut it short, and within

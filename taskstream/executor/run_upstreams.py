@@ -79,6 +79,15 @@ class RunUpstreams:
             ticket.upstream, outcome, probe_round=ticket.probe_round
         )
 
+    async def withdraw(self) -> None:
+        """The run's agent will not be called: give back the run's own admissions whole,
+        their half-open probes and their window slots, since no call goes out on them.
+
+        Only before the agent runs: after it, an admission no call reported on may stand for
+        a call the agent made with HTTP code of its own, so `settle` keeps its slot."""
+        spare, self._spare = list(self._spare.values()), {}
+        await self._gate.give_back(spare)
+
     @property
     def unsettled(self) -> bool:
         """Some admission has not been reported on yet: `settle` has work to do."""

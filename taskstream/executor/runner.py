@@ -184,9 +184,12 @@ async def _admitted_call(
 
 async def _too_late(access: RunUpstreams | None, log: FilteringBoundLogger) -> RunEnd:
     """The end of a run whose deadline passed while it was admitted: its agent is not called,
-    and what its admission took is given back."""
+    and what its admission took is given back, window slots included (no call went out)."""
     if access is not None and access.unsettled:
-        await _give_back(access, log)
+        try:
+            await access.withdraw()
+        except Exception as exc:  # the slots then free when their window or trial passes
+            log.warning("upstream.give_back_failed", error_type=type(exc).__name__)
     return timed_out(TOO_LATE, at_deadline=True)
 
 
@@ -271,7 +274,8 @@ def _raise_if_cut_short(exc: BaseException) -> None:
 
 async def _give_back(access: RunUpstreams, log: FilteringBoundLogger) -> None:
     """Settle a cancelled run's admission as saying nothing (its half-open trial slots
-    freed), within `GIVE_BACK_S` and shielded from the cancellation; best effort."""
+    freed), within `GIVE_BACK_S` and shielded from the cancellation; best effort. Its window
+    slots stay: the agent ran, and may have made its calls with HTTP code of its own."""
     try:
         await asyncio.shield(detached(access.settle(Outcome.IGNORE), GIVE_BACK_S))
     except Exception as exc:  # the slots then free when their trial times out
