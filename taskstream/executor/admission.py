@@ -43,7 +43,6 @@ RELOAD_S = 10.0
 """How often stored upstream limits and breaker settings are read again (seconds)."""
 GIVE_BACK_S = 2.0
 """Longest wait for what an admission that raised or was cancelled took to be given back (s)."""
-"""Give-backs still going (kept referenced until done: one may outlive its admission)."""
 
 
 def open_left_ms(state: BreakerState, now_ms: int, cfg: BreakerConfig) -> int:
