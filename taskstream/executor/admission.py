@@ -116,15 +116,16 @@ class UpstreamGate:
         before retrying. A refusal hands back what this call took for the upstreams before
         the refusing one, since no call goes out: their half-open probes (a kept one would
         refuse everyone else until its `probe_timeout_ms` passed) and their window slots (a
-        kept one would count until its window passed, for a call never sent)."""
+        kept one would count until its window passed, for a call never sent). Each is given
+        back once, and a cancellation meanwhile does not cut that short (`_give_back`)."""
         probes: dict[str, int] = {}
         hits: dict[str, str] = {}
+        wait_ms: int | None = None
         try:
             for name in upstreams:
                 wait_ms, probe_round, hit = await self._admit(name)
                 if wait_ms is not None:
-                    await self._hand_back(probes, hits)
-                    return wait_ms
+                    break
                 if probe_round is not None:
                     probes[name] = probe_round
                 if hit is not None:
@@ -132,7 +133,10 @@ class UpstreamGate:
         except BaseException:  # undecided (Redis, the store) or cancelled: no call goes out
             await self._give_back(probes, hits)
             raise
-        return RunUpstreams(self, upstreams, hits, probes)
+        if wait_ms is None:
+            return RunUpstreams(self, upstreams, hits, probes)
+        await self._give_back(probes, hits)
+        return wait_ms
 
     async def _hand_back(self, probes: Mapping[str, int], hits: Mapping[str, str]) -> None:
         """Give back what an admission took for calls that will not go out (`probes`: the
@@ -160,9 +164,10 @@ class UpstreamGate:
         await self._give_back(probes, hits)
 
     async def _give_back(self, probes: Mapping[str, int], hits: Mapping[str, str]) -> None:
-        """`_hand_back` on the way out of an admission that raised or was cancelled (a stop,
-        a fence): shielded, so the cancellation does not cut it short, and within
-        `GIVE_BACK_S` (what is not given back by then frees by itself, as after an outage)."""
+        """`_hand_back` for an admission whose call will not go out (refused, or it raised
+        or was cancelled: a stop, a fence): shielded, so a cancellation does not cut it
+        short, and within `GIVE_BACK_S` (what is not given back by then frees by itself, as
+        after an outage)."""
         if not probes and not hits:
             return
         with contextlib.suppress(TimeoutError):
@@ -212,7 +217,7 @@ class UpstreamGate:
             self._log.info(
                 "upstream.limited", upstream=name, retry_after_ms=admission.retry_after_ms
             )
-            await self._hand_back(taken, {})
+            await self._give_back(taken, {})
             return max(1, admission.retry_after_ms), None, None
         return None, decision.probe_round, admission.member
 
@@ -256,7 +261,7 @@ class UpstreamGate:
         be deferred for ever."""
         name = ticket.upstream
         if not await self._holds(ticket):
-            await self._hand_back({}, {} if ticket.hit is None else {name: ticket.hit})
+            await self._give_back({}, {} if ticket.hit is None else {name: ticket.hit})
             wait_ms, probe_round, hit = await self._admit(name)
             return wait_ms if wait_ms is not None else CallTicket(name, probe_round, hit)
         limits = self._limits.get(name)
@@ -270,7 +275,7 @@ class UpstreamGate:
             raise
         if admission.allowed:
             return CallTicket(name, ticket.probe_round, admission.member)
-        await self._hand_back(probe, {})
+        await self._give_back(probe, {})
         return max(1, admission.retry_after_ms)
 
     async def _holds(self, ticket: CallTicket) -> bool:
