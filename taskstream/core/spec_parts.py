@@ -32,9 +32,9 @@ from taskstream.core.cron import check_cron
 from taskstream.core.durations import Duration, PositiveDuration
 
 NAME_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}$"
+"""Readiness markers, preconditions and upstreams: e.g. `raw_data.ready`, `openai`."""
 MAX_ATTEMPTS: Final = 10_000
 """The most attempts a task may allow (the store keeps attempts in a 32-bit column)."""
-"""Readiness markers, preconditions and upstreams: e.g. `raw_data.ready`, `openai`."""
 
 _TIME_OF_DAY: Final = re.compile(r"([01]?\d|2[0-3]):([0-5]\d)(?::00)?")
 
