@@ -15,7 +15,13 @@ from redis.exceptions import ResponseError
 
 from taskstream.core import streams
 from taskstream.core.denials import commands
-from taskstream.core.errors import ChangedMeanwhile, CommandDenied, LetterKept, TaskstreamError
+from taskstream.core.errors import (
+    ChangedMeanwhile,
+    CommandDenied,
+    LetterKept,
+    StoreError,
+    TaskstreamError,
+)
 from taskstream.core.outbox import Outbox
 from taskstream.core.outbox_entries import placed_entry, why_refused
 from taskstream.core.protocol import INSTANCE_ID_MAX
@@ -57,9 +63,10 @@ async def requeue(
     Refused (`TaskstreamError`, the row left FAILED) when the instance's deadline has passed
     at `now_ms` (epoch ms): its new attempt would fail before it starts.
 
-    Returns None when published, else why it was not (Redis down, or refusing this user the
-    publish): the requeue stands, and the reconciler publishes the PENDING row once Redis
-    answers (the sweeper's user may publish)."""
+    Returns None when published, else what is left (`_publish_requeued`): Redis down or
+    refusing this user the publish, or the store failing after the requeue's commit. The
+    requeue stands, and the reconciler publishes the PENDING row once Redis answers (the
+    sweeper's user may publish)."""
     row = _requeueable(judged or await outbox.store.get_instance(instance_id), instance_id, now_ms)
     cas = await outbox.store.transition(
         instance_id,
@@ -73,11 +80,27 @@ async def requeue(
     )
     if not cas.ok:
         raise ChangedMeanwhile(f"instance {instance_id} changed meanwhile (now {cas.found})")
-    fresh = await outbox.store.get_instance(instance_id)
+    return await _publish_requeued(outbox, instance_id, now_ms)
+
+
+async def _publish_requeued(outbox: Outbox, instance_id: str, now_ms: int) -> str | None:
+    """Publish the instance a requeue just moved to PENDING; None when done, else what is
+    left. The requeue is committed: a failure now (Redis, or the store going away) is no
+    failure of the command, and what it left is finished by the reconciler (no entry: it
+    publishes the PENDING row) or by the executor that reads the entry (`seen_on_stream`)."""
+    try:
+        fresh = await outbox.store.get_instance(instance_id)
+    except StoreError as exc:
+        return f"not published yet ({exc}); the reconciler publishes it"
     try:
         refused = None if fresh is None else await outbox.publish(fresh, now_ms=now_ms)
     except (*streams.DRIVER_ERRORS, CommandDenied) as exc:
         return f"not published yet ({redis_failure(exc)}); the reconciler publishes it"
+    except StoreError as exc:  # the store's only step is the last, after the XADD
+        return (
+            f"published; its move to DISPATCHED not recorded ({exc}): the"
+            " executor that reads its entry records it"
+        )
     return None if refused is None else f"not published: the row cannot be an entry ({refused})"
 
 
