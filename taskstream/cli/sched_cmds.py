@@ -216,15 +216,24 @@ def backfill_cmd(
 
 
 def _set_paused(task: str, paused: bool) -> None:
-    async def go() -> bool:
+    """Pause or resume `task`; run twice (a double click, a script run again), the second
+    says it changed nothing, exit 0, as `mark` does."""
+
+    async def go() -> bool | None:
         async with open_cluster(settings(), need_redis=False) as cluster:
             changed = await cluster.store.set_paused(task, paused)
-            await cluster.hint("definitions")
+            if changed:
+                await cluster.hint("definitions")
             return changed
 
-    if not run_async(go()):
+    changed = run_async(go())
+    if changed is None:
         raise TaskstreamError(f"unknown task {task!r} (define it with `taskstream tasks apply`)")
-    sys.stdout.write(f"{task}: {'paused' if paused else 'resumed'}\n")
+    if changed:
+        said = "paused" if paused else "resumed"
+    else:
+        said = "already paused" if paused else "not paused, nothing to resume"
+    sys.stdout.write(f"{task}: {said}\n")
 
 
 def pause_cmd(task: str = TASK_ARG) -> None:

@@ -106,6 +106,20 @@ async def test_pause_survives_reapply_and_moves_the_version(store: SqlStore) -> 
     assert not await store.set_paused("missing", True)
 
 
+async def test_a_pause_of_a_paused_task_says_so_and_changes_nothing(store: SqlStore) -> None:
+    """True when the flag changed, False when it was already so (the version does not
+    move: nothing changed), None for a task that is not defined."""
+    await store.upsert_definitions([_record("a", "0 9 * * *")])
+    assert await store.set_paused("a", False) is False
+    assert await store.set_paused("a", True) is True
+    paused = await store.definitions_version()
+    assert await store.set_paused("a", True) is False
+    assert await store.definitions_version() == paused
+    assert await store.set_paused("a", False) is True
+    assert await store.set_paused("missing", True) is None
+    assert await store.set_paused("missing", False) is None
+
+
 async def test_created_paused_when_the_record_says_so(store: SqlStore) -> None:
     await store.upsert_definitions([_record("a", "0 9 * * *", paused=True)])
 

@@ -168,12 +168,14 @@ def test_pause_and_resume_show_in_tasks_list(cli: Cli) -> None:
         return {r["task_id"]: r["paused"] for r in rows}
 
     assert cli("pause", "nightly").stdout == "nightly: paused\n"
+    assert cli("pause", "nightly").stdout == "nightly: already paused\n"
     assert paused() == {"nightly": True, "report": False}
     assert cli("explain", "nightly").stdout == (
         "nightly: no decision recorded: the task is paused, and the scheduler decides none of"
         " its fire times until `taskstream resume nightly`\n"
     )
     assert cli("resume", "nightly").stdout == "nightly: resumed\n"
+    assert cli("resume", "nightly").stdout == "nightly: not paused, nothing to resume\n"
     assert paused() == {"nightly": False, "report": False}
     assert "no decision recorded yet" in cli("explain", "nightly").stdout
     assert "unknown task 'nope'" in cli("pause", "nope", code=1).stderr

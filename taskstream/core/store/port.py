@@ -91,7 +91,10 @@ class Store(Protocol):
         """Changes whenever any definition is added, changed or paused."""
         ...
 
-    async def set_paused(self, task_id: str, paused: bool) -> bool: ...
+    async def set_paused(self, task_id: str, paused: bool) -> bool | None:
+        """Set the pause flag: True when it changed, False when it was already so (nothing
+        written), None when the task is not defined."""
+        ...
 
     async def get_cursor(self, task_id: str) -> int | None:
         """The last fire time (ms) the scheduler has decided for this task."""

@@ -158,14 +158,19 @@ async def version(conn: AsyncConnection) -> str:
     return f"{int(count)}:{int(total or 0)}:{int(paused_count or 0)}"
 
 
-async def set_paused(conn: AsyncConnection, task_id: str, paused: bool) -> bool:
-    """Set the pause flag; False when the task is not defined."""
+async def set_paused(conn: AsyncConnection, task_id: str, paused: bool) -> bool | None:
+    """Set the pause flag: True when it changed, False when it was already so (nothing is
+    written: the version does not move), None when the task is not defined. Of two at once,
+    the second waits for the first's row lock and finds the flag set."""
     stmt = (
         update(defs)
-        .where(defs.c.task_id == task_id)
+        .where(defs.c.task_id == task_id, defs.c.paused != paused)
         .values(paused=paused, updated_at_ms=_bumped_updated_at())
     )
-    return (await conn.execute(stmt)).rowcount == 1
+    if (await conn.execute(stmt)).rowcount == 1:
+        return True
+    found = await conn.execute(select(defs.c.task_id).where(defs.c.task_id == task_id))
+    return None if found.first() is None else False
 
 
 async def get_cursor(conn: AsyncConnection, task_id: str) -> int | None:

@@ -60,8 +60,9 @@ class DefinitionMethods:
         async with self._read() as conn:
             return await defs.version(conn)
 
-    async def set_paused(self, task_id: str, paused: bool) -> bool:
-        """Pause or resume; False when the task is not defined."""
+    async def set_paused(self, task_id: str, paused: bool) -> bool | None:
+        """Pause or resume: True when the flag changed, False when it was already so, None
+        when the task is not defined."""
         async with self._write() as conn:
             return await defs.set_paused(conn, task_id, paused)
 
