@@ -8,12 +8,16 @@ from typing import Any
 
 import pytest
 
-from taskstream.core import operations
+from taskstream.core import operations, streams
 from taskstream.core import streams_admin as admin
+from taskstream.core.clock import FixedClock
+from taskstream.core.definitions import DefinitionCache
 from taskstream.core.errors import StoreUnavailable
+from taskstream.core.protocol import Keys
 from taskstream.core.states import Status
 from taskstream.core.store.sql import SqlStore
 from tests.integration.harness import Harness
+from tests.integration.scheduler_cases import DAY0, make
 from tests.integration.test_operations import TASKS, h
 
 __all__ = ["h"]  # the fixture, shared with test_operations
@@ -69,3 +73,42 @@ async def test_a_retry_whose_store_fails_after_the_requeue_says_the_requeue_stan
         assert late.startswith("published; its move to DISPATCHED not recorded (store "), late
     assert instance_id in await admin.instance_ids(h.redis, h.keys)
     await h.run_until(instance_id, Status.SUCCESS)
+
+
+HOURLY = "tasks:\n  - {id: j, agent: echo, schedule: {every: 1h}, window: 5m}\n"
+MIN = 60_000
+TEN = DAY0 + 600 * MIN
+"""2026-05-29T10:00:00Z."""
+
+
+async def test_a_pause_during_a_pass_stops_the_ticks_after_it_not_the_one_being_decided(
+    store: SqlStore, redis: streams.Redis, keys: Keys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pass reads the definitions once, at its start: a pause that commits while it runs
+    leaves the tick it is deciding to it (the run is made, as docs/scheduling.md says), and
+    the next pass decides nothing of the task until it is resumed."""
+    h = Harness(store, redis, keys, FixedClock(TEN - 1_000))
+    await h.apply(HOURLY)
+    s = make(h)
+    await s.run_pass()  # first seen at 09:59:59
+    real = DefinitionCache.refresh
+
+    async def paused_meanwhile(cache: DefinitionCache, *, force: bool = False) -> bool:
+        loaded = await real(cache, force=force)
+        assert await store.set_paused("j", True) is True
+        return loaded
+
+    monkeypatch.setattr(DefinitionCache, "refresh", paused_meanwhile)
+    h.clock.set(TEN + 500)
+    await s.run_pass()
+    monkeypatch.undo()
+    fires = [(r.scheduled_for_ms - DAY0) // MIN for r in await store.list_instances()]
+    assert fires == [600]
+    h.clock.set(TEN + 60 * MIN + 500)
+    await s.run_pass()
+    assert len(await store.list_instances()) == 1
+    assert [d.fire_time_ms for d in await store.decisions("j")] == [TEN]
+    assert await store.set_paused("j", False) is True
+    await s.run_pass()
+    fires = sorted((r.scheduled_for_ms - DAY0) // MIN for r in await store.list_instances())
+    assert fires == [600, 660]
