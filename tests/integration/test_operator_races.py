@@ -3,6 +3,8 @@ done stands and is said, and no run is made twice."""
 
 from __future__ import annotations
 
+import asyncio
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -12,8 +14,9 @@ from taskstream.core import operations, streams
 from taskstream.core import streams_admin as admin
 from taskstream.core.clock import FixedClock
 from taskstream.core.definitions import DefinitionCache
-from taskstream.core.errors import StoreUnavailable
-from taskstream.core.protocol import Keys
+from taskstream.core.errors import StoreUnavailable, TaskstreamError
+from taskstream.core.outbox import Outbox
+from taskstream.core.protocol import Keys, Priority
 from taskstream.core.states import Status
 from taskstream.core.store.sql import SqlStore
 from tests.integration.harness import Harness
@@ -112,3 +115,48 @@ async def test_a_pause_during_a_pass_stops_the_ticks_after_it_not_the_one_being_
     await s.run_pass()
     fires = sorted((r.scheduled_for_ms - DAY0) // MIN for r in await store.list_instances())
     assert fires == [600, 660]
+
+
+async def test_a_retry_run_twice_in_a_row_names_the_requeue_that_was_done(h: Harness) -> None:
+    """A retried script's second `retry` is refused (exit 1), naming who requeued it, when
+    and why, so it can tell its own first run's requeue from an instance never FAILED."""
+    instance_id = await _failed(h)
+    now_ms = h.clock.now_ms()
+    assert (
+        await operations.requeue(h.outbox, instance_id, who="ops", why="fixed", now_ms=now_ms)
+        is None
+    )
+    with pytest.raises(TaskstreamError) as again:
+        await operations.requeue(h.outbox, instance_id, who="ops", why="fixed", now_ms=now_ms)
+    said = str(again.value)
+    assert said.startswith(f"instance {instance_id} is DISPATCHED; only FAILED can be retried"), (
+        said
+    )
+    assert re.search(r" \(last requeued by ops at 20\d\d-[0-9-]+T[0-9:]+\+00:00: fixed\)$", said), (
+        said
+    )
+
+
+async def test_retries_at_once_requeue_once_and_the_others_say_by_whom(h: Harness) -> None:
+    instance_id = await _failed(h)
+    said = await asyncio.gather(
+        *(
+            operations.requeue(
+                Outbox(h.store, h.redis, h.keys),
+                instance_id,
+                who=f"op{n}",
+                why=f"click {n}",
+                now_ms=h.clock.now_ms(),
+            )
+            for n in range(3)
+        ),
+        return_exceptions=True,
+    )
+    assert said.count(None) == 1, said
+    winner = f"op{said.index(None)}"
+    history = await h.store.history(instance_id)
+    assert [x.owner for x in history if x.reason == "requeued"] == [winner]
+    for lost in (s for s in said if s is not None):
+        assert isinstance(lost, TaskstreamError), lost
+        assert f"requeued by {winner} at " in str(lost), lost
+    assert await h.redis.xlen(h.keys.stream(Priority.DEFAULT)) == 1
