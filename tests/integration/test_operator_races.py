@@ -19,6 +19,7 @@ from taskstream.core.outbox import Outbox
 from taskstream.core.protocol import Keys, Priority
 from taskstream.core.states import Status
 from taskstream.core.store.sql import SqlStore
+from taskstream.scheduler import manual
 from tests.integration.harness import Harness
 from tests.integration.scheduler_cases import DAY0, make
 from tests.integration.test_operations import TASKS, h
@@ -160,3 +161,59 @@ async def test_retries_at_once_requeue_once_and_the_others_say_by_whom(h: Harnes
         assert isinstance(lost, TaskstreamError), lost
         assert f"requeued by {winner} at " in str(lost), lost
     assert await h.redis.xlen(h.keys.stream(Priority.DEFAULT)) == 1
+
+
+async def test_trigger_and_backfills_of_the_tick_the_scheduler_decides_make_one_run(
+    store: SqlStore, redis: streams.Redis, keys: Keys
+) -> None:
+    """The scheduler decides 10:00 while an operator triggers 10:00 and two backfills of it
+    run: the dedupe key lets one of the four create it, once published; each of the others
+    records `skip_duplicated` naming that instance."""
+    h = Harness(store, redis, keys, FixedClock(TEN - 1_000))
+    await h.apply(HOURLY)
+    s = make(h)
+    await s.run_pass()  # first seen at 09:59:59
+    h.clock.set(TEN + 500)
+    [spec] = await h.definitions()
+
+    def backfill() -> Awaitable[manual.BackfillResult]:
+        outbox = Outbox(store, redis, keys)
+        return manual.backfill(outbox, spec, from_ms=TEN, to_ms=TEN, now_ms=TEN + 500)
+
+    trigger = manual.trigger(Outbox(store, redis, keys), spec, now_ms=TEN + 500, at_ms=TEN)
+    _, triggered, *filled = await asyncio.gather(s.run_pass(), trigger, backfill(), backfill())
+    [row] = await store.list_instances()
+    assert row.scheduled_for_ms == TEN
+    assert await redis.xlen(keys.stream(Priority.DEFAULT)) == 1
+    decided = [(d.decision, d.instance_id) for d in await store.decisions("j")]
+    assert sorted(decided) == [("should_run", row.id)] + [("skip_duplicated", row.id)] * 3
+    assert triggered.instance_id == row.id
+    assert sum(f.published for f in filled) + (triggered.outcome == "published") <= 1
+
+
+async def test_a_schedule_applied_during_a_pass_counts_no_tick_twice_and_skips_none(
+    store: SqlStore, redis: streams.Redis, keys: Keys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Hourly, then every minute in Berlin time, applied while the 10:00 pass runs: that pass
+    decides 10:00 on the schedule it read, the next decides 10:01 and 10:02 on the new one."""
+    h = Harness(store, redis, keys, FixedClock(TEN - 1_000))
+    await h.apply(HOURLY)
+    s = make(h)
+    await s.run_pass()
+    real = DefinitionCache.refresh
+
+    async def applied_meanwhile(cache: DefinitionCache, *, force: bool = False) -> bool:
+        loaded = await real(cache, force=force)
+        await h.apply(HOURLY.replace("every: 1h", "every: 1m, timezone: Europe/Berlin"))
+        return loaded
+
+    monkeypatch.setattr(DefinitionCache, "refresh", applied_meanwhile)
+    h.clock.set(TEN + 500)
+    await s.run_pass()
+    monkeypatch.undo()
+    h.clock.set(TEN + 2 * MIN + 500)
+    await s.run_pass()
+    fires = sorted((r.scheduled_for_ms - DAY0) // MIN for r in await store.list_instances())
+    assert fires == [600, 601, 602]
+    decided = [((d.fire_time_ms - DAY0) // MIN, d.decision) for d in await store.decisions("j")]
+    assert decided == [(600, "should_run"), (601, "should_run"), (602, "should_run")]
