@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final
 
-from taskstream.core.errors import TaskstreamError, UsageError
+from taskstream.core.errors import StoreError, TaskstreamError, UsageError
 from taskstream.core.outbox import Emitted, Outbox
-from taskstream.core.spec import TaskSpec
+from taskstream.core.spec import TaskSpec, format_utc_ms
 from taskstream.core.store.port import DecisionRow, NewInstance
 from taskstream.scheduler import decide, verdict
 from taskstream.scheduler.calendar import (
@@ -179,13 +179,16 @@ async def backfill(
     counts = {verdict.SHOULD_RUN: 0, verdict.SKIP_DUPLICATED: 0, verdict.SKIP_CALENDAR: 0}
     ids: list[str] = []
     unpublished = 0
-    for fire_ms in times:
+    for done, fire_ms in enumerate(times):
         block = blocks[fire_ms]
-        if block is None:
-            row = await _emit_row(outbox, spec, news[fire_ms], now_ms)
-        else:
-            row = _calendar_row(spec, fire_ms, block, now_ms)
-        await outbox.store.record_decision(row)
+        try:
+            if block is None:
+                row = await _emit_row(outbox, spec, news[fire_ms], now_ms)
+            else:
+                row = _calendar_row(spec, fire_ms, block, now_ms)
+            await outbox.store.record_decision(row)
+        except StoreError as exc:
+            raise _stopped(spec, fire_ms, done, exc) from exc
         counts[row.decision] += 1
         unpublished += row.details.get("outcome") == "unpublished"
         if row.instance_id is not None:
@@ -197,6 +200,18 @@ async def backfill(
         counts[verdict.SKIP_CALENDAR],
         tuple(ids),
         unpublished,
+    )
+
+
+def _stopped(spec: TaskSpec, fire_ms: int, done: int, exc: StoreError) -> TaskstreamError:
+    """The error of a backfill the store stopped at `fire_ms`, after `done` fire times: each
+    is created (or found) and recorded in turn, so running the same backfill again finishes
+    it, the ones done being `skip_duplicated` (the instance of the one it stopped at may be
+    created already, with no `should_run` of its own)."""
+    return TaskstreamError(
+        f"backfill of {spec.id!r} stopped at fire time {format_utc_ms(fire_ms)} ({exc}): the"
+        f" {done} fire time(s) before it are done; run the same backfill again to finish it"
+        " (the fire times already created are then skip_duplicated)"
     )
 
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 import pytest
 
 from taskstream.core import streams
 from taskstream.core.definitions import to_records
-from taskstream.core.errors import TaskstreamError, UsageError
+from taskstream.core.errors import StoreUnavailable, TaskstreamError, UsageError
 from taskstream.core.outbox import Outbox
 from taskstream.core.protocol import Keys, Priority
 from taskstream.core.spec import TaskSpec
@@ -261,3 +262,40 @@ async def test_the_nearest_decided_fire_time_is_found_on_either_side(
     assert await nearest(store, "report", base - 10**9) == fires[0]
     assert await nearest(store, "report", fires[2] + 10**9) == fires[2]
     assert await decision_trail(store, "report", None) == []
+
+
+async def test_a_backfill_stopped_by_the_store_names_where_and_runs_again_to_finish(
+    outbox: Outbox, specs: dict[str, TaskSpec], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store goes away at the third weekday: the fire times before it are done (created,
+    published, recorded), the error says where it stopped and that running it again finishes
+    it; run again, it creates only the rest and reports the first ones duplicate."""
+    real = outbox.store.create_instances
+    made: list[int] = []
+
+    async def down_at_the_third(*args: Any, **kwargs: Any) -> Any:
+        if len(made) == 2:
+            raise StoreUnavailable("store sqlite://... unavailable: OperationalError")
+        made.append(1)
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(outbox.store, "create_instances", down_at_the_third)
+    with pytest.raises(TaskstreamError) as stopped:
+        await manual.backfill(
+            outbox, specs["report"], from_ms=MONDAY, to_ms=SUNDAY_NIGHT, now_ms=LATER
+        )
+    monkeypatch.undo()
+    said = str(stopped.value)
+    assert said.startswith(
+        "backfill of 'report' stopped at fire time 2026-12-02T08:00:00.000Z (store sqlite://..."
+        " unavailable: OperationalError): the 2 fire time(s) before it are done;"
+    ), said
+    assert said.endswith(
+        "run the same backfill again to finish it (the fire times already created are then"
+        " skip_duplicated)"
+    ), said
+    assert len(await outbox.store.list_instances(task_id="report")) == 2
+    done = await manual.backfill(
+        outbox, specs["report"], from_ms=MONDAY, to_ms=SUNDAY_NIGHT, now_ms=LATER
+    )
+    assert (done.published, done.duplicate, done.skipped_calendar) == (3, 2, 2)
