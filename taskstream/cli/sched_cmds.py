@@ -180,12 +180,18 @@ def trigger_cmd(
         outbox = Outbox(cluster.store, cluster.queue, cluster.keys)
         return await manual.trigger(outbox, spec, now_ms=now_ms, payload=body, at_ms=at_ms)
 
-    done = with_spec(task, go, need_redis=True)
+    unrecorded = None
+    try:
+        done = with_spec(task, go, need_redis=True)
+    except manual.DecisionUnrecorded as exc:  # the run is made: say so, exit 0
+        done, unrecorded = exc.emitted, exc
     fire = format_utc_ms(now_ms if at_ms is None else at_ms)
     status = "" if done.outcome != "duplicate" or done.status is None else f", {done.status.value}"
     sys.stdout.write(f"{task}: {done.outcome} {done.instance_id} (fire time {fire}{status})\n")
     if done.outcome == "unpublished":
         sys.stdout.write(f"{task}: {UNPUBLISHED_NOTE}\n")
+    if unrecorded is not None:
+        err_line(f"warning: {unrecorded}")
 
 
 def backfill_cmd(

@@ -64,6 +64,18 @@ class PreviewLine:
     held_past_window: bool = False
 
 
+class DecisionUnrecorded(TaskstreamError):
+    """A manual trigger emitted (`emitted`: its run is made, or found a duplicate) and the
+    store then failed to record its decision: the run stands, `explain` does not show it."""
+
+    def __init__(self, emitted: Emitted, cause: StoreError) -> None:
+        self.emitted = emitted
+        super().__init__(
+            f"the decision of this run was not recorded ({cause}): `taskstream explain` does"
+            " not show it; the run was made, do not trigger it again"
+        )
+
+
 def _instance(
     spec: TaskSpec, fire_ms: int, reason: str, payload: dict[str, Any] | None, now_ms: int
 ) -> NewInstance:
@@ -89,7 +101,8 @@ async def trigger(
     Returns the outbox outcome: "published" and "unpublished" (created while Redis failed:
     the reconciler publishes it) record `should_run`, "duplicate" (an instance with the same
     dedupe key exists, whatever its status) records `skip_duplicated`.
-    UsageError when the dedupe key cannot be rendered (a `{payload.x}` field missing).
+    UsageError when the dedupe key cannot be rendered (a `{payload.x}` field missing);
+    `DecisionUnrecorded`, with the outcome, when the store fails after the emit.
     """
     fire_ms = now_ms if at_ms is None else at_ms
     new = _instance(spec, fire_ms, "manual", payload, now_ms)
@@ -106,9 +119,12 @@ async def trigger(
     if emitted.outcome == "duplicate":
         details["existing_status"] = None if emitted.status is None else emitted.status.value
         decision, reason = verdict.SKIP_DUPLICATED, f"manual trigger: {_EXISTS}"
-    await outbox.store.record_decision(
-        DecisionRow(spec.id, fire_ms, decision, reason, details, emitted.instance_id, now_ms)
-    )
+    try:
+        await outbox.store.record_decision(
+            DecisionRow(spec.id, fire_ms, decision, reason, details, emitted.instance_id, now_ms)
+        )
+    except StoreError as exc:
+        raise DecisionUnrecorded(emitted, exc) from exc
     return emitted
 
 

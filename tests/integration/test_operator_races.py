@@ -20,6 +20,7 @@ from taskstream.core.protocol import Keys, Priority
 from taskstream.core.states import Status
 from taskstream.core.store.sql import SqlStore
 from taskstream.scheduler import manual
+from tests.integration.cli_in_process import run_cli
 from tests.integration.harness import Harness
 from tests.integration.scheduler_cases import DAY0, make
 from tests.integration.test_operations import TASKS, h
@@ -217,3 +218,28 @@ async def test_a_schedule_applied_during_a_pass_counts_no_tick_twice_and_skips_n
     assert fires == [600, 601, 602]
     decided = [((d.fire_time_ms - DAY0) // MIN, d.decision) for d in await store.decisions("j")]
     assert decided == [(600, "should_run"), (601, "should_run"), (602, "should_run")]
+
+
+async def test_a_trigger_whose_decision_the_store_drops_says_the_run_was_made(
+    h: Harness, db_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run is created and published, then the store fails to record its decision: the
+    command says the run was made (exit 0, a warning), or a script would trigger again and,
+    without `--at`, make a second run."""
+
+    async def down(*_: object, **__: object) -> bool:
+        raise StoreUnavailable("store sqlite://... unavailable: OperationalError")
+
+    monkeypatch.setattr(SqlStore, "record_decision", down)
+    out = await run_cli(h, db_url, redis_url, "trigger", "once-fails")
+    monkeypatch.undo()
+    assert out.exit_code == 0, (out.output, out.exception)
+    [row] = await h.store.list_instances(task_id="once-fails")
+    assert out.stdout.startswith(f"once-fails: published {row.id} (fire time "), out.stdout
+    assert out.stderr == (
+        "warning: the decision of this run was not recorded (store sqlite://... unavailable:"
+        " OperationalError): `taskstream explain` does not show it; the run was made, do not"
+        " trigger it again\n"
+    ), out.stderr
+    assert await h.store.decisions("once-fails") == []
+    assert row.id in await admin.instance_ids(h.redis, h.keys)
