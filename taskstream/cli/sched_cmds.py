@@ -33,7 +33,7 @@ from taskstream.core.payloads import parse_json_object, payload_problem
 from taskstream.core.spec import TaskSpec, format_utc_ms
 from taskstream.core.store.port import DefinitionRecord
 from taskstream.executor.reconciler import GRACE_MS
-from taskstream.scheduler import manual
+from taskstream.scheduler import manual, preview
 
 T = TypeVar("T")
 JSON_OPT = typer.Option(False, "--json", help="Machine-readable output.")
@@ -102,7 +102,7 @@ def plan_cmd(
     deferrals). Runs nothing and writes nothing."""
     _, (from_ms, to_ms) = checked_now(lambda now: time_range(from_, to, now))
     spec = with_spec(task, _spec)
-    lines = manual.preview(spec, from_ms=from_ms, to_ms=to_ms, limit=limit + 1)
+    lines = preview.preview(spec, from_ms=from_ms, to_ms=to_ms, limit=limit + 1)
     rows, truncated = [_plan_row(line) for line in lines[:limit]], len(lines) > limit
     if as_json:
         meta = {"task_id": task, "from_ms": from_ms, "to_ms": to_ms, "truncated": truncated}
@@ -122,7 +122,7 @@ def plan_cmd(
     console.print(Text(f"{fires} fire time(s){more}; nothing was run"))
 
 
-def _plan_row(line: manual.PreviewLine) -> dict[str, Any]:
+def _plan_row(line: preview.PreviewLine) -> dict[str, Any]:
     """One plan line as JSON-ready data, with `dst_text` and `note` for the table."""
     fire, block, held = line.fire, line.excluded, line.deferral
     row: dict[str, Any] = {**asdict(fire), "excluded": None, "deferred": None, "note": ""}

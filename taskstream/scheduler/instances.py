@@ -6,6 +6,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
+from taskstream.core.errors import TaskstreamError
 from taskstream.core.spec import TaskSpec, business_date, instance_id_for, render_dedupe_key
 from taskstream.core.store.port import NewInstance
 from taskstream.scheduler.ticks import Trigger
@@ -31,6 +32,14 @@ def trigger_of(spec: TaskSpec) -> Trigger | None:
 
 SCHEDULED = "scheduled"
 """The creation reason of an instance a scheduler pass makes for a tick."""
+
+
+def scheduled_trigger(spec: TaskSpec) -> Trigger:
+    """The trigger of `spec`; `TaskstreamError` for a task that runs on demand."""
+    found = trigger_of(spec)
+    if found is None:
+        raise TaskstreamError(f"task {spec.id!r} runs on demand: it has no fire times")
+    return found
 
 
 def new_instance(

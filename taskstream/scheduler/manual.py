@@ -1,5 +1,5 @@
-"""Operator-driven scheduling: manual triggers, bounded backfills and plan previews
-(DESIGN.md §7); reading back what was decided is `scheduler.trail`.
+"""Operator-driven scheduling: manual triggers and bounded backfills (DESIGN.md §7); plan
+previews are `scheduler.preview`, reading back what was decided is `scheduler.trail`.
 
 A manual or backfilled run goes through the same path as a scheduled one: `new_instance`
 derives its id from the rendered dedupe key and the outbox inserts it under the store's UNIQUE
@@ -18,15 +18,13 @@ from taskstream.core.errors import StoreError, TaskstreamError, UsageError
 from taskstream.core.outbox import Emitted, Outbox
 from taskstream.core.spec import TaskSpec, format_utc_ms
 from taskstream.core.store.port import DecisionRow, NewInstance
-from taskstream.scheduler import decide, verdict
+from taskstream.scheduler import verdict
 from taskstream.scheduler.calendar import (
     CalendarBlock,
-    Deferral,
-    defer_until,
 )
-from taskstream.scheduler.instances import new_instance, trigger_of
-from taskstream.scheduler.maintenance import maintenance_hold, skipping_block
-from taskstream.scheduler.ticks import PlannedFire, Trigger, fire_times, plan
+from taskstream.scheduler.instances import new_instance, scheduled_trigger
+from taskstream.scheduler.maintenance import skipping_block
+from taskstream.scheduler.ticks import Trigger, fire_times
 
 DEFAULT_BACKFILL_LIMIT: Final = 1000
 """Most fire times one backfill may create; a wider range is refused, not truncated."""
@@ -47,21 +45,6 @@ class BackfillResult:
     skipped_calendar: int
     instance_ids: tuple[str, ...]
     unpublished: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class PreviewLine:
-    """One line of `taskstream plan`: a planned fire, the calendar rule that would skip it
-    (`excluded`), and the hold of its start (`deferral`): a maintenance window it waits out
-    (`details["maintenance"]` set; catch-up enabled) or `not_before` / `off_peak`.
-    `held_past_window` when that hold ends too late: after fire time + window for
-    `not_before` / `off_peak` (`skip_window`), past the catch-up reach for a maintenance
-    window (`skip_calendar`)."""
-
-    fire: PlannedFire
-    excluded: CalendarBlock | None = None
-    deferral: Deferral | None = None
-    held_past_window: bool = False
 
 
 class DecisionUnrecorded(TaskstreamError):
@@ -128,13 +111,6 @@ async def trigger(
     return emitted
 
 
-def _scheduled(spec: TaskSpec) -> Trigger:
-    found = trigger_of(spec)
-    if found is None:
-        raise TaskstreamError(f"task {spec.id!r} runs on demand: it has no fire times")
-    return found
-
-
 def _count_text(trigger: Trigger, from_ms: int, to_ms: int, limit: int) -> str:
     """The number of fire times in [from_ms, to_ms], exact for `every`; a cron is walked only
     up to `_COUNT_CAP_FACTOR` x `limit` matches."""
@@ -155,7 +131,7 @@ def backfill_times(
     (`to_ms > now_ms`), or
     more than `limit` fire times (the message names how many).
     """
-    trigger = _scheduled(spec)
+    trigger = scheduled_trigger(spec)
     if from_ms > to_ms:
         raise UsageError(f"backfill range is empty: from {from_ms} is after to {to_ms}")
     if to_ms > now_ms:
@@ -250,56 +226,3 @@ async def _emit_row(outbox: Outbox, spec: TaskSpec, new: NewInstance, now_ms: in
         seen["existing_status"] = None if emitted.status is None else emitted.status.value
         decision, reason = verdict.SKIP_DUPLICATED, f"backfill: {_EXISTS}"
     return DecisionRow(spec.id, fire_ms, decision, reason, seen, emitted.instance_id, now_ms)
-
-
-def preview(spec: TaskSpec, *, from_ms: int, to_ms: int, limit: int) -> list[PreviewLine]:
-    """Planned fires of `spec` in [from_ms, to_ms] (ms), at most `limit` lines, each with the
-    calendar rule that excludes it or the deferral of its start. Pure; runs nothing."""
-    lines: list[PreviewLine] = []
-    for fire in plan(_scheduled(spec), from_ms - 1, to_ms, limit=limit):
-        if fire.at_ms is None:
-            lines.append(PreviewLine(fire))
-            continue
-        block = skipping_block(spec, fire.at_ms)
-        lines.append(
-            PreviewLine(fire, block) if block is not None else _held(spec, fire, fire.at_ms)
-        )
-    return lines
-
-
-_HOLDS_FOLLOWED: Final = 8
-"""Holds followed one after another for one plan line (a maintenance window, then
-`not_before`, then another window, ...); real calendars need two or three."""
-
-
-def _held(spec: TaskSpec, fire: PlannedFire, fire_ms: int) -> PreviewLine:
-    """The line of a fire the calendar lets start: the holds of its start followed as the
-    scheduler decides them (`decide_tick`), each from where the one before ends. The line
-    shows the last: where the start ends up, or the hold that ends too late (see
-    `PreviewLine`), or the calendar rule that skips the start it was held to."""
-    start_ms, last, late = fire_ms, None, False
-    closes_ms = fire_ms + round(spec.window * 1000)
-    reach_ms = fire_ms + decide.catchup_reach_ms(spec)
-    for _ in range(_HOLDS_FOLLOWED):
-        if start_ms != fire_ms and (block := skipping_block(spec, start_ms)) is not None:
-            return PreviewLine(fire, block)
-        waits = maintenance_hold(spec, start_ms, reach_ms)
-        held = waits.held if waits is not None else defer_until(spec, start_ms)
-        if held is None:
-            break
-        last = held
-        # A maintenance wait that ends after the window makes the tick a late one, which
-        # catch-up decides within its reach (`decide._open_until_ms`).
-        past = (
-            waits.past_reach if waits is not None else _past(held, reach_ms if late else closes_ms)
-        )
-        if past or held.until_ms is None:
-            return PreviewLine(fire, None, held, True)
-        late = late or (waits is not None and held.until_ms > closes_ms)
-        start_ms = held.until_ms
-    return PreviewLine(fire, None, last, False)
-
-
-def _past(held: Deferral, open_until_ms: int) -> bool:
-    """Whether a `not_before` / `off_peak` hold ends after the tick may start (`skip_window`)."""
-    return held.until_ms is None or held.until_ms > open_until_ms

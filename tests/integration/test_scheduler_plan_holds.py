@@ -9,7 +9,7 @@ from taskstream.core import streams
 from taskstream.core.clock import FixedClock
 from taskstream.core.protocol import Keys
 from taskstream.core.store.sql import SqlStore
-from taskstream.scheduler.manual import preview
+from taskstream.scheduler.preview import preview
 from taskstream.scheduler.service import Scheduler, SchedulerConfig
 from taskstream.scheduler.trail import decision_trail
 from tests.integration.harness import Harness

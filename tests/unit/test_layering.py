@@ -45,6 +45,7 @@ PURE_MODULES = (
     "taskstream.executor.outcome",
     "taskstream.scheduler.catchup",
     "taskstream.scheduler.hold",
+    "taskstream.scheduler.preview",
     "taskstream.executor.retry",
     "taskstream.executor.sweep",
     "taskstream.ratelimit.window",
