@@ -19,6 +19,7 @@ from taskstream.cli.common import (
     checked_now,
     console,
     open_cluster,
+    operator,
     print_json,
     run_async,
     settings,
@@ -178,7 +179,9 @@ def trigger_cmd(
 
     async def go(cluster: Cluster, spec: TaskSpec) -> Emitted:
         outbox = Outbox(cluster.store, cluster.queue, cluster.keys)
-        return await manual.trigger(outbox, spec, now_ms=now_ms, payload=body, at_ms=at_ms)
+        return await manual.trigger(
+            outbox, spec, now_ms=now_ms, payload=body, at_ms=at_ms, who=operator()
+        )
 
     unrecorded = None
     try:
@@ -208,7 +211,7 @@ def backfill_cmd(
     async def go(cluster: Cluster, spec: TaskSpec) -> manual.BackfillResult:
         outbox = Outbox(cluster.store, cluster.queue, cluster.keys)
         return await manual.backfill(
-            outbox, spec, from_ms=from_ms, to_ms=to_ms, now_ms=now_ms, limit=limit
+            outbox, spec, from_ms=from_ms, to_ms=to_ms, now_ms=now_ms, limit=limit, who=operator()
         )
 
     done = with_spec(task, go, need_redis=True)

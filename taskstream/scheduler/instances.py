@@ -49,13 +49,15 @@ def new_instance(
     reason: str = SCHEDULED,
     payload: dict[str, Any] | None = None,
     made_at_ms: int | None = None,
+    created_by: str | None = None,
 ) -> NewInstance:
     """The PENDING row for one fire time of `spec` (with `payload` instead of the spec's when
     given). Its id derives from the dedupe key, so the same fire time is the same instance.
 
     Its `deadline` counts from the fire time, or from `made_at_ms` (epoch ms) when that is
     later: an operator's run of a past fire time (backfill, trigger `--at`) gets the whole
-    deadline from when it is made, not one that passed before it existed."""
+    deadline from when it is made, not one that passed before it existed. `created_by`: the
+    operator who makes it (None for a tick), recorded with its creation."""
     tz = spec.schedule.timezone if spec.schedule else None
     body = dict(spec.payload) if payload is None else dict(payload)
     key = render_dedupe_key(spec, fire_ms, body)
@@ -74,6 +76,7 @@ def new_instance(
         else max(fire_ms, made_at_ms or fire_ms) + round(spec.deadline * 1000),
         trace_id=uuid.uuid4().hex,
         reason=reason,
+        created_by=created_by,
     )
 
 

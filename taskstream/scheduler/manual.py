@@ -60,12 +60,19 @@ class DecisionUnrecorded(TaskstreamError):
 
 
 def _instance(
-    spec: TaskSpec, fire_ms: int, reason: str, payload: dict[str, Any] | None, now_ms: int
+    spec: TaskSpec,
+    fire_ms: int,
+    reason: str,
+    payload: dict[str, Any] | None,
+    now_ms: int,
+    who: str | None,
 ) -> NewInstance:
-    """The instance an operator's run makes; its deadline counts from `now_ms` for a fire
+    """The instance an operator (`who`) makes; its deadline counts from `now_ms` for a fire
     time already past."""
     try:
-        return new_instance(spec, fire_ms, reason=reason, payload=payload, made_at_ms=now_ms)
+        return new_instance(
+            spec, fire_ms, reason=reason, payload=payload, made_at_ms=now_ms, created_by=who
+        )
     except ValueError as exc:
         raise UsageError(f"task {spec.id!r}: {exc}") from exc
 
@@ -77,9 +84,11 @@ async def trigger(
     now_ms: int,
     payload: dict[str, Any] | None = None,
     at_ms: int | None = None,
+    who: str | None = None,
 ) -> Emitted:
     """Run `spec` once now, as the fire time `at_ms` (default `now_ms`), with `payload`
-    replacing the task's payload when given.
+    replacing the task's payload when given; `who` (the operator) is recorded with the
+    instance's creation and in the decision (`details["by"]`).
 
     Returns the outbox outcome: "published" and "unpublished" (created while Redis failed:
     the reconciler publishes it) record `should_run`, "duplicate" (an instance with the same
@@ -88,7 +97,7 @@ async def trigger(
     `DecisionUnrecorded`, with the outcome, when the store fails after the emit.
     """
     fire_ms = now_ms if at_ms is None else at_ms
-    new = _instance(spec, fire_ms, "manual", payload, now_ms)
+    new = _instance(spec, fire_ms, "manual", payload, now_ms, who)
     emitted = await outbox.emit(new, now_ms=now_ms)
     details: dict[str, Any] = {
         "fire_time_ms": fire_ms,
@@ -97,6 +106,7 @@ async def trigger(
         "dedupe_key": new.dedupe_key,
         "payload_override": payload is not None,
         "outcome": emitted.outcome,
+        "by": who,
     }
     decision, reason = verdict.SHOULD_RUN, "manual trigger"
     if emitted.outcome == "duplicate":
@@ -154,6 +164,7 @@ async def backfill(
     to_ms: int,
     now_ms: int,
     limit: int = DEFAULT_BACKFILL_LIMIT,
+    who: str | None = None,
 ) -> BackfillResult:
     """Create one instance per fire time of `spec` in [from_ms, to_ms] (ms), oldest first.
 
@@ -161,12 +172,15 @@ async def backfill(
     dedupe key is `skip_duplicated`. A maintenance window forbids a fire time only when the
     task's catch-up is disabled: otherwise the scheduled tick would have waited for the
     window's end and run, and a backfill's run starts now. Every instance is rendered before
-    any is written, so a bad dedupe template writes nothing. Errors as `backfill_times`.
+    any is written, so a bad dedupe template writes nothing. `who` (the operator) is recorded
+    as `trigger` records it. Errors as `backfill_times`.
     """
     times = backfill_times(spec, from_ms=from_ms, to_ms=to_ms, now_ms=now_ms, limit=limit)
     blocks = {at_ms: skipping_block(spec, at_ms) for at_ms in times}
     news = {
-        at: _instance(spec, at, "backfill", None, now_ms) for at, b in blocks.items() if b is None
+        at: _instance(spec, at, "backfill", None, now_ms, who)
+        for at, b in blocks.items()
+        if b is None
     }
     counts = {verdict.SHOULD_RUN: 0, verdict.SKIP_DUPLICATED: 0, verdict.SKIP_CALENDAR: 0}
     ids: list[str] = []
@@ -177,7 +191,7 @@ async def backfill(
             if block is None:
                 row = await _emit_row(outbox, spec, news[fire_ms], now_ms)
             else:
-                row = _calendar_row(spec, fire_ms, block, now_ms)
+                row = _calendar_row(spec, fire_ms, block, now_ms, who)
             await outbox.store.record_decision(row)
         except StoreError as exc:
             raise _stopped(spec, fire_ms, done, exc) from exc
@@ -207,9 +221,12 @@ def _stopped(spec: TaskSpec, fire_ms: int, done: int, exc: StoreError) -> Taskst
     )
 
 
-def _calendar_row(spec: TaskSpec, fire_ms: int, block: CalendarBlock, now_ms: int) -> DecisionRow:
+def _calendar_row(
+    spec: TaskSpec, fire_ms: int, block: CalendarBlock, now_ms: int, who: str | None
+) -> DecisionRow:
     """The `skip_calendar` decision of a backfilled fire time, with the values the rule saw."""
     seen: dict[str, Any] = {"fire_time_ms": fire_ms, "now_ms": now_ms, verdict.BACKFILL: True}
+    seen["by"] = who
     seen["calendar"] = {**block.details, "rule": block.rule, "checked": "fire"}
     reason = f"backfill: calendar: {block.reason}"
     return DecisionRow(spec.id, fire_ms, verdict.SKIP_CALENDAR, reason, seen, None, now_ms)
@@ -220,7 +237,7 @@ async def _emit_row(outbox: Outbox, spec: TaskSpec, new: NewInstance, now_ms: in
     fire_ms = new.scheduled_for_ms
     emitted = await outbox.emit(new, now_ms=now_ms)
     seen: dict[str, Any] = {"fire_time_ms": fire_ms, "now_ms": now_ms, verdict.BACKFILL: True}
-    seen |= {"dedupe_key": new.dedupe_key, "outcome": emitted.outcome}
+    seen |= {"dedupe_key": new.dedupe_key, "outcome": emitted.outcome, "by": new.created_by}
     decision, reason = verdict.SHOULD_RUN, "backfill"
     if emitted.outcome == "duplicate":
         seen["existing_status"] = None if emitted.status is None else emitted.status.value

@@ -153,7 +153,7 @@ async def test_backfill_runs_fire_times_inside_maintenance_as_the_scheduler_woul
     such a start until 02:00 and runs it, so a backfill (whose runs start now) creates them;
     an excluded date is still skipped. With catch-up off the window skips them, as it does
     for the scheduler."""
-    week = {"from_ms": MONDAY, "to_ms": SUNDAY_NIGHT, "now_ms": LATER}
+    week: dict[str, Any] = {"from_ms": MONDAY, "to_ms": SUNDAY_NIGHT, "now_ms": LATER}
     done = await manual.backfill(outbox, specs["nightly"], **week)
     assert (done.published, done.skipped_calendar) == (6, 1)
     tuesday = await decision_trail(outbox.store, "nightly", ms("2026-12-01T01:30:00Z"))
@@ -299,3 +299,26 @@ async def test_a_backfill_stopped_by_the_store_names_where_and_runs_again_to_fin
         outbox, specs["report"], from_ms=MONDAY, to_ms=SUNDAY_NIGHT, now_ms=LATER
     )
     assert (done.published, done.duplicate, done.skipped_calendar) == (3, 2, 2)
+
+
+async def test_an_operators_runs_are_recorded_with_who_made_them(
+    outbox: Outbox, specs: dict[str, TaskSpec]
+) -> None:
+    """The creation of a triggered or backfilled instance names the operator in its history
+    (`inspect`) and in its decision (`explain`), as a requeue does; a duplicate names the
+    operator in its decision only: the instance is another's."""
+    at_ms = ms("2026-12-01T08:00:00+00:00")
+    report = specs["report"]
+    made = await manual.trigger(outbox, report, now_ms=LATER, at_ms=at_ms, who="alice")
+    again = await manual.trigger(outbox, report, now_ms=LATER, at_ms=at_ms, who="bob")
+    filled = await manual.backfill(
+        outbox, report, from_ms=MONDAY, to_ms=at_ms, now_ms=LATER, who="carol"
+    )
+    assert (made.outcome, again.outcome, filled.duplicate) == ("published", "duplicate", 1)
+    [created] = (await outbox.store.history(made.instance_id))[:1]
+    assert (created.reason, created.owner) == ("manual", "alice")
+    [monday] = [i for i in filled.instance_ids if i != made.instance_id]
+    [created] = (await outbox.store.history(monday))[:1]
+    assert (created.reason, created.owner) == ("backfill", "carol")
+    trail = await decision_trail(outbox.store, "report", at_ms)
+    assert [d.details["by"] for d in trail] == ["alice", "bob", "carol"]

@@ -58,6 +58,9 @@ class NewInstance:
     deadline_ms: int | None = None
     trace_id: str = ""
     reason: str = "scheduled"
+    created_by: str | None = None
+    """Who made it, recorded as the owner of its creation's history row: the operator of a
+    trigger or backfill; None for a scheduler's tick."""
 
 
 @dataclass(frozen=True, slots=True)

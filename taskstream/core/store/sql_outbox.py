@@ -77,7 +77,12 @@ class OutboxMethods:
                         return CreateResult(created=False, instance_id=new.id, fenced=True)
                     await rows.insert_instance(conn, new)
                     await rows.append_history(
-                        conn, new.id, src=None, dst=Status.PENDING, owner=None, reason=new.reason
+                        conn,
+                        new.id,
+                        src=None,
+                        dst=Status.PENDING,
+                        owner=new.created_by,
+                        reason=new.reason,
                     )
                     if skipped is not None:
                         await _skip(conn, new.id, skipped)
@@ -224,7 +229,7 @@ async def create_many(
             run,
             sorted(n.id for n in part),
             src=None,
-            owners={n.id: None for n in part},
+            owners={n.id: n.created_by for n in part},
             reasons={n.id: n.reason for n in part},
         )
     return results
