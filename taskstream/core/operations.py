@@ -15,7 +15,13 @@ from redis.exceptions import ResponseError
 
 from taskstream.core import streams
 from taskstream.core.denials import commands
-from taskstream.core.errors import ChangedMeanwhile, CommandDenied, LetterKept, TaskstreamError
+from taskstream.core.errors import (
+    ChangedMeanwhile,
+    CommandDenied,
+    LetterKept,
+    StoreError,
+    TaskstreamError,
+)
 from taskstream.core.outbox import Outbox
 from taskstream.core.protocol import INSTANCE_ID_MAX
 from taskstream.core.requeue import redis_failure, requeue
@@ -163,7 +169,8 @@ async def replay(outbox: Outbox, letter: DeadLetter, *, who: str, now_ms: int) -
     on (RUNNING, TIMEOUT, RETRYING) is left to the executors, sweeper and scheduler: an
     entry for its current attempt would later let its retry start at once, skipping the
     backoff. A letter with no instance (it never decoded), or whose instance cannot be
-    requeued or published, cannot be replayed and is kept (`TaskstreamError`). When Redis
+    requeued or published, cannot be replayed and is kept (`TaskstreamError`). A publish
+    whose store fails after its XADD is done (`_republish`) and drops the letter. When Redis
     fails or refuses the XDEL after the replay was done, before the letter is dropped:
     `LetterKept`, saying what was done.
     """
@@ -171,13 +178,7 @@ async def replay(outbox: Outbox, letter: DeadLetter, *, who: str, now_ms: int) -
     if row.status is Status.FAILED and await _failed_by(outbox.store, letter, row):
         done = await _requeue_judged(outbox, letter, row, who=who, now_ms=now_ms)
     elif row.status in (Status.PENDING, Status.DISPATCHED):
-        refused = await outbox.publish(row, now_ms=now_ms)
-        if refused is not None:
-            raise TaskstreamError(
-                f"dead letter {letter.dead_id}: instance {row.id} cannot be published"
-                f" ({refused}); kept"
-            )
-        done = "published"
+        done = await _republish(outbox, letter, row, now_ms)
     else:
         done = left_as_it_is(row)
     try:
@@ -185,6 +186,25 @@ async def replay(outbox: Outbox, letter: DeadLetter, *, who: str, now_ms: int) -
     except (*streams.DRIVER_ERRORS, CommandDenied) as exc:  # what was done stands: say it
         raise LetterKept(f"{done}; letter kept ({redis_failure(exc)})") from exc
     return done
+
+
+async def _republish(outbox: Outbox, letter: DeadLetter, row: InstanceRow, now_ms: int) -> str:
+    """Publish a letter's instance that waits for a claim; what was done. A store that fails
+    after the XADD (the move to DISPATCHED, the publish's only store step) leaves the entry on
+    the stream, which an executor claims: the replay is done, and the letter is dropped, so
+    that running it again does not publish the instance once more."""
+    try:
+        refused = await outbox.publish(row, now_ms=now_ms)
+    except StoreError as exc:
+        return (
+            f"published; its move to DISPATCHED not recorded ({exc}): the executor that"
+            " reads its entry records it"
+        )
+    if refused is not None:
+        raise TaskstreamError(
+            f"dead letter {letter.dead_id}: instance {row.id} cannot be published ({refused}); kept"
+        )
+    return "published"
 
 
 @commands("XDEL")

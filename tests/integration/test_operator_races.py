@@ -17,9 +17,11 @@ from taskstream.core.definitions import DefinitionCache
 from taskstream.core.errors import StoreUnavailable, TaskstreamError
 from taskstream.core.outbox import Outbox
 from taskstream.core.protocol import Keys, Priority
+from taskstream.core.specfile import parse_task_file_text
 from taskstream.core.states import Status
 from taskstream.core.store.sql import SqlStore
 from taskstream.scheduler import manual
+from taskstream.scheduler.service import new_instance
 from tests.integration.cli_in_process import run_cli
 from tests.integration.harness import Harness
 from tests.integration.scheduler_cases import DAY0, make
@@ -243,3 +245,29 @@ async def test_a_trigger_whose_decision_the_store_drops_says_the_run_was_made(
     ), out.stderr
     assert await h.store.decisions("once-fails") == []
     assert row.id in await admin.instance_ids(h.redis, h.keys)
+
+
+async def test_a_replay_whose_store_fails_after_its_publish_says_so_and_drops_the_letter(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A letter of a PENDING instance: the replay's XADD lands, then the store fails the move
+    to DISPATCHED. The entry is on the stream, so the replay is done: it says so, and drops
+    the letter, so that a replay run again does not publish the instance a second time."""
+    text = TASKS.replace("nobody-knows-me", "echo")  # as the fixture applied it
+    spec = next(t for t in parse_task_file_text(text, "t.yaml").tasks if t.id == "ghost")
+    created = await h.store.create_instance(new_instance(spec, h.clock.now_ms()))
+    await h.redis.xadd(h.keys.dead, {"reason": "poison", "orig.instance_id": created.instance_id})
+    [letter] = await operations.dead_letters(h.redis, h.keys.dead, limit=10)
+
+    async def down(*_: object, **__: object) -> Any:
+        raise StoreUnavailable("store sqlite://... unavailable: OperationalError")
+
+    monkeypatch.setattr(h.store, "dispatch_many", down)
+    done = await operations.replay(h.outbox, letter, who="ops", now_ms=h.clock.now_ms())
+    monkeypatch.undo()
+    assert done.startswith("published; its move to DISPATCHED not recorded (store "), done
+    assert await h.redis.xlen(h.keys.dead) == 0
+    assert await admin.instance_ids(h.redis, h.keys) == {created.instance_id}
+    await h.run_until(created.instance_id, Status.SUCCESS)
+    history = await h.store.history(created.instance_id)
+    assert [x.reason for x in history if x.to_status is Status.DISPATCHED] == ["seen_on_stream"]
