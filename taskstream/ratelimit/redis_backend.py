@@ -42,14 +42,16 @@ def _text(value: Any) -> str:
 
 
 @asynccontextmanager
-async def _guarded(what: str, name: str) -> AsyncIterator[None]:
+async def _guarded(what: str, name: str, command: str = "EVALSHA") -> AsyncIterator[None]:
+    """Redis failures of a call on `what`'s state for `name`, as taskstream's errors; a denial
+    names the command its reply names, else `command` (a key denial names none)."""
     try:
         yield
     except streams.DRIVER_ERRORS as exc:
         raise GuardUnavailable(f"{what} {name}: {exc}") from exc
     except ResponseError as exc:
         if denied(exc):  # waited out like an outage (a `QueueUnavailable`), named as such
-            raise refused(exc, "EVALSHA") from exc
+            raise refused(exc, command) from exc
         raise
 
 
@@ -132,7 +134,7 @@ class RedisLimiter:
         return bool(moved)
 
     async def release(self, name: str, member: str) -> None:
-        async with _guarded("limiter", name):
+        async with _guarded("limiter", name, "ZREM"):
             await self._redis.zrem(self._keys.limiter(name), member)
 
     async def usage(self, name: str, window_ms: int) -> Usage:
@@ -185,7 +187,7 @@ class RedisBreakers:
         return update
 
     async def state(self, name: str) -> BreakerState:
-        async with _guarded("breaker", name):
+        async with _guarded("breaker", name, "HGETALL"):
             raw = await self._redis.hgetall(self._keys.breaker(name))
         found = state_from_hash(raw)
         self._metrics.breaker_seen(name, found.status)
@@ -194,7 +196,7 @@ class RedisBreakers:
     async def states(self, names: Sequence[str]) -> BreakerStates:
         """One MULTI/EXEC of `TIME` and every hash (all keys share the namespace's slot)."""
         async with (
-            _guarded("breaker", ", ".join(names)),
+            _guarded("breaker", ", ".join(names), "HGETALL"),
             self._redis.pipeline(transaction=True) as pipe,
         ):
             pipe.time()

@@ -17,7 +17,7 @@ from taskstream.core import redis_needs, streams
 from taskstream.core.errors import CommandDenied, QueueUnavailable
 from taskstream.core.notify import Wakeups
 from taskstream.core.outbox import Outbox
-from taskstream.ratelimit.redis_backend import RedisLimiter
+from taskstream.ratelimit.redis_backend import RedisBreakers, RedisLimiter
 from taskstream.scheduler.leader import LeaderLease
 from taskstream.scheduler.service import Scheduler, SchedulerConfig
 from tests.integration.harness import Harness, until
@@ -133,6 +133,24 @@ async def test_a_denied_limiter_is_waited_out_by_its_callers(
         with pytest.raises(QueueUnavailable) as caught:
             await RedisLimiter(c, h.keys).acquire("api", 5, 1000)
     assert isinstance(caught.value, CommandDenied) and caught.value.command == "EVALSHA"
+
+
+async def test_a_key_denial_of_the_limiter_and_breaker_reads_names_their_commands(
+    outage: Harness, redis_url: str
+) -> None:
+    """A reply that denies a key names no command: the call's own (ZREM, HGETALL) is named,
+    not the scripts' EVALSHA, which the user may run."""
+    h = outage
+    limiter, breaker = h.keys.limiter("api"), h.keys.breaker("api")
+    others = [f"~{h.keys.base}:[^lb]*", f"%R~{limiter}", f"%W~{breaker}"]
+    async with acl_user(h.redis, redis_url, [*others, "+@all"]) as (_, client):
+        with pytest.raises(CommandDenied) as zrem:
+            await RedisLimiter(client, h.keys).release("api", "hit-1")
+        with pytest.raises(CommandDenied) as hgetall:
+            await RedisBreakers(client, h.keys).state("api")
+        with pytest.raises(CommandDenied) as pipelined:
+            await RedisBreakers(client, h.keys).states(["api"])
+    assert [e.value.command for e in (zrem, hgetall, pipelined)] == ["ZREM", "HGETALL", "HGETALL"]
 
 
 async def test_the_executor_user_of_the_docs_passes_the_start_check(
