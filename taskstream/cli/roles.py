@@ -114,7 +114,7 @@ async def _dependencies_up(
                 log_denied(log, exc)
             return await unless_stopped(synced_clock(cluster.store), stop)
         except (StoreUnavailable, *streams.DRIVER_ERRORS) as exc:
-            log.warning("startup.dependency_down", error=str(exc)[:300])
+            log.warning("startup.dependency_down", error=streams.outage_text(exc))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), timeout=START_PAUSE_S)
     return None

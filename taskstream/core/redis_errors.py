@@ -7,8 +7,14 @@ from __future__ import annotations
 from typing import ClassVar
 
 from redis._parsers.base import BaseParser
+from redis.exceptions import (
+    AuthenticationError,
+    MasterDownError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    ResponseError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import MasterDownError, OutOfMemoryError, ReadOnlyError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 
@@ -65,6 +71,19 @@ for the time being (READONLY from a replica after a failover, MASTERDOWN from a 
 off from its master, OOM at its memory limit, MISCONF while its disk fails, BUSY while a long
 script runs, NOREPLICAS while its replicas are away; LOADING is a ConnectionError). Callers
 pause and try again."""
+
+
+def outage_text(exc: BaseException, limit: int = 300) -> str:
+    """What a role logs of an outage it waits out (`*.dependency_down`), at most `limit`
+    characters: a store error names its store already; a Redis error is named as Redis's,
+    by its class (its own text may not say which server it is from), and a refused login
+    says what to check."""
+    if not isinstance(exc, DRIVER_ERRORS):
+        return str(exc)[:limit]
+    text = f"redis unavailable: {type(exc).__name__}: {exc}"
+    if isinstance(exc, AuthenticationError):
+        text += " (check the user and password in TASKSTREAM_REDIS_URL)"
+    return text[:limit]
 
 
 def group_missing(exc: ResponseError) -> bool:

@@ -34,6 +34,7 @@ from taskstream.core.redis_errors import (
     ScriptBusyError,
     ServerRefusal,
     group_missing,
+    outage_text,
     role_changed,
 )
 from taskstream.core.wrong_types import named, wrong_type
@@ -57,6 +58,7 @@ __all__ = [
     "group_missing",
     "mark_alive",
     "move",
+    "outage_text",
     "publish",
     "publish_many",
     "read",

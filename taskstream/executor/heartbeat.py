@@ -192,7 +192,9 @@ class Heartbeat:
         try:
             await step()
         except (StoreUnavailable, *streams.DRIVER_ERRORS) as exc:
-            self._log.warning("heartbeat.dependency_down", part=part, error=str(exc)[:300])
+            self._log.warning(
+                "heartbeat.dependency_down", part=part, error=streams.outage_text(exc)
+            )
         except CommandDenied as exc:  # tried again at the next beat, as after an outage
             log_denied(self._log, exc, part=part)
         except ResponseError as exc:

@@ -205,7 +205,7 @@ class Executor:
         """The store or Redis did not answer: log it and pause before the next step."""
         self._log.warning(
             "executor.dependency_down",
-            error=str(exc)[:300],
+            error=streams.outage_text(exc),
             unadmitted=len(self._reader.unadmitted),
         )
         if not isinstance(exc, StoreUnavailable):

@@ -104,7 +104,7 @@ class Sweeper:
                 await unless_stopped(self.sweep_once(), stop)
                 self._denied_passes = 0
             except (StoreUnavailable, *streams.DRIVER_ERRORS) as exc:
-                self._log.warning("sweeper.dependency_down", error=str(exc)[:300])
+                self._log.warning("sweeper.dependency_down", error=streams.outage_text(exc))
                 if isinstance(exc, streams.DRIVER_ERRORS):
                     self.redis_failed()
             except CommandDenied as exc:  # a pass cannot even read the pending lists

@@ -145,7 +145,7 @@ class Scheduler:
                     await self._leader.release()
             return ERROR_PAUSE_S
         except (StoreUnavailable, *streams.DRIVER_ERRORS) as exc:
-            self._log.warning("scheduler.dependency_down", error=str(exc)[:300])
+            self._log.warning("scheduler.dependency_down", error=streams.outage_text(exc))
             return ERROR_PAUSE_S
         except CommandDenied as exc:  # the lease or a retry's XADD: paused, then tried again
             self._denials += 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
@@ -68,6 +69,29 @@ def test_a_role_waits_for_redis_down_at_start_and_stops_cleanly(tmp_path: Path) 
     assert proc.returncode == 0, text
     assert "startup.dependency_down" in text and "127.0.0.1:1" in text
     assert "Traceback" not in text and "hunter2" not in text
+
+
+@pytest.mark.roles
+def test_a_role_whose_redis_login_is_refused_names_redis_and_what_to_check(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """The server's own reply names no server: the outage a role logs says it is Redis's,
+    and that the URL's user and password are what to check."""
+    parts = urlsplit(redis_url)
+    port = f":{parts.port}" if parts.port else ""
+    bad = urlunsplit(parts._replace(netloc=f"ts-nobody:hunter2@{parts.hostname}{port}"))
+    env = _env(tmp_path, redis_url=bad)
+    migrated_store(tmp_path)
+    log = tmp_path / "sweeper.log"
+    with role_process("sweeper", env, log) as proc:
+        assert wait_for(lambda: "startup.dependency_down" in log.read_text(), 30)
+        assert proc.poll() is None, log.read_text()
+    [first, *_] = [
+        json.loads(line) for line in log.read_text().splitlines() if "dependency_down" in line
+    ]
+    assert first["error"].startswith("redis unavailable: AuthenticationError: "), first
+    assert first["error"].endswith("(check the user and password in TASKSTREAM_REDIS_URL)")
+    assert "hunter2" not in log.read_text()
 
 
 def test_status_with_redis_down_shows_the_stores_counts_and_exits_1(tmp_path: Path) -> None:

@@ -2,7 +2,8 @@
 (a deadlock or a lock timeout rolled the transaction back: `sql_conflicts` sends it again),
 `StoreUnavailable` (cannot reach / lost the connection: nothing was written, retry later),
 `ConstraintViolation` (an integrity constraint, handled by the adapter), `SchemaMissing`,
-`StoreDenied` (the user lacks a privilege: waited out like an outage until it is granted),
+`StoreDenied` (the user lacks a privilege or cannot log in: waited out like an outage until
+it is mended),
 `StoreFileMissing` (a SQLite file that is not there), `StoreRefused` (what trying again cannot
 mend) or `StoreError`. Messages name the store by its redacted URL only.
 """
@@ -94,6 +95,12 @@ _DENIED = re.compile(r"\((1044|1142|1143|1227|1370),")
 column (1143), an administrative statement (1227) or a routine (1370)."""
 _DENIED_SQLSTATE = "42501"
 """PostgreSQL's insufficient_privilege (its message text follows the server's language)."""
+_LOGIN = re.compile(r"\((1045|1698),")
+"""MySQL / MariaDB's refusals of a login: a wrong password or an unknown user (1045), a user
+that must log in another way (1698, `unix_socket` authentication)."""
+_LOGIN_SQLSTATES = frozenset({"28000", "28P01"})
+"""PostgreSQL's invalid_authorization_specification (an unknown role, a `pg_hba.conf` that
+refuses it) and invalid_password."""
 
 _TOO_LARGE = re.compile(r"\(1153,")
 """MySQL / MariaDB error 1153 (ER_NET_PACKET_TOO_LARGE): a statement over the server's
@@ -103,15 +110,26 @@ _TOO_LARGE = re.compile(r"\(1153,")
 def refused(detail: str, display_url: str) -> StoreError | None:
     """The error for a refusal that trying again cannot mend, from a driver error's text:
     `StoreDenied` or `SchemaMissing` (outages that last until an operator grants the
-    privilege or migrates), or `StoreRefused` (not `StoreUnavailable`, which callers wait out
-    and retry) for a statement over the server's packet limit; None for any other error."""
+    privilege, mends the login or migrates), or `StoreRefused` (not `StoreUnavailable`,
+    which callers wait out and retry) for a statement over the server's packet limit; None
+    for any other error."""
     if _DENIED.search(detail) is not None:
         return denied(detail, display_url)
+    if _LOGIN.search(detail) is not None:
+        return login_refused(detail, display_url)
     if _TOO_LARGE.search(detail) is not None:
         return StoreRefused(
             f"store {display_url} refused a statement over its packet limit ({detail})"
         )
     return schema_missing(detail, display_url)
+
+
+def login_refused(detail: str, display_url: str) -> StoreDenied:
+    """`StoreDenied` for a driver error's text that says the server refused the login."""
+    return StoreDenied(
+        f"store {display_url} refused this user's login ({detail}): check the user and"
+        " password in TASKSTREAM_DATABASE_URL"
+    )
 
 
 def denied(detail: str, display_url: str) -> StoreDenied:
@@ -155,6 +173,8 @@ def _lasting(exc: Exception, display_url: str) -> StoreError | None:
             return final
     if _sqlstate(exc) == _DENIED_SQLSTATE:
         return denied(_detail(exc), display_url)
+    if _sqlstate(exc) in _LOGIN_SQLSTATES:
+        return login_refused(_detail(exc), display_url)
     return None
 
 
