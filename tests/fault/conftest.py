@@ -157,13 +157,20 @@ class Cluster:
 
     # processes
 
-    def start(self, role: str, env: Mapping[str, str] | None = None) -> Role:
-        """Start one role process (`executor`, `sweeper`, `scheduler`)."""
+    def start(
+        self,
+        role: str,
+        env: Mapping[str, str] | None = None,
+        wrap: Callable[[list[str]], list[str]] | None = None,
+    ) -> Role:
+        """Start one role process (`executor`, `sweeper`, `scheduler`); `wrap` turns its
+        command line into the one to run (`ip netns exec NS ...`: the same process id)."""
         name = f"{role}-{sum(r.role == role for r in self.roles) + 1}"
         log = self.logs / f"{name}.log"
+        argv = [sys.executable, "-m", "taskstream", role]
         with log.open("wb") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "taskstream", role],
+                wrap(argv) if wrap is not None else argv,
                 cwd=ROOT,
                 env={**self.env, **(env or {})},
                 stdin=subprocess.DEVNULL,

@@ -1,0 +1,233 @@
+"""Hosts cut off from Redis and the database by a network partition (Linux network
+namespaces, root only): the roles on the other side take their work over within the recovery
+bound, the cut-off ones are fenced when the partition heals, and go on serving.
+
+Each "host" is a namespace joined to the root namespace (the core host: Redis, the database,
+the sweeper) by a veth pair (`tests.support.netns`). Redis is a Valkey server of the test's
+own, bound to loopback and to the root side of each link; the database is reached through a
+forwarder in the test process listening there. A partition takes the host's link down: no
+reset, its open connections hang, its packets are delivered once the link is back up.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import signal
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy.engine import make_url
+
+from taskstream.core import streams
+from taskstream.core.states import Status
+from taskstream.runtime.embedded import EmbeddedValkey
+from tests.fault.conftest import Cluster, RecordProperty, Role, owner_pid, rows_to, running_rows
+from tests.support import netns
+from tests.support.forwarder import Forwarder
+from tests.support.netns import Host
+
+log = logging.getLogger(__name__)
+
+pytestmark = [
+    pytest.mark.fault,
+    pytest.mark.skipif(netns.unavailable() is not None, reason=str(netns.unavailable())),
+]
+
+RECOVERY_LIMIT_MS = 15_000
+LEASE_MS = 10_000
+REDIS, DATABASE = "TASKSTREAM_REDIS_URL", "TASKSTREAM_DATABASE_URL"
+
+WORK = """
+tasks:
+  - id: slow
+    agent: slow
+    payload: {seconds: 8}
+  - id: quick
+    agent: echo
+"""
+TICKS = """
+tasks:
+  - id: tick
+    agent: echo
+    schedule: {every: 1s}
+    window: 1m
+"""
+
+
+@pytest.fixture
+def two_hosts() -> Iterator[list[Host]]:
+    with netns.hosts(2) as made:
+        yield made
+
+
+@pytest.fixture
+def roles_redis_url(tmp_path: Path, two_hosts: list[Host]) -> Iterator[str]:
+    """A Valkey server of this test's own, on loopback and on the root side of each link."""
+    bind = " ".join(["127.0.0.1", *(h.root_addr for h in two_hosts)])
+    with EmbeddedValkey(tmp_path / "valkey", extra_config=[f"bind {bind}"]) as url:
+        yield url
+
+
+@pytest.fixture
+async def database_forwarder(cluster: Cluster, two_hosts: list[Host]) -> AsyncIterator[int]:
+    """The port, on the root side of each link, that leads to the cluster's database."""
+    db = make_url(cluster.env[DATABASE])
+    listen = [(h.root_addr, 0) for h in two_hosts]
+    async with Forwarder(listen, (db.host or "127.0.0.1", db.port or 3306)) as fwd:
+        yield fwd.port
+
+
+def start_on(cluster: Cluster, host: Host, db_port: int, role: str) -> Role:
+    """Start a role inside `host`, reaching Redis and the database over its link."""
+    env = {REDIS: host.url(cluster.env[REDIS]), DATABASE: host.url(cluster.env[DATABASE], db_port)}
+    return cluster.start(role, env, wrap=host.wrap)
+
+
+def partition(host: Host, how: str) -> None:
+    """`cut`: the host's link goes down; `drop`: it stays up and loses every packet."""
+    host.cut() if how == "cut" else host.drop()
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("how", ["cut", "drop"])
+async def test_an_executor_cut_off_mid_run_is_taken_over_then_fenced_and_serves_again(
+    cluster: Cluster,
+    two_hosts: list[Host],
+    database_forwarder: int,
+    record_property: RecordProperty,
+    how: str,
+) -> None:
+    await cluster.apply(WORK)
+    cluster.start("scheduler")
+    cluster.start("sweeper")
+    on_host = {start_on(cluster, h, database_forwarder, "executor").pid: h for h in two_hosts}
+    await cluster.ready()
+    instance = await cluster.emit("slow")
+    first = await cluster.history_until(
+        instance, lambda h: len(running_rows(h)) == 1, what="first run claimed"
+    )
+    victim = cluster.holder(running_rows(first)[0].owner)
+    [survivor] = [r for r in cluster.executors() if r is not victim]
+
+    partition(on_host[victim.pid], how)
+    cut_ms = time.time() * 1000
+    again = await cluster.history_until(
+        instance, lambda h: len(running_rows(h)) == 2, what="run taken over"
+    )
+    rerun = running_rows(again)[1]
+    recovery_ms = round(rerun.at_ms - cut_ms)
+    record_property("partition_recovery_ms", recovery_ms)
+    log.info("partition.recovered recovery_ms=%d", recovery_ms)
+    await cluster.reach(instance, Status.SUCCESS, Status.FAILED, timeout_s=30)
+
+    on_host[victim.pid].heal()
+    healed_ms = time.time() * 1000
+
+    async def victim_fenced() -> bool:
+        return bool(victim.logged("instance.fenced", instance_id=instance))
+
+    await cluster.until(victim_fenced, timeout_s=45, what="cut-off run ended fenced")
+    record_property("partition_fenced_after_heal_ms", round(time.time() * 1000 - healed_ms))
+
+    history = await cluster.store.history(instance)
+    assert rerun.owner == survivor.consumer
+    assert recovery_ms <= RECOVERY_LIMIT_MS, f"taken over {recovery_ms} ms after the cut"
+    [success] = rows_to(history, Status.SUCCESS)
+    assert (success.owner, success.attempt) == (survivor.consumer, 2)
+    assert [h.owner for h in running_rows(history)] == [victim.consumer, survivor.consumer]
+    assert [h.reason for h in rows_to(history, Status.TIMEOUT)] == ["owner_lost"]
+    assert not victim.logged("instance.committed", instance_id=instance)
+    batches = victim.logged("instances.committed")
+    assert not [r for b in batches for r in b["runs"] if r.startswith(f"{instance}@")]
+
+    # The cut-off executor serves again: with the other one stopped, new work is its own.
+    survivor.send(signal.SIGTERM)
+    await cluster.until(lambda: _exited(survivor), timeout_s=30, what="survivor stopped")
+    later = await cluster.emit("quick", 1)
+    served = await cluster.reach(later, Status.SUCCESS, timeout_s=45)
+    record_property("partition_served_after_heal_ms", round(time.time() * 1000 - healed_ms))
+    assert served.lease_owner in (None, victim.consumer)
+    assert [h.owner for h in running_rows(await cluster.store.history(later))] == [victim.consumer]
+    assert victim.alive
+    assert len(rows_to(await cluster.store.history(instance), Status.SUCCESS)) == 1
+    await cluster.drained()
+
+
+async def _exited(role: Role) -> bool:
+    return not role.alive
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("how", ["cut", "drop"])
+async def test_a_leader_cut_off_is_replaced_and_no_fire_time_runs_twice(
+    cluster: Cluster,
+    two_hosts: list[Host],
+    database_forwarder: int,
+    record_property: RecordProperty,
+    how: str,
+) -> None:
+    await cluster.apply(TICKS)
+    on_host = {start_on(cluster, h, database_forwarder, "scheduler").pid: h for h in two_hosts}
+    await cluster.ready()
+    first, second = cluster.roles
+
+    async def leader_pid() -> int | None:
+        raw = await cluster.redis.get(cluster.keys.leader)
+        return owner_pid(streams.as_text(raw).rpartition("|")[0]) if raw else None
+
+    async def fires() -> list[int]:
+        rows = await cluster.store.list_instances(task_id="tick", limit=10_000)
+        return sorted(r.scheduled_for_ms for r in rows)
+
+    async def ticks_after(at_ms: int, n: int) -> bool:
+        return len([f for f in await fires() if f > at_ms]) >= n
+
+    pid = await cluster.until(leader_pid, timeout_s=30, what="a leader")
+    leader, standby = (first, second) if first.pid == pid else (second, first)
+    await cluster.until(lambda: ticks_after(0, 3), timeout_s=30, what="ticks while leading")
+
+    partition(on_host[leader.pid], how)
+    cut_ms = await cluster.store.db_now_ms()
+
+    async def standby_leads() -> bool:
+        return await leader_pid() == standby.pid
+
+    await cluster.until(standby_leads, timeout_s=LEASE_MS / 1000 + 20, what="standby leads")
+    rows = await cluster.until(
+        lambda: _created_after(cluster, cut_ms), timeout_s=30, what="a tick after the cut"
+    )
+    takeover_ms = min(rows) - cut_ms
+    record_property("partition_standby_first_fire_ms", takeover_ms)
+    log.info("partition.standby_first_fire after_ms=%s", takeover_ms)
+    assert takeover_ms <= LEASE_MS + 5_000
+
+    on_host[leader.pid].heal()
+    healed_ms = await cluster.store.db_now_ms()
+    await cluster.until(
+        lambda: ticks_after(healed_ms + 5_000, 1), timeout_s=30, what="ticks after the heal"
+    )
+    assert await leader_pid() == standby.pid
+
+    # The cut-off scheduler stands by again: stopping the leader hands it the lease.
+    standby.send(signal.SIGTERM)
+    await cluster.until(lambda: _exited(standby), timeout_s=30, what="new leader stopped")
+
+    async def old_leads_again() -> bool:
+        return await leader_pid() == leader.pid
+
+    await cluster.until(old_leads_again, timeout_s=LEASE_MS / 1000 + 20, what="old leader back")
+    back_ms = await cluster.store.db_now_ms()
+    await cluster.until(lambda: ticks_after(back_ms, 2), timeout_s=30, what="ticks once back")
+
+    fired = await fires()
+    assert len(fired) == len(set(fired)), "a fire time ran twice"
+    gaps = [b - a for a, b in itertools.pairwise(fired) if b - a != 1000]
+    assert gaps == [], f"fire times missing between {fired[0]} and {fired[-1]}"
+
+
+async def _created_after(cluster: Cluster, at_ms: int) -> list[int] | None:
+    rows = await cluster.store.list_instances(task_id="tick", limit=10_000)
+    return [r.created_at_ms for r in rows if r.scheduled_for_ms > at_ms] or None
