@@ -97,7 +97,9 @@ async def upgrade(url: str) -> None:
     migrated it), or it lacks a table or column the migrations made (`_missing`).
     """
     display_url = redact_url(url)
-    engine = make_engine(normalize_url(url), read_timeout_s=None, create=True)
+    engine = make_engine(
+        normalize_url(url), read_timeout_s=None, idle_transaction_s=None, create=True
+    )
     try:
         async with translate_errors(display_url), engine.begin() as conn:
             await conn.run_sync(_upgrade)

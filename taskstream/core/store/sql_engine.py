@@ -6,10 +6,12 @@ Session setup, applied to every pooled connection:
   transaction starts and waits up to `busy_timeout` for it, instead of failing with "database is
   locked" when a read lock cannot be upgraded. Several processes can then share one file.
   Read-only work (`READ_ONLY` execution option) uses a deferred BEGIN and never blocks writers.
-- MySQL / MariaDB: READ COMMITTED, session time zone `+00:00` (see `dbclock`), pre-ping.
+- MySQL / MariaDB: READ COMMITTED, session time zone `+00:00` (see `dbclock`), and on
+  MariaDB an idle transaction ended after `IDLE_TRANSACTION_S`.
   SQLAlchemy's asyncmy dialect sets the FOUND_ROWS client flag, so an UPDATE's rowcount counts
   matched rows, not changed rows.
-- PostgreSQL: READ COMMITTED (the default), pre-ping.
+- PostgreSQL: READ COMMITTED (the default), an idle transaction ended after
+  `IDLE_TRANSACTION_S`.
 
 A SQLite file that does not exist is made only by an engine made with `create` (migrations):
 any other connect fails with `StoreFileMissing`, so a typo in the path leaves no empty file.
@@ -48,6 +50,12 @@ READ_TIMEOUT_S = 60.0
 """Longest wait for one reply of MySQL / MariaDB on an open connection (s): longer than
 InnoDB's own lock wait (50 s by default), which ends a statement waiting for a row lock."""
 SQLITE_BUSY_TIMEOUT_MS = 10_000
+IDLE_TRANSACTION_S = 10
+"""Longest a transaction may stay open with no statement running (s) before the server (MariaDB
+10.3+, PostgreSQL) ends the session and rolls it back: a client cut off between statements
+(a partition, a frozen host) would otherwise hold its row locks until the server noticed the
+connection was gone, hours later, and every write of those rows would wait for them. Ours
+send their statements back to back, so only a client that cannot go on is ended."""
 
 _SQLITE_PRAGMAS = (
     # busy_timeout first: switching to WAL needs a lock another process may hold.
@@ -92,30 +100,55 @@ rolls back on close), so the pool's extra ROLLBACK would be a wasted round trip.
 
 
 def make_engine(
-    url: str, *, read_timeout_s: float | None = READ_TIMEOUT_S, create: bool = False
+    url: str,
+    *,
+    read_timeout_s: float | None = READ_TIMEOUT_S,
+    idle_transaction_s: int | None = IDLE_TRANSACTION_S,
+    create: bool = False,
 ) -> AsyncEngine:
     """An engine for a normalized (async-driver) URL, with the session setup above;
-    `read_timeout_s` bounds each reply of MySQL / MariaDB (None: no bound, for migrations,
-    whose DDL may take minutes on large tables); `create` lets SQLite make a file that does
-    not exist (for migrations only)."""
+    `read_timeout_s` bounds each reply of MySQL / MariaDB and `idle_transaction_s` the idle
+    time of an open transaction (None: no bound, for migrations, whose DDL may take minutes
+    on large tables); `create` lets SQLite make a file that does not exist (for migrations
+    only)."""
     backend = make_url(url).get_backend_name()
     if backend == "sqlite":
         return _sqlite_engine(url, create=create)
     if backend == "mysql":
-        return _mysql_engine(url, read_timeout_s)
+        return _mysql_engine(url, read_timeout_s, idle_transaction_s)
     if backend == "postgresql":
-        try:
-            numbers = asyncpg_numbers(url)
-        except ValueError as exc:
-            raise ConfigError([f"invalid database URL {redact_url(url)}: {exc}"]) from None
-        return create_async_engine(
-            url,
-            pool_recycle=POOL_RECYCLE_S,
-            pool_size=POOL_SIZE,
-            pool_reset_on_return=None,
-            connect_args={"timeout": CONNECT_TIMEOUT_S, **numbers},
-        )
+        return _postgres_engine(url, idle_transaction_s)
     raise ConfigError([f"no SQL store for database backend {backend!r}"])
+
+
+def _postgres_engine(url: str, idle_transaction_s: int | None) -> AsyncEngine:
+    try:
+        numbers = asyncpg_numbers(url)
+    except ValueError as exc:
+        raise ConfigError([f"invalid database URL {redact_url(url)}: {exc}"]) from None
+    engine = create_async_engine(
+        url,
+        pool_recycle=POOL_RECYCLE_S,
+        pool_size=POOL_SIZE,
+        pool_reset_on_return=None,
+        connect_args={"timeout": CONNECT_TIMEOUT_S, **numbers},
+    )
+    if idle_transaction_s is not None:
+        event.listen(engine.sync_engine, "connect", _postgres_session(idle_transaction_s))
+    return engine
+
+
+def _postgres_session(
+    idle_transaction_s: int,
+) -> Callable[[DBAPIConnection, ConnectionPoolEntry], None]:
+    """The idle bound, set by a statement on each new connection, outside any transaction: as
+    a startup parameter (asyncpg's `server_settings`) PgBouncer would refuse the connection."""
+    setup = f"SET idle_in_transaction_session_timeout = {int(idle_transaction_s) * 1000}"
+
+    def on_connect(dbapi_connection: Any, _record: ConnectionPoolEntry) -> None:
+        dbapi_connection.run_async(lambda driver: driver.execute(setup))
+
+    return on_connect
 
 
 def _sqlite_engine(url: str, *, create: bool) -> AsyncEngine:
@@ -153,7 +186,9 @@ def _sqlite_on_begin(connection: Connection) -> None:
     connection.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
 
-def _mysql_engine(url: str, read_timeout_s: float | None) -> AsyncEngine:
+def _mysql_engine(
+    url: str, read_timeout_s: float | None, idle_transaction_s: int | None
+) -> AsyncEngine:
     engine = create_async_engine(
         url,
         isolation_level="READ COMMITTED",
@@ -162,7 +197,7 @@ def _mysql_engine(url: str, read_timeout_s: float | None) -> AsyncEngine:
         pool_reset_on_return=None,
         async_creator=_bounded_connect(url, read_timeout_s),
     )
-    event.listen(engine.sync_engine, "connect", _mysql_on_connect)
+    event.listen(engine.sync_engine, "connect", _mysql_session(idle_transaction_s))
     # An executemany INSERT (rows as parameters, times as SQL) goes out as multi-row INSERT
     # statements rendered from one cached compile. Without this, the driver's executemany
     # sends a statement per row, since its rewrite only handles plain placeholders.
@@ -194,9 +229,21 @@ def _bounded_connect(url: str, read_timeout_s: float | None) -> Callable[[], Awa
     return connect
 
 
-def _mysql_on_connect(dbapi_connection: DBAPIConnection, _record: ConnectionPoolEntry) -> None:
-    cursor = dbapi_connection.cursor()
-    try:
-        cursor.execute("SET time_zone = '+00:00'")
-    finally:
-        cursor.close()
+def _mysql_session(
+    idle_transaction_s: int | None,
+) -> Callable[[DBAPIConnection, ConnectionPoolEntry], None]:
+    """The session setup of each new connection. The idle bound is in a comment only MariaDB
+    10.3 and later execute (`/*M!100300 ...*/`): MySQL has no such setting and reads a
+    comment."""
+    setup = "SET time_zone = '+00:00'"
+    if idle_transaction_s is not None:
+        setup += f"/*M!100300 , idle_transaction_timeout = {int(idle_transaction_s)}*/"
+
+    def on_connect(dbapi_connection: DBAPIConnection, _record: ConnectionPoolEntry) -> None:
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute(setup)
+        finally:
+            cursor.close()
+
+    return on_connect
