@@ -11,9 +11,11 @@ reset, its open connections hang, its packets are delivered once the link is bac
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import signal
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -24,7 +26,15 @@ from sqlalchemy.engine import make_url
 from taskstream.core import streams
 from taskstream.core.states import Status
 from taskstream.runtime.embedded import EmbeddedValkey
-from tests.fault.conftest import Cluster, RecordProperty, Role, owner_pid, rows_to, running_rows
+from tests.fault.conftest import (
+    ROOT,
+    Cluster,
+    RecordProperty,
+    Role,
+    owner_pid,
+    rows_to,
+    running_rows,
+)
 from tests.support import netns
 from tests.support.forwarder import Forwarder
 from tests.support.netns import Host
@@ -158,6 +168,56 @@ async def test_an_executor_cut_off_mid_run_is_taken_over_then_fenced_and_serves_
 
 async def _exited(role: Role) -> bool:
     return not role.alive
+
+
+@pytest.mark.timeout(150)
+async def test_a_row_lock_left_by_a_cut_off_host_does_not_hold_up_the_takeover(
+    cluster: Cluster,
+    two_hosts: list[Host],
+    database_forwarder: int,
+    record_property: RecordProperty,
+) -> None:
+    """A session of the cut-off host has the run's row locked, its transaction open (as a role
+    cut off between two statements would): the server ends it after the idle transaction
+    bound, so the takeover still comes within the recovery bound, not after the lock wait."""
+    await cluster.apply(WORK)
+    cluster.start("scheduler")
+    cluster.start("sweeper")
+    on_host = {start_on(cluster, h, database_forwarder, "executor").pid: h for h in two_hosts}
+    await cluster.ready()
+    instance = await cluster.emit("slow")
+    first = await cluster.history_until(
+        instance, lambda h: len(running_rows(h)) == 1, what="first run claimed"
+    )
+    victim = cluster.holder(running_rows(first)[0].owner)
+    host = on_host[victim.pid]
+    db_url = host.url(cluster.env[DATABASE], database_forwarder)
+    locker = await asyncio.create_subprocess_exec(
+        *host.wrap([sys.executable, "-m", "tests.support.row_lock", db_url, instance]),
+        cwd=ROOT,
+        env=cluster.env,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert locker.stdout is not None
+        assert await asyncio.wait_for(locker.stdout.readline(), timeout=30) == b"locked\n"
+        host.cut()
+        cut_ms = time.time() * 1000
+        again = await cluster.history_until(
+            instance, lambda h: len(running_rows(h)) == 2, what="run taken over"
+        )
+        recovery_ms = round(running_rows(again)[1].at_ms - cut_ms)
+        record_property("partition_locked_recovery_ms", recovery_ms)
+        log.info("partition.locked_recovered recovery_ms=%d", recovery_ms)
+        assert recovery_ms <= RECOVERY_LIMIT_MS, f"taken over {recovery_ms} ms after the cut"
+        await cluster.reach(instance, Status.SUCCESS, Status.FAILED, timeout_s=30)
+    finally:
+        if locker.returncode is None:
+            locker.kill()
+        await locker.wait()
+    history = await cluster.store.history(instance)
+    [success] = rows_to(history, Status.SUCCESS)
+    assert success.attempt == 2 and success.owner != victim.consumer
 
 
 @pytest.mark.timeout(150)
