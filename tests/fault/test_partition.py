@@ -5,8 +5,13 @@ bound, the cut-off ones are fenced when the partition heals, and go on serving.
 Each "host" is a namespace joined to the root namespace (the core host: Redis, the database,
 the sweeper) by a veth pair (`tests.support.netns`). Redis is a Valkey server of the test's
 own, bound to loopback and to the root side of each link; the database is reached through a
-forwarder in the test process listening there. A partition takes the host's link down: no
-reset, its open connections hang, its packets are delivered once the link is back up.
+forwarder in the test process listening there. A partition takes the host's link down
+(`cut`), or keeps it up and sends every frame nowhere (`drop`): no reset either way, open
+connections hang, and their bytes are delivered once the partition heals.
+
+Run with `scripts/fault -k partition` (root, with `ip`; skipped otherwise). The measured times
+(takeover after the cut, fencing and first new run after the heal, the standby's first fire)
+are recorded as properties of each test's report.
 """
 
 from __future__ import annotations
