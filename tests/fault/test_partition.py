@@ -17,6 +17,7 @@ are recorded as properties of each test's report.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import signal
@@ -63,6 +64,12 @@ tasks:
   - id: quick
     agent: echo
 """
+LONG = """
+tasks:
+  - id: long
+    agent: slow
+    payload: {seconds: 16}
+"""
 TICKS = """
 tasks:
   - id: tick
@@ -95,9 +102,32 @@ async def database_forwarder(cluster: Cluster, two_hosts: list[Host]) -> AsyncIt
         yield fwd.port
 
 
-def start_on(cluster: Cluster, host: Host, db_port: int, role: str) -> Role:
-    """Start a role inside `host`, reaching Redis and the database over its link."""
-    env = {REDIS: host.url(cluster.env[REDIS]), DATABASE: host.url(cluster.env[DATABASE], db_port)}
+@pytest.fixture
+async def redis_forwarders(
+    cluster: Cluster, two_hosts: list[Host]
+) -> AsyncIterator[dict[str, Forwarder]]:
+    """By host (namespace name): a forwarder to Redis of its own on the root side of its link,
+    to cut that host off from Redis alone."""
+    redis = make_url(cluster.env[REDIS])
+    target = (redis.host or "127.0.0.1", redis.port or 6379)
+    async with contextlib.AsyncExitStack() as stack:
+        made = {}
+        for host in two_hosts:
+            made[host.netns] = await stack.enter_async_context(
+                Forwarder([(host.root_addr, 0)], target)
+            )
+        yield made
+
+
+def start_on(
+    cluster: Cluster, host: Host, db_port: int, role: str, redis_port: int | None = None
+) -> Role:
+    """Start a role inside `host`, reaching Redis (on `redis_port`, a forwarder's, when
+    given) and the database over its link."""
+    env = {
+        REDIS: host.url(cluster.env[REDIS], redis_port),
+        DATABASE: host.url(cluster.env[DATABASE], db_port),
+    }
     return cluster.start(role, env, wrap=host.wrap)
 
 
@@ -173,6 +203,59 @@ async def test_an_executor_cut_off_mid_run_is_taken_over_then_fenced_and_serves_
 
 async def _exited(role: Role) -> bool:
     return not role.alive
+
+
+@pytest.mark.timeout(150)
+async def test_an_executor_cut_off_from_redis_alone_is_fenced_by_the_store(
+    cluster: Cluster,
+    two_hosts: list[Host],
+    database_forwarder: int,
+    redis_forwarders: dict[str, Forwarder],
+    record_property: RecordProperty,
+) -> None:
+    """Redis and the database on different sides of a partition: the executor that still
+    reaches the store but not Redis is taken for lost (its liveness key expires), and its late
+    commit, which does reach the store during the partition, is fenced there."""
+    await cluster.apply(LONG)
+    cluster.start("scheduler")
+    cluster.start("sweeper")
+    on_host = {
+        start_on(cluster, h, database_forwarder, "executor", redis_forwarders[h.netns].port).pid: h
+        for h in two_hosts
+    }
+    await cluster.ready()
+    instance = await cluster.emit("long")
+    first = await cluster.history_until(
+        instance, lambda h: len(running_rows(h)) == 1, what="first run claimed"
+    )
+    victim = cluster.holder(running_rows(first)[0].owner)
+    [survivor] = [r for r in cluster.executors() if r is not victim]
+    cut_off = redis_forwarders[on_host[victim.pid].netns]
+
+    cut_off.blackhole()
+    cut_ms = time.time() * 1000
+    again = await cluster.history_until(
+        instance, lambda h: len(running_rows(h)) == 2, what="run taken over"
+    )
+    recovery_ms = round(running_rows(again)[1].at_ms - cut_ms)
+    record_property("redis_partition_recovery_ms", recovery_ms)
+
+    async def victim_fenced() -> bool:
+        return bool(victim.logged("instance.fenced", instance_id=instance))
+
+    await cluster.until(victim_fenced, timeout_s=40, what="late commit fenced")
+    await cluster.reach(instance, Status.SUCCESS, Status.FAILED, timeout_s=40)
+    cut_off.restore()
+
+    assert recovery_ms <= RECOVERY_LIMIT_MS, f"taken over {recovery_ms} ms after the cut"
+    history = await cluster.store.history(instance)
+    [success] = rows_to(history, Status.SUCCESS)
+    assert (success.owner, success.attempt) == (survivor.consumer, 2)
+    assert [h.reason for h in rows_to(history, Status.TIMEOUT)] == ["owner_lost"]
+    batches = victim.logged("instances.committed")
+    assert not [r for b in batches for r in b["runs"] if r.startswith(f"{instance}@")]
+    assert victim.alive
+    await cluster.drained()
 
 
 @pytest.mark.timeout(150)
