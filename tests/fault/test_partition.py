@@ -309,14 +309,14 @@ async def test_a_row_lock_left_by_a_cut_off_host_does_not_hold_up_the_takeover(
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("how", ["cut", "drop"])
 async def test_a_leader_cut_off_is_replaced_and_no_fire_time_runs_twice(
     cluster: Cluster,
     two_hosts: list[Host],
     database_forwarder: int,
     record_property: RecordProperty,
-    how: str,
 ) -> None:
+    """Cut off with its link up (`drop`): its store calls hang rather than fail at once, the
+    harder case for a leader (a link taken down behaves the same, each call failing sooner)."""
     await cluster.apply(TICKS)
     on_host = {start_on(cluster, h, database_forwarder, "scheduler").pid: h for h in two_hosts}
     await cluster.ready()
@@ -337,7 +337,7 @@ async def test_a_leader_cut_off_is_replaced_and_no_fire_time_runs_twice(
     leader, standby = (first, second) if first.pid == pid else (second, first)
     await cluster.until(lambda: ticks_after(0, 3), timeout_s=30, what="ticks while leading")
 
-    partition(on_host[leader.pid], how)
+    on_host[leader.pid].drop()
     cut_ms = await cluster.store.db_now_ms()
 
     async def standby_leads() -> bool:
