@@ -126,7 +126,25 @@ async def kill_waiter(
     return thread_id
 
 
+_UNBOUNDED = {
+    "mysql": "SET @unbounded = 1 /*M!100300 , SESSION idle_transaction_timeout = 0*/",
+    "postgresql": "SET idle_in_transaction_session_timeout = 0",
+}
+"""Lifts the store's idle transaction bound (`sql_engine.IDLE_TRANSACTION_S`) off a session."""
+
+
+async def unbounded(conn: AsyncConnection) -> None:
+    """Exempt `conn`'s session from the store's idle transaction bound: it stands for another
+    program's, whose locks a slow test step must not see the server drop."""
+    if (setup := _UNBOUNDED.get(conn.dialect.name)) is not None:
+        await conn.execute(text(setup))
+
+
 async def lock(conn: AsyncConnection, instance_id: str) -> None:
+    """Lock the instance's row in `conn`'s transaction until the test ends it, the session
+    `unbounded`: a test step slower than the bound (a role's stop under load) must not see
+    the lock dropped."""
+    await unbounded(conn)
     await conn.execute(
         text("SELECT id FROM task_instances WHERE id = :id FOR UPDATE"), {"id": instance_id}
     )

@@ -18,7 +18,7 @@ from taskstream.core.protocol import Keys
 from taskstream.core.store.sql import SqlStore
 from tests.integration.executor_cases import harness
 from tests.integration.harness import Harness, until
-from tests.integration.outages import waiting
+from tests.integration.outages import unbounded, waiting
 
 STOP_BOUND_S = 10.0
 """Bounds a broken stop only; a stop takes about 2 s here (`futures.STEP_END_S` and
@@ -48,6 +48,7 @@ async def test_a_stop_does_not_wait_for_a_store_that_stopped_answering(
     if not db_url.startswith("mysql"):
         pytest.skip("locks a MariaDB table")
     async with h.store.engine.connect() as locker, h.store.engine.connect() as watcher:
+        await unbounded(locker)
         await locker.execute(text("LOCK TABLES task_definitions WRITE"))
         stop = asyncio.Event()
         task = asyncio.create_task(ROLES[role](h).run(stop))
