@@ -10,8 +10,8 @@ Session setup, applied to every pooled connection:
   MariaDB an idle transaction ended after `IDLE_TRANSACTION_S`.
   SQLAlchemy's asyncmy dialect sets the FOUND_ROWS client flag, so an UPDATE's rowcount counts
   matched rows, not changed rows.
-- PostgreSQL: READ COMMITTED (the default), an idle transaction ended after
-  `IDLE_TRANSACTION_S`.
+- PostgreSQL: READ COMMITTED (the default), each statement bounded by `READ_TIMEOUT_S`,
+  an idle transaction ended after `IDLE_TRANSACTION_S`.
 
 A SQLite file that does not exist is made only by an engine made with `create` (migrations):
 any other connect fails with `StoreFileMissing`, so a typo in the path leaves no empty file.
@@ -47,8 +47,11 @@ READ_ONLY = "taskstream_read_only"
 POOL_RECYCLE_S = 1800
 CONNECT_TIMEOUT_S = 10
 READ_TIMEOUT_S = 60.0
-"""Longest wait for one reply of MySQL / MariaDB on an open connection (s): longer than
-InnoDB's own lock wait (50 s by default), which ends a statement waiting for a row lock."""
+"""Longest wait for one reply of MySQL / MariaDB, or for one statement of PostgreSQL
+(asyncpg's `command_timeout`, unless the URL sets one), on an open connection (s): longer
+than InnoDB's own lock wait (50 s by default), which ends a statement waiting for a row
+lock. PostgreSQL's lock waits have no end of their own; the idle transaction bound frees
+the locks of a client that cannot go on."""
 SQLITE_BUSY_TIMEOUT_MS = 10_000
 IDLE_TRANSACTION_S = 10
 """Longest a transaction may stay open with no statement running (s) before the server (MariaDB
@@ -117,15 +120,23 @@ def make_engine(
     if backend == "mysql":
         return _mysql_engine(url, read_timeout_s, idle_transaction_s)
     if backend == "postgresql":
-        return _postgres_engine(url, idle_transaction_s)
+        return _postgres_engine(url, read_timeout_s, idle_transaction_s)
     raise ConfigError([f"no SQL store for database backend {backend!r}"])
 
 
-def _postgres_engine(url: str, idle_transaction_s: int | None) -> AsyncEngine:
+def _postgres_engine(
+    url: str, read_timeout_s: float | None, idle_transaction_s: int | None
+) -> AsyncEngine:
+    """The engine of a PostgreSQL store. Each statement is bounded by `read_timeout_s`, as a
+    MariaDB reply is: without it, a server that stops answering on an open connection
+    (frozen, or cut off without a reset) hangs its caller until TCP gives up, many minutes
+    later (asyncpg then cancels the statement, and the store is unavailable)."""
     try:
-        numbers = asyncpg_numbers(url)
+        numbers: dict[str, float] = asyncpg_numbers(url)
     except ValueError as exc:
         raise ConfigError([f"invalid database URL {redact_url(url)}: {exc}"]) from None
+    if read_timeout_s is not None:
+        numbers.setdefault("command_timeout", read_timeout_s)
     engine = create_async_engine(
         url,
         pool_recycle=POOL_RECYCLE_S,
