@@ -74,6 +74,14 @@ _UPSTREAM_FAULTS = (
     httpx.DecodingError,
 )
 """Errors after which the upstream is to blame: no (usable) answer came back."""
+_UNSENT = (
+    httpx.ConnectError,
+    httpx.ConnectTimeout,
+    httpx.PoolTimeout,
+    httpx.UnsupportedProtocol,
+    httpx.InvalidURL,
+)
+"""Errors raised before any connection to the upstream carried the request: it saw none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,14 +208,16 @@ class UpstreamClient:
         self._log.info("upstream.call_deferred", upstream=upstream, retry_after_ms=admitted)
         raise UpstreamDeferred(upstream, admitted)
 
-    async def _record(self, ticket: CallTicket | None, outcome: Outcome) -> int | None:
-        """Report to the breaker; returns the cool-down left (ms) when a failure left it open.
-        The call has happened: an unreachable breaker store costs one observation, never the
-        call's result."""
+    async def _record(
+        self, ticket: CallTicket | None, outcome: Outcome, *, sent: bool = True
+    ) -> int | None:
+        """Report to the breaker (`sent`: the request went out, see `UpstreamAccess.record`);
+        returns the cool-down left (ms) when a failure left it open. The call has happened:
+        an unreachable breaker store costs one observation, never the call's result."""
         if ticket is None or self._access is None:
             return None
         try:
-            return await self._access.record(ticket, outcome)
+            return await self._access.record(ticket, outcome, sent=sent)
         except QueueUnavailable as exc:
             self._log.warning(
                 "upstream.record_lost", upstream=ticket.upstream, error=str(exc)[:300]
@@ -292,7 +302,7 @@ class UpstreamClient:
                 f"{call.text} could not be sent: {kind}", upstream=upstream, status=None
             )
         outcome = Outcome.FAILURE if isinstance(error, UpstreamUnavailable) else Outcome.IGNORE
-        open_ms = await self._record(call.ticket, outcome)
+        open_ms = await self._record(call.ticket, outcome, sent=not isinstance(exc, _UNSENT))
         self._log.warning(
             "upstream.call_failed",
             **call.fields(),

@@ -38,9 +38,13 @@ class UpstreamAccess(Protocol):
         (ms)."""
         ...
 
-    async def record(self, ticket: CallTicket, outcome: Outcome) -> int | None:
+    async def record(
+        self, ticket: CallTicket, outcome: Outcome, *, sent: bool = True
+    ) -> int | None:
         """Report the outcome of the call `ticket` admitted. For a failure that leaves the
-        breaker open: the cool-down left (ms, >= 1), by which the run is deferred; else None."""
+        breaker open: the cool-down left (ms, >= 1), by which the run is deferred; else None.
+        `sent` False: the call's request never went out (no connection was made), so the
+        upstream counted no request: its window slot is given back."""
         ...
 
     async def sending(self, ticket: CallTicket) -> bool:

@@ -64,15 +64,23 @@ class RunUpstreams:
             return True
         return await self._gate.restamp(ticket.upstream, ticket.hit)
 
-    async def record(self, ticket: CallTicket, outcome: Outcome) -> int | None:
+    async def record(
+        self, ticket: CallTicket, outcome: Outcome, *, sent: bool = True
+    ) -> int | None:
         """Record the outcome of the call of `ticket` in its upstream's breaker, with the
         probe it was admitted as (if any); for a failure that leaves the breaker open, the
         cool-down left (ms) to defer the run by (see `UpstreamGate.record_call`). A ticket
-        already reported (or settled) is not recorded again."""
+        already reported (or settled) is not recorded again. A call that was not `sent` (no
+        connection was made) gives its window slot back: the upstream saw no request. Its
+        outcome still counts in the breaker, whose probe it was."""
         if not any(ticket is held for held in self._open):
             return None
         self._open = [held for held in self._open if held is not ticket]
-        return await self._report(ticket, outcome)
+        try:
+            return await self._report(ticket, outcome)
+        finally:
+            if not sent and ticket.hit is not None:
+                await self._gate.give_back([CallTicket(ticket.upstream, hit=ticket.hit)])
 
     async def _report(self, ticket: CallTicket, outcome: Outcome) -> int | None:
         return await self._gate.record_call(

@@ -194,16 +194,21 @@ async def test_a_timeout_is_retriable_and_a_breaker_failure(
         await client.aclose()
     assert caught.value.status is None
     assert (await breaker(redis, keys)).window_failures == 1
+    assert await slots_used(redis, keys) == 1, "the request went out: its slot is spent"
 
 
 async def test_a_refused_connection_is_retriable_and_a_breaker_failure(
     limits: SqlStore, redis: streams.Redis, keys: Keys
 ) -> None:
+    """No connection, so no request reached the upstream: its window slot is given back,
+    while the breaker counts the failure."""
     client = UpstreamClient(make_gate(limits, redis, keys).bind(()))
-    with pytest.raises(UpstreamUnavailable, match="ConnectError"):
-        await client.get(f"http://127.0.0.1:{closed_port()}/", upstream="api")
+    for _ in range(3):  # more than the limit of 2: each slot came back
+        with pytest.raises(UpstreamUnavailable, match="ConnectError"):
+            await client.get(f"http://127.0.0.1:{closed_port()}/", upstream="api")
     await client.aclose()
-    assert (await breaker(redis, keys)).window_failures == 1
+    assert (await breaker(redis, keys)).window_failures == 3
+    assert await slots_used(redis, keys) == 0
 
 
 async def test_a_request_that_cannot_be_sent_is_fatal_and_ignored_by_the_breaker(
@@ -215,6 +220,7 @@ async def test_a_request_that_cannot_be_sent_is_fatal_and_ignored_by_the_breaker
     await client.aclose()
     state = await breaker(redis, keys)
     assert (state.window_calls, state.window_failures) == (0, 0)
+    assert await slots_used(redis, keys) == 0
 
 
 @pytest.mark.parametrize("url", ["http://[::1/x", f"http://svc:{SECRET}/x@127.0.0.1:1/"])
@@ -314,7 +320,7 @@ class DownGuard:
             raise GuardUnavailable("redis down")
         return CallTicket(name)
 
-    async def record(self, ticket: CallTicket, outcome: Outcome) -> None:
+    async def record(self, ticket: CallTicket, outcome: Outcome, *, sent: bool = True) -> None:
         raise GuardUnavailable("redis down")
 
     async def sending(self, ticket: CallTicket) -> bool:
@@ -420,7 +426,7 @@ class StaleAtSend:
     async def acquire(self, name: str) -> CallTicket | int:
         return CallTicket(name, hit="1-1")
 
-    async def record(self, ticket: CallTicket, outcome: Outcome) -> None:
+    async def record(self, ticket: CallTicket, outcome: Outcome, *, sent: bool = True) -> None:
         raise AssertionError("a call never sent is not recorded")
 
     async def sending(self, ticket: CallTicket) -> bool:
