@@ -36,7 +36,6 @@ from taskstream.agents.content_coding import request_headers
 from taskstream.agents.errors import (
     UpstreamDeferred,
     UpstreamOutage,
-    UpstreamRejected,
     UpstreamUnavailable,
 )
 from taskstream.agents.upstream_access import (
@@ -49,6 +48,7 @@ from taskstream.agents.upstream_response import UpstreamResponse, read_capped
 from taskstream.agents.upstream_rules import (
     describe,
     error_for_status,
+    failure_of,
     outcome_of,
     retry_after_ms,
     safe_url,
@@ -66,22 +66,6 @@ GUARD_DOWN_WAIT_MS: Final = 5_000
 """Deferral (ms) of a call whose limiter or breaker could not be reached."""
 STALE_WAIT_MS: Final = 1_000
 """Deferral (ms) of a call whose admission went stale before its request was sent."""
-
-_UPSTREAM_FAULTS = (
-    httpx.NetworkError,
-    httpx.RemoteProtocolError,
-    httpx.ProxyError,
-    httpx.DecodingError,
-)
-"""Errors after which the upstream is to blame: no (usable) answer came back."""
-_UNSENT = (
-    httpx.ConnectError,
-    httpx.ConnectTimeout,
-    httpx.PoolTimeout,
-    httpx.UnsupportedProtocol,
-    httpx.InvalidURL,
-)
-"""Errors raised before any connection to the upstream carried the request: it saw none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,24 +273,13 @@ class UpstreamClient:
 
     async def _failed(self, call: _Call, exc: Exception, timeout_s: float) -> Exception:
         """Record a call that got no answer and return the typed error for it."""
-        error: Exception
-        upstream, kind = call.upstream, type(exc).__name__
-        if isinstance(exc, TimeoutError | httpx.TimeoutException):
-            error = UpstreamUnavailable(
-                f"{call.text} timed out after {timeout_s} s", upstream=upstream
-            )
-        elif isinstance(exc, _UPSTREAM_FAULTS):
-            error = UpstreamUnavailable(f"{call.text} failed: {kind}", upstream=upstream)
-        else:
-            error = UpstreamRejected(
-                f"{call.text} could not be sent: {kind}", upstream=upstream, status=None
-            )
+        error, sent = failure_of(exc, call.text, call.upstream, timeout_s)
         outcome = Outcome.FAILURE if isinstance(error, UpstreamUnavailable) else Outcome.IGNORE
-        open_ms = await self._record(call.ticket, outcome, sent=not isinstance(exc, _UNSENT))
+        open_ms = await self._record(call.ticket, outcome, sent=sent)
         self._log.warning(
             "upstream.call_failed",
             **call.fields(),
-            error_type=kind,
+            error_type=type(exc).__name__,
             outcome=outcome.value,
         )
         return self._outage(error, open_ms)

@@ -8,6 +8,9 @@ retry policy, the `Retry-After` wait, and the URL form that may be logged.
 | other 4xx, status >= 600        | ignore  | `UpstreamRejected` (fatal)                 |
 | timeout, connection error       | failure | `UpstreamUnavailable` (retriable)          |
 | request that cannot be sent     | ignore  | `UpstreamRejected` (fatal)                 |
+
+A call that made no connection (refused, a connect timeout, a URL that cannot be sent) reached
+no upstream: its window slot is given back (`failure_of`'s second answer).
 """
 
 from __future__ import annotations
@@ -24,6 +27,42 @@ from taskstream.ratelimit.breaker import Outcome, classify_http
 
 MAX_RETRY_AFTER_MS: Final = 3_600_000
 """Longest `Retry-After` wait honoured (ms); longer ones are cut to this."""
+
+
+_UPSTREAM_FAULTS = (
+    httpx.NetworkError,
+    httpx.RemoteProtocolError,
+    httpx.ProxyError,
+    httpx.DecodingError,
+)
+"""Errors after which the upstream is to blame: no (usable) answer came back."""
+_UNSENT = (
+    httpx.ConnectError,
+    httpx.ConnectTimeout,
+    httpx.PoolTimeout,
+    httpx.UnsupportedProtocol,
+    httpx.InvalidURL,
+)
+"""Errors raised before any connection to the upstream carried the request: it saw none."""
+
+
+def failure_of(
+    exc: Exception, call: str, upstream: str | None, timeout_s: float
+) -> tuple[UpstreamUnavailable | UpstreamRejected, bool]:
+    """The typed error of a `call` (its `describe` text) that got no answer because of `exc`,
+    and whether its request may have reached the upstream (False: no connection carried
+    it). `timeout_s` is the call's total limit (seconds), for the message."""
+    kind = type(exc).__name__
+    error: UpstreamUnavailable | UpstreamRejected
+    if isinstance(exc, TimeoutError | httpx.TimeoutException):
+        error = UpstreamUnavailable(f"{call} timed out after {timeout_s} s", upstream=upstream)
+    elif isinstance(exc, _UPSTREAM_FAULTS):
+        error = UpstreamUnavailable(f"{call} failed: {kind}", upstream=upstream)
+    else:
+        error = UpstreamRejected(
+            f"{call} could not be sent: {kind}", upstream=upstream, status=None
+        )
+    return error, not isinstance(exc, _UNSENT)
 
 
 def outcome_of(status: int | None, *, timed_out: bool = False) -> Outcome:

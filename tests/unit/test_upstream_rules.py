@@ -24,6 +24,7 @@ from taskstream.agents.upstream_rules import (
     MAX_RETRY_AFTER_MS,
     describe,
     error_for_status,
+    failure_of,
     outcome_of,
     retry_after_ms,
     safe_url,
@@ -253,3 +254,28 @@ def test_retry_after_cannot_stretch_past_the_deadline() -> None:
     )
     decided = plan(attempt, end, now_ms=NOW_MS, rng=Random(1))
     assert decided.finish.dst is Status.FAILED
+
+
+@pytest.mark.parametrize(
+    ("exc", "kind", "sent"),
+    [
+        (httpx.ConnectError("refused"), UpstreamUnavailable, False),
+        (httpx.ConnectTimeout("slow handshake"), UpstreamUnavailable, False),
+        (httpx.PoolTimeout("no free connection"), UpstreamUnavailable, False),
+        (httpx.UnsupportedProtocol("gopher"), UpstreamRejected, False),
+        (httpx.InvalidURL("bad"), UpstreamRejected, False),
+        (httpx.ReadError("reset mid-answer"), UpstreamUnavailable, True),
+        (httpx.ReadTimeout("no answer"), UpstreamUnavailable, True),
+        (TimeoutError(), UpstreamUnavailable, True),
+        (httpx.RemoteProtocolError("garbled"), UpstreamUnavailable, True),
+        (ValueError("a body the client refused"), UpstreamRejected, True),
+    ],
+)
+def test_a_failed_call_is_typed_and_told_apart_when_it_never_connected(
+    exc: Exception, kind: type[Exception], sent: bool
+) -> None:
+    """Only a call that made no connection is known not to have reached the upstream (its
+    window slot is given back); a timeout of the whole call may have sent it."""
+    error, maybe_sent = failure_of(exc, "GET http://api.test/x (upstream 'api')", "api", 2.0)
+    assert (type(error), maybe_sent) == (kind, sent)
+    assert error.upstream == "api"
