@@ -12,6 +12,7 @@ from redis.exceptions import (
     MasterDownError,
     OutOfMemoryError,
     ReadOnlyError,
+    RedisError,
     ResponseError,
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -78,7 +79,9 @@ def outage_text(exc: BaseException, limit: int = 300) -> str:
     characters: a store error names its store already; a Redis error is named as Redis's,
     by its class (its own text may not say which server it is from), and a refused login
     says what to check."""
-    if not isinstance(exc, DRIVER_ERRORS):
+    if isinstance(exc, OSError) and not isinstance(exc, RedisError):  # a socket's, unnamed
+        return f"{type(exc).__name__}: {exc}"[:limit]
+    if not isinstance(exc, RedisError):
         return str(exc)[:limit]
     text = f"redis unavailable: {type(exc).__name__}: {exc}"
     if isinstance(exc, AuthenticationError):
