@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import stat
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -182,6 +183,29 @@ async def test_a_sqlite_file_that_is_not_there_is_made_by_migrations_only(tmp_pa
     with pytest.raises(StoreFileMissing):
         await SqlStore.connect(f"sqlite:///{tmp_path / 'other.db'}")
     assert issubclass(StoreFileMissing, SchemaMissing)
+
+
+async def test_a_sqlite_file_made_by_migrations_is_its_owners_alone(tmp_path: Path) -> None:
+    """The store file holds every payload and result: one that migrations make is 0600, and
+    so are the journal files SQLite makes beside it; a file already there keeps its mode."""
+    made, kept = tmp_path / "made.db", tmp_path / "kept.db"
+    kept.touch(mode=0o640)
+    kept.chmod(0o640)
+    for path in (made, kept):
+        await upgrade(f"sqlite:///{path}")
+    store = await SqlStore.connect(f"sqlite:///{made}")
+    try:
+        await store.set_paused("no-such-task", True)  # a write: the -wal file is there
+        modes = _modes(tmp_path, "made.db*")
+    finally:
+        await store.close()
+    assert modes.get("made.db-wal") == 0o600, modes
+    assert set(modes.values()) == {0o600}, modes
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o640
+
+
+def _modes(folder: Path, pattern: str) -> dict[str, int]:
+    return {p.name: stat.S_IMODE(p.stat().st_mode) for p in folder.glob(pattern)}
 
 
 async def test_database_clock_is_close_to_this_clock(store: SqlStore) -> None:

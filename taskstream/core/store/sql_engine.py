@@ -22,6 +22,7 @@ Driver errors are translated by `sql_errors`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import os
 from collections.abc import Awaitable, Callable
@@ -164,7 +165,9 @@ def _postgres_session(
 
 def _sqlite_engine(url: str, *, create: bool) -> AsyncEngine:
     engine = create_async_engine(url, pool_recycle=POOL_RECYCLE_S)
-    if not create:
+    if create:
+        event.listen(engine.sync_engine, "do_connect", _sqlite_file_private)
+    else:
         event.listen(engine.sync_engine, "do_connect", _sqlite_file_must_exist)
     event.listen(engine.sync_engine, "connect", _sqlite_on_connect)
     event.listen(engine.sync_engine, "begin", _sqlite_on_begin)
@@ -179,6 +182,19 @@ def _sqlite_file_must_exist(
     path = str(cargs[0])
     if not cparams.get("uri") and path != ":memory:" and not os.path.exists(path):
         raise NoStoreFile(path)
+
+
+def _sqlite_file_private(
+    _dialect: Any, _record: ConnectionPoolEntry, cargs: list[Any], cparams: dict[str, Any]
+) -> None:
+    # A store file made here is its owner's alone (0600; SQLite gives its -wal and -shm files
+    # the same mode): it holds every payload and result. One that exists keeps its mode. What
+    # fails here (no such folder) is left to SQLite's own connect to report.
+    path = str(cargs[0])
+    if cparams.get("uri") or path == ":memory:":
+        return
+    with contextlib.suppress(OSError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
 
 
 def _sqlite_on_connect(dbapi_connection: DBAPIConnection, _record: ConnectionPoolEntry) -> None:
