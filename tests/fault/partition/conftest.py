@@ -12,14 +12,17 @@ database or from Redis alone (`Forwarder.blackhole`).
 from __future__ import annotations
 
 import contextlib
+import signal
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 from sqlalchemy.engine import make_url
 
+from taskstream.core.states import Status
+from taskstream.core.store.records import HistoryRow
 from taskstream.runtime.embedded import EmbeddedValkey
-from tests.fault.conftest import Cluster, Role
+from tests.fault.conftest import Cluster, Role, running_rows
 from tests.support import netns
 from tests.support.forwarder import Forwarder
 from tests.support.netns import Host
@@ -100,3 +103,57 @@ def start_on(
 def partition(host: Host, how: str) -> None:
     """`cut`: the host's link goes down; `drop`: it stays up and loses every packet."""
     host.cut() if how == "cut" else host.drop()
+
+
+async def first_claim(cluster: Cluster, instance: str) -> tuple[Role, Role]:
+    """(the executor whose run of `instance` was claimed first, the other executor)."""
+    first = await cluster.history_until(
+        instance, lambda h: len(running_rows(h)) == 1, what="first run claimed"
+    )
+    victim = cluster.holder(running_rows(first)[0].owner)
+    [survivor] = [r for r in cluster.executors() if r is not victim]
+    return victim, survivor
+
+
+async def taken_over(
+    cluster: Cluster, instance: str, cut_ms: float, timeout_s: float = 30.0
+) -> tuple[HistoryRow, int]:
+    """The run of `instance` claimed again after the partition made at `cut_ms` (epoch ms),
+    and how long after it (ms, on the database clock's `at_ms`)."""
+    again = await cluster.history_until(
+        instance, lambda h: len(running_rows(h)) == 2, timeout_s=timeout_s, what="run taken over"
+    )
+    rerun = running_rows(again)[1]
+    return rerun, round(rerun.at_ms - cut_ms)
+
+
+async def fenced(cluster: Cluster, victim: Role, instance: str, timeout_s: float) -> None:
+    """Wait until `victim` logged its run of `instance` as fenced (its late commit refused)."""
+
+    async def logged() -> bool:
+        return bool(victim.logged("instance.fenced", instance_id=instance))
+
+    await cluster.until(logged, timeout_s=timeout_s, what="late commit fenced")
+
+
+def committed_none_of(victim: Role, instance: str) -> bool:
+    """`victim` committed no end of any run of `instance`, alone or in a batch."""
+    batches = victim.logged("instances.committed")
+    in_batch = [r for b in batches for r in b["runs"] if r.startswith(f"{instance}@")]
+    return not in_batch and not victim.logged("instance.committed", instance_id=instance)
+
+
+async def serves_alone(cluster: Cluster, victim: Role, survivor: Role) -> str:
+    """Stop `survivor`, then run one `quick` instance: it must be `victim`'s. Its id."""
+    survivor.send(signal.SIGTERM)
+    await cluster.until(lambda: exited(survivor), timeout_s=30, what="survivor stopped")
+    later = await cluster.emit("quick", 1)
+    await cluster.reach(later, Status.SUCCESS, timeout_s=45)
+    owners = [h.owner for h in running_rows(await cluster.store.history(later))]
+    assert owners == [victim.consumer], owners
+    return later
+
+
+async def exited(role: Role) -> bool:
+    """`role`'s process has ended (for `Cluster.until`)."""
+    return not role.alive

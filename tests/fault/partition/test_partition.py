@@ -29,12 +29,21 @@ from tests.fault.conftest import (
     ROOT,
     Cluster,
     RecordProperty,
-    Role,
     owner_pid,
     rows_to,
     running_rows,
 )
-from tests.fault.partition.conftest import DATABASE, partition, start_on
+from tests.fault.partition.conftest import (
+    DATABASE,
+    committed_none_of,
+    exited,
+    fenced,
+    first_claim,
+    partition,
+    serves_alone,
+    start_on,
+    taken_over,
+)
 from tests.support import netns
 from tests.support.forwarder import Forwarder
 from tests.support.netns import Host
@@ -87,30 +96,18 @@ async def test_an_executor_cut_off_mid_run_is_taken_over_then_fenced_and_serves_
     on_host = {start_on(cluster, h, database_forwarder, "executor").pid: h for h in two_hosts}
     await cluster.ready()
     instance = await cluster.emit("slow")
-    first = await cluster.history_until(
-        instance, lambda h: len(running_rows(h)) == 1, what="first run claimed"
-    )
-    victim = cluster.holder(running_rows(first)[0].owner)
-    [survivor] = [r for r in cluster.executors() if r is not victim]
+    victim, survivor = await first_claim(cluster, instance)
 
     partition(on_host[victim.pid], how)
     cut_ms = time.time() * 1000
-    again = await cluster.history_until(
-        instance, lambda h: len(running_rows(h)) == 2, what="run taken over"
-    )
-    rerun = running_rows(again)[1]
-    recovery_ms = round(rerun.at_ms - cut_ms)
+    rerun, recovery_ms = await taken_over(cluster, instance, cut_ms)
     record_property("partition_recovery_ms", recovery_ms)
     log.info("partition.recovered recovery_ms=%d", recovery_ms)
     await cluster.reach(instance, Status.SUCCESS, Status.FAILED, timeout_s=30)
 
     on_host[victim.pid].heal()
     healed_ms = time.time() * 1000
-
-    async def victim_fenced() -> bool:
-        return bool(victim.logged("instance.fenced", instance_id=instance))
-
-    await cluster.until(victim_fenced, timeout_s=45, what="cut-off run ended fenced")
+    await fenced(cluster, victim, instance, timeout_s=45)
     record_property("partition_fenced_after_heal_ms", round(time.time() * 1000 - healed_ms))
 
     history = await cluster.store.history(instance)
@@ -120,25 +117,14 @@ async def test_an_executor_cut_off_mid_run_is_taken_over_then_fenced_and_serves_
     assert (success.owner, success.attempt) == (survivor.consumer, 2)
     assert [h.owner for h in running_rows(history)] == [victim.consumer, survivor.consumer]
     assert [h.reason for h in rows_to(history, Status.TIMEOUT)] == ["owner_lost"]
-    assert not victim.logged("instance.committed", instance_id=instance)
-    batches = victim.logged("instances.committed")
-    assert not [r for b in batches for r in b["runs"] if r.startswith(f"{instance}@")]
+    assert committed_none_of(victim, instance)
 
     # The cut-off executor serves again: with the other one stopped, new work is its own.
-    survivor.send(signal.SIGTERM)
-    await cluster.until(lambda: _exited(survivor), timeout_s=30, what="survivor stopped")
-    later = await cluster.emit("quick", 1)
-    served = await cluster.reach(later, Status.SUCCESS, timeout_s=45)
+    await serves_alone(cluster, victim, survivor)
     record_property("partition_served_after_heal_ms", round(time.time() * 1000 - healed_ms))
-    assert served.lease_owner in (None, victim.consumer)
-    assert [h.owner for h in running_rows(await cluster.store.history(later))] == [victim.consumer]
     assert victim.alive
     assert len(rows_to(await cluster.store.history(instance), Status.SUCCESS)) == 1
     await cluster.drained()
-
-
-async def _exited(role: Role) -> bool:
-    return not role.alive
 
 
 @pytest.mark.timeout(150)
@@ -161,25 +147,14 @@ async def test_an_executor_cut_off_from_redis_alone_is_fenced_by_the_store(
     }
     await cluster.ready()
     instance = await cluster.emit("long")
-    first = await cluster.history_until(
-        instance, lambda h: len(running_rows(h)) == 1, what="first run claimed"
-    )
-    victim = cluster.holder(running_rows(first)[0].owner)
-    [survivor] = [r for r in cluster.executors() if r is not victim]
+    victim, survivor = await first_claim(cluster, instance)
     cut_off = redis_forwarders[on_host[victim.pid].netns]
 
     cut_off.blackhole()
     cut_ms = time.time() * 1000
-    again = await cluster.history_until(
-        instance, lambda h: len(running_rows(h)) == 2, what="run taken over"
-    )
-    recovery_ms = round(running_rows(again)[1].at_ms - cut_ms)
+    _, recovery_ms = await taken_over(cluster, instance, cut_ms)
     record_property("redis_partition_recovery_ms", recovery_ms)
-
-    async def victim_fenced() -> bool:
-        return bool(victim.logged("instance.fenced", instance_id=instance))
-
-    await cluster.until(victim_fenced, timeout_s=40, what="late commit fenced")
+    await fenced(cluster, victim, instance, timeout_s=40)
     await cluster.reach(instance, Status.SUCCESS, Status.FAILED, timeout_s=40)
     cut_off.restore()
 
@@ -188,8 +163,7 @@ async def test_an_executor_cut_off_from_redis_alone_is_fenced_by_the_store(
     [success] = rows_to(history, Status.SUCCESS)
     assert (success.owner, success.attempt) == (survivor.consumer, 2)
     assert [h.reason for h in rows_to(history, Status.TIMEOUT)] == ["owner_lost"]
-    batches = victim.logged("instances.committed")
-    assert not [r for b in batches for r in b["runs"] if r.startswith(f"{instance}@")]
+    assert committed_none_of(victim, instance)
     assert victim.alive
     await cluster.drained()
 
@@ -210,10 +184,7 @@ async def test_a_row_lock_left_by_a_cut_off_host_does_not_hold_up_the_takeover(
     on_host = {start_on(cluster, h, database_forwarder, "executor").pid: h for h in two_hosts}
     await cluster.ready()
     instance = await cluster.emit("slow")
-    first = await cluster.history_until(
-        instance, lambda h: len(running_rows(h)) == 1, what="first run claimed"
-    )
-    victim = cluster.holder(running_rows(first)[0].owner)
+    victim, _ = await first_claim(cluster, instance)
     host = on_host[victim.pid]
     db_url = host.url(cluster.env[DATABASE], database_forwarder)
     locker = await asyncio.create_subprocess_exec(
@@ -227,10 +198,7 @@ async def test_a_row_lock_left_by_a_cut_off_host_does_not_hold_up_the_takeover(
         assert await asyncio.wait_for(locker.stdout.readline(), timeout=30) == b"locked\n"
         host.cut()
         cut_ms = time.time() * 1000
-        again = await cluster.history_until(
-            instance, lambda h: len(running_rows(h)) == 2, what="run taken over"
-        )
-        recovery_ms = round(running_rows(again)[1].at_ms - cut_ms)
+        _, recovery_ms = await taken_over(cluster, instance, cut_ms)
         record_property("partition_locked_recovery_ms", recovery_ms)
         log.info("partition.locked_recovered recovery_ms=%d", recovery_ms)
         assert recovery_ms <= RECOVERY_LIMIT_MS, f"taken over {recovery_ms} ms after the cut"
@@ -297,7 +265,7 @@ async def test_a_leader_cut_off_is_replaced_and_no_fire_time_runs_twice(
 
     # The cut-off scheduler stands by again: stopping the leader hands it the lease.
     standby.send(signal.SIGTERM)
-    await cluster.until(lambda: _exited(standby), timeout_s=30, what="new leader stopped")
+    await cluster.until(lambda: exited(standby), timeout_s=30, what="new leader stopped")
 
     async def old_leads_again() -> bool:
         return await leader_pid() == leader.pid

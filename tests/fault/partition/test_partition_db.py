@@ -10,15 +10,21 @@ takeover time is recorded as a property of the test's report.
 from __future__ import annotations
 
 import logging
-import signal
 import time
 
 import pytest
 
 from taskstream.core.reasons import LEASE_EXPIRED
 from taskstream.core.states import Status
-from tests.fault.conftest import Cluster, RecordProperty, Role, rows_to, running_rows
-from tests.fault.partition.conftest import start_on
+from tests.fault.conftest import Cluster, RecordProperty, rows_to, running_rows
+from tests.fault.partition.conftest import (
+    committed_none_of,
+    fenced,
+    first_claim,
+    serves_alone,
+    start_on,
+    taken_over,
+)
 from tests.support import netns
 from tests.support.forwarder import Forwarder
 from tests.support.netns import Host
@@ -63,19 +69,12 @@ async def test_an_executor_cut_off_from_the_database_alone_loses_its_run_at_its_
     }
     await cluster.ready()
     instance = await cluster.emit("long")
-    first = await cluster.history_until(
-        instance, lambda h: len(running_rows(h)) == 1, what="first run claimed"
-    )
-    victim = cluster.holder(running_rows(first)[0].owner)
-    [survivor] = [r for r in cluster.executors() if r is not victim]
+    victim, survivor = await first_claim(cluster, instance)
     cut_off = database_forwarders[on_host[victim.pid].netns]
 
     cut_off.blackhole()
     cut_ms = time.time() * 1000
-    again = await cluster.history_until(
-        instance, lambda h: len(running_rows(h)) == 2, timeout_s=45, what="run taken over"
-    )
-    takeover_ms = round(running_rows(again)[1].at_ms - cut_ms)
+    _, takeover_ms = await taken_over(cluster, instance, cut_ms, timeout_s=45)
     record_property("db_partition_takeover_ms", takeover_ms)
     log.info("partition.db_takeover takeover_ms=%d", takeover_ms)
     await cluster.reach(instance, Status.SUCCESS, Status.FAILED, timeout_s=45)
@@ -83,10 +82,7 @@ async def test_an_executor_cut_off_from_the_database_alone_loses_its_run_at_its_
     cut_off.restore()
     healed_ms = time.time() * 1000
 
-    async def victim_fenced() -> bool:
-        return bool(victim.logged("instance.fenced", instance_id=instance))
-
-    await cluster.until(victim_fenced, timeout_s=75, what="late commit fenced")
+    await fenced(cluster, victim, instance, timeout_s=75)
     record_property("db_partition_fenced_after_heal_ms", round(time.time() * 1000 - healed_ms))
 
     history = await cluster.store.history(instance)
@@ -95,21 +91,11 @@ async def test_an_executor_cut_off_from_the_database_alone_loses_its_run_at_its_
     [success] = rows_to(history, Status.SUCCESS)
     assert (success.owner, success.attempt) == (survivor.consumer, 2)
     assert takeover_ms <= TAKEOVER_LIMIT_MS, f"taken over {takeover_ms} ms after the cut"
-    batches = victim.logged("instances.committed")
-    assert not [r for b in batches for r in b["runs"] if r.startswith(f"{instance}@")]
-    assert not victim.logged("instance.committed", instance_id=instance)
+    assert committed_none_of(victim, instance)
 
     # The cut-off executor serves again: with the other one stopped, new work is its own.
-    survivor.send(signal.SIGTERM)
-    await cluster.until(lambda: _exited(survivor), timeout_s=30, what="survivor stopped")
-    later = await cluster.emit("quick", 1)
-    await cluster.reach(later, Status.SUCCESS, timeout_s=45)
+    await serves_alone(cluster, victim, survivor)
     record_property("db_partition_served_after_heal_ms", round(time.time() * 1000 - healed_ms))
-    assert [h.owner for h in running_rows(await cluster.store.history(later))] == [victim.consumer]
     assert victim.alive
     assert len(rows_to(await cluster.store.history(instance), Status.SUCCESS)) == 1
     await cluster.drained()
-
-
-async def _exited(role: Role) -> bool:
-    return not role.alive
