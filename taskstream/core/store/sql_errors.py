@@ -11,7 +11,7 @@ mend) or `StoreError`. Messages name the store by its redacted URL only.
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -93,14 +93,9 @@ _NO_COLUMN = re.compile(
 _DENIED = re.compile(r"\((1044|1142|1143|1227|1370),")
 """MySQL / MariaDB's refusals for want of a privilege: on a database (1044), a table (1142), a
 column (1143), an administrative statement (1227) or a routine (1370)."""
-_DENIED_SQLSTATE = "42501"
-"""PostgreSQL's insufficient_privilege (its message text follows the server's language)."""
 _LOGIN = re.compile(r"\((1045|1698),")
 """MySQL / MariaDB's refusals of a login: a wrong password or an unknown user (1045), a user
 that must log in another way (1698, `unix_socket` authentication)."""
-_LOGIN_SQLSTATES = frozenset({"28000", "28P01"})
-"""PostgreSQL's invalid_authorization_specification (an unknown role, a `pg_hba.conf` that
-refuses it) and invalid_password."""
 
 _TOO_LARGE = re.compile(r"\(1153,")
 """MySQL / MariaDB error 1153 (ER_NET_PACKET_TOO_LARGE): a statement over the server's
@@ -152,6 +147,14 @@ def schema_missing(detail: str, display_url: str) -> SchemaMissing | None:
     return SchemaMissing(f"store {display_url} {what} ({detail}): run `taskstream migrate`")
 
 
+_LASTING_SQLSTATES: dict[str, Callable[[str, str], StoreDenied]] = {
+    "42501": denied,  # insufficient_privilege (the message follows the server's language)
+    "28000": login_refused,  # invalid_authorization_specification: an unknown role, pg_hba
+    "28P01": login_refused,  # invalid_password
+}
+"""PostgreSQL's refusals that last, by SQLSTATE, with the error each is named as."""
+
+
 def _driver_errors(exc: Exception) -> Iterator[Exception]:
     """`exc`, then the driver errors it was raised while handling, newest first: MariaDB
     closes the connection after refusing a statement over its packet limit, so the rollback
@@ -165,17 +168,14 @@ def _driver_errors(exc: Exception) -> Iterator[Exception]:
 
 
 def _lasting(exc: Exception, display_url: str) -> StoreError | None:
-    """`refused` of `exc` or of a driver error it was raised while handling; `StoreDenied`
-    for PostgreSQL's insufficient privilege; else None."""
+    """`refused` of `exc` or of a driver error it was raised while handling; for PostgreSQL,
+    the refusal its SQLSTATE names (`_LASTING_SQLSTATES`); else None."""
     for error in _driver_errors(exc):
         final = refused(_detail(error), display_url)
         if final is not None:
             return final
-    if _sqlstate(exc) == _DENIED_SQLSTATE:
-        return denied(_detail(exc), display_url)
-    if _sqlstate(exc) in _LOGIN_SQLSTATES:
-        return login_refused(_detail(exc), display_url)
-    return None
+    lasting = _LASTING_SQLSTATES.get(_sqlstate(exc))
+    return None if lasting is None else lasting(_detail(exc), display_url)
 
 
 def translate(exc: Exception, display_url: str) -> StoreError:
