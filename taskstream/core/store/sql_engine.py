@@ -178,9 +178,8 @@ def _sqlite_file_must_exist(
     _dialect: Any, _record: ConnectionPoolEntry, cargs: list[Any], cparams: dict[str, Any]
 ) -> None:
     # Checked at each connect, not once: a role started before `migrate` waits for the file.
-    # A `file:` URI (uri=true) says itself whether SQLite may make the file (its mode=).
-    path = str(cargs[0])
-    if not cparams.get("uri") and path != ":memory:" and not os.path.exists(path):
+    path = _file_of(cargs, cparams)
+    if path is not None and not os.path.exists(path):
         raise NoStoreFile(path)
 
 
@@ -190,11 +189,17 @@ def _sqlite_file_private(
     # A store file made here is its owner's alone (0600; SQLite gives its -wal and -shm files
     # the same mode): it holds every payload and result. One that exists keeps its mode. What
     # fails here (no such folder) is left to SQLite's own connect to report.
+    path = _file_of(cargs, cparams)
+    if path is not None:
+        with contextlib.suppress(OSError):
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+
+
+def _file_of(cargs: list[Any], cparams: dict[str, Any]) -> str | None:
+    """The file a SQLite connect opens; None for an in-memory database and for a `file:` URI
+    (uri=true), which says itself whether SQLite may make the file (its mode=)."""
     path = str(cargs[0])
-    if cparams.get("uri") or path == ":memory:":
-        return
-    with contextlib.suppress(OSError):
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    return None if cparams.get("uri") or path == ":memory:" else path
 
 
 def _sqlite_on_connect(dbapi_connection: DBAPIConnection, _record: ConnectionPoolEntry) -> None:
