@@ -24,7 +24,7 @@ from taskstream.core.errors import (
 )
 from taskstream.core.outbox import Outbox
 from taskstream.core.protocol import INSTANCE_ID_MAX
-from taskstream.core.requeue import redis_failure, requeue
+from taskstream.core.requeue import redis_failure, requeue, unrecorded_dispatch
 from taskstream.core.states import Status, failed_as_poison, life_began, recorded_by_letter
 from taskstream.core.store.port import InstanceRow, Store
 
@@ -196,10 +196,7 @@ async def _republish(outbox: Outbox, letter: DeadLetter, row: InstanceRow, now_m
     try:
         refused = await outbox.publish(row, now_ms=now_ms)
     except StoreError as exc:
-        return (
-            f"published; its move to DISPATCHED not recorded ({exc}): the executor that"
-            " reads its entry records it"
-        )
+        return unrecorded_dispatch(exc)
     if refused is not None:
         raise TaskstreamError(
             f"dead letter {letter.dead_id}: instance {row.id} cannot be published ({refused}); kept"

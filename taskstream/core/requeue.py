@@ -81,12 +81,18 @@ async def _publish_requeued(outbox: Outbox, instance_id: str, now_ms: int) -> st
         refused = None if fresh is None else await outbox.publish(fresh, now_ms=now_ms)
     except (*streams.DRIVER_ERRORS, CommandDenied) as exc:
         return f"not published yet ({redis_failure(exc)}); the reconciler publishes it"
-    except StoreError as exc:  # the store's only step is the last, after the XADD
-        return (
-            f"published; its move to DISPATCHED not recorded ({exc}): the"
-            " executor that reads its entry records it"
-        )
+    except StoreError as exc:
+        return unrecorded_dispatch(exc)
     return None if refused is None else f"not published: the row cannot be an entry ({refused})"
+
+
+def unrecorded_dispatch(exc: StoreError) -> str:
+    """What a publish (`Outbox.publish`) that the store failed has done: its only store step
+    is the last, the move to DISPATCHED after the XADD, so the entry is on its stream."""
+    return (
+        f"published; its move to DISPATCHED not recorded ({exc}): the executor that reads its"
+        " entry records it"
+    )
 
 
 def redis_failure(exc: Exception) -> str:
