@@ -17,6 +17,7 @@ from taskstream.cli.shown import err_line
 from taskstream.cli.tasks_cmds import tasks_app
 from taskstream.core.errors import ConfigError, TaskstreamError, UsageError
 from taskstream.core.logging import configure
+from taskstream.core.redis_errors import outage_text
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -72,7 +73,7 @@ def run() -> None:
         err_line(f"error: {exc}")
         sys.exit(1)
     except RedisError as exc:
-        err_line(f"error: redis unavailable: {type(exc).__name__}: {exc}")
+        err_line(f"error: {outage_text(exc)}")
         sys.exit(1)
 
 

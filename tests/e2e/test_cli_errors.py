@@ -55,6 +55,26 @@ def test_redis_down_is_one_line_and_exit_1(tmp_path: Path) -> None:
     assert "Traceback" not in out.stderr
 
 
+def test_a_command_whose_redis_login_is_refused_says_what_to_check(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """The same words as the roles' logs: Redis named, and the URL's user and password."""
+    env = _env(tmp_path, redis_url=_wrong_login(redis_url))
+    migrated_store(tmp_path)
+    out = run_cli("dead", "list", env=env)
+    assert out.returncode == 1
+    assert out.stderr.startswith("error: redis unavailable: AuthenticationError: "), out.stderr
+    assert "(check the user and password in TASKSTREAM_REDIS_URL)" in out.stderr
+    assert "hunter2" not in out.stderr
+
+
+def _wrong_login(redis_url: str) -> str:
+    """`redis_url` as a user Redis does not have, with the password `hunter2`."""
+    parts = urlsplit(redis_url)
+    port = f":{parts.port}" if parts.port else ""
+    return urlunsplit(parts._replace(netloc=f"ts-nobody:hunter2@{parts.hostname}{port}"))
+
+
 @pytest.mark.roles
 def test_a_role_waits_for_redis_down_at_start_and_stops_cleanly(tmp_path: Path) -> None:
     """A long-running role waits for Redis as for an outage later on: it logs the outage
@@ -77,10 +97,7 @@ def test_a_role_whose_redis_login_is_refused_names_redis_and_what_to_check(
 ) -> None:
     """The server's own reply names no server: the outage a role logs says it is Redis's,
     and that the URL's user and password are what to check."""
-    parts = urlsplit(redis_url)
-    port = f":{parts.port}" if parts.port else ""
-    bad = urlunsplit(parts._replace(netloc=f"ts-nobody:hunter2@{parts.hostname}{port}"))
-    env = _env(tmp_path, redis_url=bad)
+    env = _env(tmp_path, redis_url=_wrong_login(redis_url))
     migrated_store(tmp_path)
     log = tmp_path / "sweeper.log"
     with role_process("sweeper", env, log) as proc:
