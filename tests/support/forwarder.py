@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
+from tests.support.loopback import end_tasks
+
 CHUNK = 65_536
 
 
@@ -64,12 +66,8 @@ class Forwarder:
         self._flowing.set()
         for writer in list(self._writers):
             writer.close()
-        if self._tasks:
-            # Closed ends make every relay read EOF; a task is cancelled only when one does not.
-            _, stuck = await asyncio.wait(self._tasks, timeout=5.0)
-            for task in stuck:
-                task.cancel()
-            await asyncio.gather(*stuck, return_exceptions=True)
+        # Closed ends make every relay read EOF; a task is cancelled only when one does not.
+        await end_tasks(self._tasks)
         for server in self._servers:
             await server.wait_closed()
 

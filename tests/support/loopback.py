@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import json
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
@@ -86,11 +86,7 @@ class Loopback:
             hold.set()
         assert self._server is not None
         self._server.close()
-        if self._handlers:
-            _, stuck = await asyncio.wait(self._handlers, timeout=5.0)
-            for task in stuck:
-                task.cancel()
-            await asyncio.gather(*stuck, return_exceptions=True)
+        await end_tasks(self._handlers)
         await self._server.wait_closed()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -145,3 +141,14 @@ def closed_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
     return port
+
+
+async def end_tasks(tasks: Collection[asyncio.Task[Any]], within_s: float = 5.0) -> None:
+    """Wait up to `within_s` for a test server's connection tasks to end by themselves (their
+    ends were closed), then cancel those that did not, and wait for them."""
+    if not tasks:
+        return
+    _, stuck = await asyncio.wait(tasks, timeout=within_s)
+    for task in stuck:
+        task.cancel()
+    await asyncio.gather(*stuck, return_exceptions=True)
