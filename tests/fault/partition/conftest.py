@@ -22,12 +22,17 @@ from sqlalchemy.engine import make_url
 from taskstream.core.states import Status
 from taskstream.core.store.records import HistoryRow
 from taskstream.runtime.embedded import EmbeddedValkey
-from tests.fault.conftest import Cluster, Role, running_rows
+from tests.fault.conftest import Cluster, Role, rows_to, running_rows
 from tests.support import netns
 from tests.support.forwarder import Forwarder
 from tests.support.netns import Host
 
 REDIS, DATABASE = "TASKSTREAM_REDIS_URL", "TASKSTREAM_DATABASE_URL"
+MARKS = [
+    pytest.mark.fault,
+    pytest.mark.skipif(netns.unavailable() is not None, reason=str(netns.unavailable())),
+]
+"""Every partition test's marks (`pytestmark`): a fault run, as root with `ip` only."""
 
 
 @pytest.fixture
@@ -134,6 +139,18 @@ async def fenced(cluster: Cluster, victim: Role, instance: str, timeout_s: float
         return bool(victim.logged("instance.fenced", instance_id=instance))
 
     await cluster.until(logged, timeout_s=timeout_s, what="late commit fenced")
+
+
+async def assert_taken_over(
+    cluster: Cluster, instance: str, victim: Role, survivor: Role, timed_out_as: str
+) -> None:
+    """`instance` ended with one SUCCESS, `survivor`'s at attempt 2, after `victim`'s run was
+    timed out as `timed_out_as`; `victim` committed no end of it."""
+    history = await cluster.store.history(instance)
+    [success] = rows_to(history, Status.SUCCESS)
+    assert (success.owner, success.attempt) == (survivor.consumer, 2)
+    assert [h.reason for h in rows_to(history, Status.TIMEOUT)] == [timed_out_as]
+    assert committed_none_of(victim, instance)
 
 
 def committed_none_of(victim: Role, instance: str) -> bool:

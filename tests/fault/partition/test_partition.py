@@ -35,7 +35,8 @@ from tests.fault.conftest import (
 )
 from tests.fault.partition.conftest import (
     DATABASE,
-    committed_none_of,
+    MARKS,
+    assert_taken_over,
     exited,
     fenced,
     first_claim,
@@ -44,16 +45,12 @@ from tests.fault.partition.conftest import (
     start_on,
     taken_over,
 )
-from tests.support import netns
 from tests.support.forwarder import Forwarder
 from tests.support.netns import Host
 
 log = logging.getLogger(__name__)
 
-pytestmark = [
-    pytest.mark.fault,
-    pytest.mark.skipif(netns.unavailable() is not None, reason=str(netns.unavailable())),
-]
+pytestmark = MARKS
 
 RECOVERY_LIMIT_MS = 15_000
 LEASE_MS = 10_000
@@ -113,11 +110,8 @@ async def test_an_executor_cut_off_mid_run_is_taken_over_then_fenced_and_serves_
     history = await cluster.store.history(instance)
     assert rerun.owner == survivor.consumer
     assert recovery_ms <= RECOVERY_LIMIT_MS, f"taken over {recovery_ms} ms after the cut"
-    [success] = rows_to(history, Status.SUCCESS)
-    assert (success.owner, success.attempt) == (survivor.consumer, 2)
     assert [h.owner for h in running_rows(history)] == [victim.consumer, survivor.consumer]
-    assert [h.reason for h in rows_to(history, Status.TIMEOUT)] == ["owner_lost"]
-    assert committed_none_of(victim, instance)
+    await assert_taken_over(cluster, instance, victim, survivor, "owner_lost")
 
     # The cut-off executor serves again: with the other one stopped, new work is its own.
     await serves_alone(cluster, victim, survivor)
@@ -159,11 +153,7 @@ async def test_an_executor_cut_off_from_redis_alone_is_fenced_by_the_store(
     cut_off.restore()
 
     assert recovery_ms <= RECOVERY_LIMIT_MS, f"taken over {recovery_ms} ms after the cut"
-    history = await cluster.store.history(instance)
-    [success] = rows_to(history, Status.SUCCESS)
-    assert (success.owner, success.attempt) == (survivor.consumer, 2)
-    assert [h.reason for h in rows_to(history, Status.TIMEOUT)] == ["owner_lost"]
-    assert committed_none_of(victim, instance)
+    await assert_taken_over(cluster, instance, victim, survivor, "owner_lost")
     assert victim.alive
     await cluster.drained()
 
